@@ -1,0 +1,99 @@
+"""pitstop: checkpointing for long-running work.
+
+Runs execute steps; after each step pitstop writes an immutable, verified checkpoint to a store
+outside the process, so a run can resume after a crash, wait for a human without holding
+compute, and be inspected, rewound and branched.
+
+The public API is what this module exports; everything else may change between releases.
+"""
+
+from __future__ import annotations
+
+from .errors import (
+    CheckpointNotFoundError,
+    ConflictError,
+    CorruptCheckpointError,
+    InputError,
+    LeaseLostError,
+    NotFoundError,
+    PitstopError,
+    RunBusyError,
+    RunExistsError,
+    RunNotFoundError,
+    SchemaVersionError,
+    SerializationError,
+    StoreError,
+    StoreSchemaError,
+    UnregisteredTypeError,
+    UnsupportedStoreError,
+)
+from .model import Checkpoint, CheckpointSummary, Run, RunStatus
+from .runtime import (
+    CheckpointPolicy,
+    Retry,
+    RunResult,
+    StepContext,
+    StepFailedError,
+    Workflow,
+    finish,
+    goto,
+    send,
+)
+from .serde import MsgpackSerializer, PickleSerializer, TypeRegistry, register
+from .store import (
+    Input,
+    Lease,
+    Problem,
+    PruneReport,
+    RetentionPolicy,
+    Store,
+    StoreStats,
+    open_store,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointNotFoundError",
+    "CheckpointPolicy",
+    "CheckpointSummary",
+    "ConflictError",
+    "CorruptCheckpointError",
+    "Input",
+    "InputError",
+    "Lease",
+    "LeaseLostError",
+    "MsgpackSerializer",
+    "NotFoundError",
+    "PickleSerializer",
+    "PitstopError",
+    "Problem",
+    "Retry",
+    "PruneReport",
+    "RetentionPolicy",
+    "Run",
+    "RunBusyError",
+    "RunExistsError",
+    "RunNotFoundError",
+    "RunResult",
+    "RunStatus",
+    "SchemaVersionError",
+    "SerializationError",
+    "StepContext",
+    "StepFailedError",
+    "Store",
+    "StoreError",
+    "StoreSchemaError",
+    "StoreStats",
+    "TypeRegistry",
+    "UnregisteredTypeError",
+    "UnsupportedStoreError",
+    "Workflow",
+    "__version__",
+    "finish",
+    "goto",
+    "open_store",
+    "register",
+    "send",
+]

@@ -1,0 +1,197 @@
+"""Every exception pitstop raises on purpose.
+
+Each error carries the coordinates of what went wrong (run, checkpoint, step, field) as
+attributes *and* in its message, because the message is usually read in a log at 3 a.m. and
+the attributes by code that wants to react.
+"""
+
+from __future__ import annotations
+
+
+class PitstopError(Exception):
+    """Base class: ``except pitstop.PitstopError`` catches everything pitstop raises on purpose."""
+
+
+class StoreError(PitstopError):
+    """The store cannot be opened or used (unknown URL, unreachable server, schema too new)."""
+
+
+class UnsupportedStoreError(StoreError, ValueError):
+    """A store URL whose scheme pitstop does not know."""
+
+
+class StoreSchemaError(StoreError):
+    """The store's own tables were written by a newer pitstop than this one."""
+
+
+class SerializationError(PitstopError, TypeError):
+    """A value cannot be serialised (at save time) or rebuilt (at load time).
+
+    Raised before anything is written: the run's previous checkpoint stays its latest.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        run_id: str | None = None,
+        path: str | None = None,
+        type_name: str | None = None,
+    ) -> None:
+        self.run_id = run_id
+        self.path = path
+        self.type_name = type_name
+        self.reason = message
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        where = []
+        if self.run_id is not None:
+            where.append(f"run {self.run_id!r}")
+        if self.path is not None:
+            where.append(f"at {self.path}")
+        if self.type_name is not None:
+            where.append(f"(type {self.type_name})")
+        prefix = "cannot serialise " + " ".join(where) + ": " if where else ""
+        return prefix + self.reason
+
+    def located(self, *, run_id: str | None = None, path: str | None = None) -> SerializationError:
+        """A copy that also names the run and/or a full field path (filled in by the caller)."""
+        return SerializationError(
+            self.reason,
+            run_id=run_id if run_id is not None else self.run_id,
+            path=path if path is not None else self.path,
+            type_name=self.type_name,
+        )
+
+
+class UnregisteredTypeError(SerializationError):
+    """A stored value names a class that is not on the allowlist, so it is not rebuilt."""
+
+
+class CorruptCheckpointError(PitstopError):
+    """A stored record failed its checksum, is truncated, or cannot be decoded."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        checkpoint_id: str | None = None,
+        run_id: str | None = None,
+        field: str | None = None,
+    ) -> None:
+        self.checkpoint_id = checkpoint_id
+        self.run_id = run_id
+        self.field = field
+        parts = []
+        if run_id is not None:
+            parts.append(f"run {run_id!r}")
+        if checkpoint_id is not None:
+            parts.append(f"checkpoint {checkpoint_id}")
+        if field is not None:
+            parts.append(f"field {field!r}")
+        super().__init__(f"corrupt {' '.join(parts) or 'record'}: {message}")
+
+
+class NotFoundError(PitstopError, LookupError):
+    """Base for a run or checkpoint that does not exist."""
+
+
+class RunNotFoundError(NotFoundError):
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"no run {run_id!r} in this store")
+
+
+class CheckpointNotFoundError(NotFoundError):
+    def __init__(self, checkpoint_id: str, *, run_id: str | None = None) -> None:
+        self.checkpoint_id = checkpoint_id
+        self.run_id = run_id
+        where = f" in run {run_id!r}" if run_id else ""
+        super().__init__(f"no checkpoint {checkpoint_id!r}{where}")
+
+
+class RunExistsError(PitstopError, ValueError):
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"run {run_id!r} already exists; pick another id or resume it")
+
+
+class ConflictError(PitstopError):
+    """A write lost a race: the run's head moved since the writer read it.
+
+    This is what stops two writers from silently forking one run's history.
+    """
+
+    def __init__(self, message: str, *, run_id: str, expected: str | None, actual: str | None):
+        self.run_id = run_id
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            f"run {run_id!r}: {message} (expected head {expected!r}, found {actual!r})"
+        )
+
+
+class RunBusyError(PitstopError):
+    """Another live owner holds the run's lease."""
+
+    def __init__(self, run_id: str, *, owner: str | None, expires_at: float | None) -> None:
+        self.run_id = run_id
+        self.owner = owner
+        self.expires_at = expires_at
+        super().__init__(
+            f"run {run_id!r} is owned by {owner!r} (lease expires at {expires_at}); "
+            "it can be taken over only after the lease expires"
+        )
+
+
+class LeaseLostError(PitstopError):
+    """A write from an owner whose lease was taken over (a stale fencing token) was rejected."""
+
+    def __init__(self, run_id: str, *, owner: str, token: int, current_token: int | None) -> None:
+        self.run_id = run_id
+        self.owner = owner
+        self.token = token
+        self.current_token = current_token
+        super().__init__(
+            f"run {run_id!r}: write by {owner!r} with fencing token {token} rejected; "
+            f"the lease was taken over (current token {current_token})"
+        )
+
+
+class InputError(PitstopError, ValueError):
+    """An input was sent to a run that does not wait for it (or has finished)."""
+
+    def __init__(self, message: str, *, run_id: str, name: str) -> None:
+        self.run_id = run_id
+        self.name = name
+        super().__init__(f"run {run_id!r}, input {name!r}: {message}")
+
+
+class SchemaVersionError(PitstopError):
+    """A checkpoint's state schema version is newer than the code, or no migration reaches it."""
+
+    def __init__(self, message: str, *, run_id: str | None, checkpoint_id: str | None) -> None:
+        self.run_id = run_id
+        self.checkpoint_id = checkpoint_id
+        super().__init__(f"run {run_id!r}, checkpoint {checkpoint_id}: {message}")
+
+
+__all__ = [
+    "CheckpointNotFoundError",
+    "ConflictError",
+    "CorruptCheckpointError",
+    "InputError",
+    "LeaseLostError",
+    "NotFoundError",
+    "PitstopError",
+    "RunBusyError",
+    "RunExistsError",
+    "RunNotFoundError",
+    "SchemaVersionError",
+    "SerializationError",
+    "StoreError",
+    "StoreSchemaError",
+    "UnregisteredTypeError",
+    "UnsupportedStoreError",
+]

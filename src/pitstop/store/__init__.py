@@ -1,0 +1,142 @@
+"""Stores and how to open one from a URL.
+
+``open_store()`` with no argument opens ``$PITSTOP_STORE``, else ``sqlite:///pitstop.db`` in
+the current directory. Backends are imported only when their scheme is used, so the
+PostgreSQL driver is needed only by those who use PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from ..errors import StoreError, UnsupportedStoreError
+from .base import (
+    UNSET,
+    Durability,
+    Input,
+    Lease,
+    PreparedSave,
+    Problem,
+    PruneReport,
+    RetentionPolicy,
+    Store,
+    StoreStats,
+)
+
+DEFAULT_URL = "sqlite:///pitstop.db"
+ENV_VAR = "PITSTOP_STORE"
+
+
+def _sqlite(url: str, options: dict[str, Any]) -> Store:
+    from .sqlite import SQLiteStore
+
+    if not url.startswith("sqlite:///"):
+        raise UnsupportedStoreError(
+            f"{url!r}: SQLite URLs look like sqlite:///relative.db or sqlite:////absolute.db"
+        )
+    path = unquote(url[len("sqlite:///") :])
+    if path in ("", ":memory:"):
+        return _memory(url, options)
+    return SQLiteStore(path, url=url, **options)
+
+
+def _memory(url: str, options: dict[str, Any]) -> Store:
+    from .memory import MemoryStore
+
+    return MemoryStore(**_pick(options, "serializer", "compress_threshold"))
+
+
+def _postgres(url: str, options: dict[str, Any]) -> Store:
+    try:
+        from .postgres import PostgresStore
+    except ImportError as exc:
+        raise StoreError(
+            f"{_redact(url)}: the PostgreSQL store needs the postgres extra: "
+            f"pip install 'pitstop[postgres]' ({exc})"
+        ) from exc
+    return PostgresStore(url, **options)
+
+
+_SCHEMES: dict[str, Callable[[str, dict[str, Any]], Store]] = {
+    "sqlite": _sqlite,
+    "memory": _memory,
+    "postgresql": _postgres,
+    "postgres": _postgres,
+}
+
+
+def _pick(options: dict[str, Any], *names: str) -> dict[str, Any]:
+    return {k: v for k, v in options.items() if k in names}
+
+
+def _redact(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password:
+        return url.replace(f":{parts.password}@", ":***@", 1)
+    return url
+
+
+_QUERY_OPTIONS: dict[str, Callable[[str], Any]] = {
+    "durability": str,
+    "compress_threshold": lambda v: None if v.lower() in ("none", "off", "") else int(v),
+    "busy_timeout": float,
+}
+
+
+def open_store(url: str | None = None, **options: Any) -> Store:
+    """Open the store named by ``url`` (default: ``$PITSTOP_STORE``, else ``sqlite:///pitstop.db``).
+
+    Supported: ``sqlite:///relative/path.db``, ``sqlite:////absolute/path.db``, ``memory://``,
+    ``postgresql://user@host/db`` (with ``pitstop[postgres]``); a plain file path means a
+    SQLite file. Options may also be given in the query string of SQLite URLs, e.g.
+    ``sqlite:///runs.db?durability=full``. Keyword options (``serializer=``,
+    ``durability=``, ``compress_threshold=``...) are passed to the backend.
+    """
+    url = url or os.environ.get(ENV_VAR) or DEFAULT_URL
+    if "://" not in url:
+        if url.startswith(("sqlite:", "memory:", "postgres")):
+            raise UnsupportedStoreError(f"{url!r}: malformed store URL (missing '//')")
+        url = "sqlite:///" + url
+    scheme = url.split("://", 1)[0].lower()
+    opener = _SCHEMES.get(scheme)
+    if opener is None:
+        supported = ", ".join(f"{s}://" for s in _SCHEMES)
+        raise UnsupportedStoreError(
+            f"unknown store URL scheme {scheme!r} in {_redact(url)!r}; supported: {supported}"
+        )
+    if scheme in ("sqlite", "memory") and "?" in url:
+        base, query = url.split("?", 1)
+        for key, value in parse_qsl(query, keep_blank_values=True):
+            if key not in _QUERY_OPTIONS:
+                raise UnsupportedStoreError(
+                    f"unknown option {key!r} in {url!r}; known: {', '.join(_QUERY_OPTIONS)}"
+                )
+            options.setdefault(key, _QUERY_OPTIONS[key](value))
+        url = base
+    return opener(url, options)
+
+
+def register_scheme(scheme: str, opener: Callable[[str, dict[str, Any]], Store]) -> None:
+    """Make ``open_store`` understand another URL scheme (for third-party backends)."""
+    _SCHEMES[scheme.lower()] = opener
+
+
+__all__ = [
+    "DEFAULT_URL",
+    "ENV_VAR",
+    "UNSET",
+    "Durability",
+    "Input",
+    "Lease",
+    "PreparedSave",
+    "Problem",
+    "PruneReport",
+    "RetentionPolicy",
+    "Store",
+    "StoreStats",
+    "open_store",
+    "register_scheme",
+]

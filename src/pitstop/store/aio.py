@@ -1,0 +1,81 @@
+"""The asyncio face of a store: the same methods, awaitable, run off the event loop.
+
+Every store call is short and blocking (a SQLite transaction, a PostgreSQL round trip), so
+the async API runs each call in a worker thread (``asyncio.to_thread``) rather than keeping a
+second, async copy of every backend that would drift from the first. Stores are thread-safe,
+so many coroutines may use one at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Concatenate, ParamSpec, TypeVar
+
+from .base import Store
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _offload(
+    method: Callable[Concatenate[Store, P], R],
+) -> Callable[Concatenate[AsyncStore, P], Awaitable[R]]:
+    name = method.__name__
+
+    @functools.wraps(method)
+    async def call(self: AsyncStore, *args: P.args, **kwargs: P.kwargs) -> R:
+        return await asyncio.to_thread(getattr(self.sync, name), *args, **kwargs)  # type: ignore[no-any-return]
+
+    return call
+
+
+class AsyncStore:
+    """``await store.aio.save(...)``: every :class:`~pitstop.Store` method, awaitable.
+
+    ``sync`` is the underlying store, for the rare call that should stay synchronous.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.sync = store
+        self.url = store.url
+
+    save = _offload(Store.save)
+    prepare = _offload(Store.prepare)
+    commit = _offload(Store.commit)
+    get = _offload(Store.get)
+    latest = _offload(Store.latest)
+    summary = _offload(Store.summary)
+    history = _offload(Store.history)
+    fork = _offload(Store.fork)
+    create_run = _offload(Store.create_run)
+    get_run = _offload(Store.get_run)
+    runs = _offload(Store.runs)
+    update_run = _offload(Store.update_run)
+    delete_run = _offload(Store.delete_run)
+    prune = _offload(Store.prune)
+    stats = _offload(Store.stats)
+    verify = _offload(Store.verify)
+    migrate = _offload(Store.migrate)
+    acquire = _offload(Store.acquire)
+    renew = _offload(Store.renew)
+    release = _offload(Store.release)
+    claim = _offload(Store.claim)
+    send = _offload(Store.send)
+    inputs = _offload(Store.inputs)
+    get_effect = _offload(Store.get_effect)
+    record_effect = _offload(Store.record_effect)
+    close = _offload(Store.close)
+
+    async def __aenter__(self) -> AsyncStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"AsyncStore({self.sync!r})"
+
+
+__all__ = ["AsyncStore"]

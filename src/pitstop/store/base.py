@@ -1,0 +1,499 @@
+"""The store contract: the one interface every backend implements and every test runs against.
+
+A store keeps runs and their immutable checkpoints. Each checkpoint's state is a mapping of
+top-level fields; each field value is serialised on its own and stored once under its content
+hash, so a value that did not change since the parent checkpoint is never written again.
+
+Backends (SQLite, in-memory, PostgreSQL) subclass :class:`Store`. Nothing in this module knows
+about any backend.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+from ..model import Checkpoint, CheckpointSummary, Run, RunStatus
+
+if TYPE_CHECKING:
+    from ..serde import Serializer
+    from .aio import AsyncStore
+
+
+class _Unset(enum.Enum):
+    UNSET = "UNSET"
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Final = _Unset.UNSET
+"""Marks an argument that was not given (where ``None`` is a meaningful value)."""
+
+Durability = Literal["full", "normal"]
+"""``full``: each commit is fsynced and survives power loss. ``normal``: each commit survives a
+crash of the process; the last commits may be lost if the machine loses power."""
+
+Progress = Callable[[int, int | None], None]
+"""Called as ``progress(done, total)`` by long maintenance operations (total may be unknown)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """Exclusive ownership of a run until ``expires_at`` (unix seconds).
+
+    ``token`` is the fencing token: it grows every time the run changes hands, and every write
+    made under a lease carries it, so a write from an owner whose lease was taken is rejected.
+    """
+
+    run_id: str
+    owner: str
+    token: int
+    expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedSave:
+    """A checkpoint serialised and checked, not yet written: :meth:`Store.commit` writes it.
+
+    Splitting the two lets a caller take a consistent snapshot now (serialising on its own
+    thread) and pay for the write later, e.g. on a background writer thread. Its id is final.
+    """
+
+    checkpoint_id: str
+    run_id: str
+    parent_id: str | None
+    step: int
+    state: Mapping[str, Any]
+    payload: Any = field(repr=False, default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class Input:
+    """An external input delivered to a run (an approval, a callback payload, a human edit)."""
+
+    id: str
+    run_id: str
+    name: str
+    payload: Any
+    created_at: datetime
+    consumed_by: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionPolicy:
+    """Which checkpoints and runs a :meth:`Store.prune` may delete.
+
+    Whatever the policy, a run's head (the checkpoint it would resume from) is never deleted,
+    and a blob is deleted only when no remaining checkpoint references it.
+    """
+
+    keep_last: int | None = None
+    """Keep the newest N checkpoints of each run (None: keep all)."""
+    keep_milestones: bool = True
+    """Keep checkpoints tagged as milestones (any tag in ``metadata["tags"]``)."""
+    finished_older_than: timedelta | float | None = None
+    """Delete whole runs that finished (see ``finished_statuses``) longer ago than this."""
+    finished_statuses: frozenset[RunStatus] = frozenset(
+        {RunStatus.COMPLETED, RunStatus.CANCELLED, RunStatus.FAILED}
+    )
+
+    def __post_init__(self) -> None:
+        if self.keep_last is not None and self.keep_last < 1:
+            raise ValueError("keep_last must be at least 1 (the run's head is always kept)")
+
+    @property
+    def finished_age(self) -> float | None:
+        age = self.finished_older_than
+        return age.total_seconds() if isinstance(age, timedelta) else age
+
+
+@dataclass(slots=True)
+class PruneReport:
+    """What a prune or delete removed (or, with ``dry_run``, would remove)."""
+
+    dry_run: bool = False
+    checkpoints: list[str] = field(default_factory=list)
+    runs: list[str] = field(default_factory=list)
+    blobs: int = 0
+    bytes_reclaimed: int = 0
+
+    def merge(self, other: PruneReport) -> None:
+        self.checkpoints.extend(other.checkpoints)
+        self.runs.extend(other.runs)
+        self.blobs += other.blobs
+        self.bytes_reclaimed += other.bytes_reclaimed
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    runs: int
+    checkpoints: int
+    blobs: int
+    bytes: int
+    """Bytes of checkpoint records and field values held (after compression)."""
+    runs_by_status: Mapping[str, int]
+    file_bytes: int | None = None
+    """Size of the store on disk where that is one number (SQLite), else None."""
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One bad record found by :meth:`Store.verify`."""
+
+    kind: Literal["checkpoint", "blob", "input", "effect", "run"]
+    id: str
+    message: str
+    run_id: str | None = None
+
+    def __str__(self) -> str:
+        run = f" (run {self.run_id})" if self.run_id else ""
+        return f"{self.kind} {self.id}{run}: {self.message}"
+
+
+class Store(ABC):
+    """Runs and immutable checkpoints, stored outside the process.
+
+    Every method is safe to call from several threads. Several processes (and, for shared
+    backends, several machines) may use one store at once: writes to one run are serialised
+    by the store, and :meth:`acquire` gives one owner exclusive use of a run.
+    """
+
+    url: str
+    serializer: Serializer
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    @abstractmethod
+    def save(
+        self,
+        run_id: str,
+        state: Mapping[str, Any],
+        *,
+        parent_id: str | None = None,
+        step: int | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        changed: Iterable[str] | None = None,
+        schema_version: int = 0,
+        workflow: str | None = None,
+        status: RunStatus | None = None,
+        expected_head: str | None | _Unset = UNSET,
+        lease: Lease | None = None,
+        consumed_inputs: Iterable[str] = (),
+        durability: Durability | None = None,
+    ) -> Checkpoint:
+        """Write a new immutable checkpoint of ``state`` for ``run_id``, atomically.
+
+        ``parent_id`` defaults to the run's head, so successive saves form a chain; naming an
+        earlier checkpoint starts a branch (of this run, or of another run: a fork).
+        ``step`` defaults to the parent's step + 1 (0 for a first checkpoint).
+
+        ``changed`` names the fields that differ from the parent, when the caller knows: the
+        others are not serialised again but reuse the parent's stored values (a promise by the
+        caller). Without it every field is serialised and compared by content hash; either
+        way a value equal to the parent's is never stored twice.
+
+        ``expected_head`` makes the write conditional: it fails with
+        :class:`~pitstop.ConflictError` unless the run's head is that checkpoint (``None``: the
+        run has none yet). ``lease`` fences the write: it fails with
+        :class:`~pitstop.LeaseLostError` if the lease was taken over meanwhile. A write without
+        a lease to a run whose live lease another owner holds fails with
+        :class:`~pitstop.RunBusyError`.
+
+        ``status`` and ``workflow`` update the run (created on first save). Metadata keys
+        ``waiting_for`` (names) and ``wake_at`` (unix seconds) are mirrored onto the run.
+        ``consumed_inputs`` marks delivered inputs as used by this checkpoint.
+
+        ``durability`` overrides the store's default for this write (``full``: synced to
+        stable storage before returning; ``normal``: survives a crash of this process).
+
+        Raises :class:`~pitstop.SerializationError` naming the run and field path before
+        anything is written: the previous head stays the run's latest checkpoint.
+        """
+
+    @abstractmethod
+    def prepare(
+        self,
+        run_id: str,
+        state: Mapping[str, Any],
+        *,
+        parent_id: str | None = None,
+        step: int | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        changed: Iterable[str] | None = None,
+        schema_version: int = 0,
+        workflow: str | None = None,
+        status: RunStatus | None = None,
+        expected_head: str | None | _Unset = UNSET,
+        lease: Lease | None = None,
+        consumed_inputs: Iterable[str] = (),
+        durability: Durability | None = None,
+    ) -> PreparedSave:
+        """The first half of :meth:`save`: serialise and check, write nothing.
+
+        Serialisation errors are raised here. The prepared checkpoint's id is final, so the
+        next checkpoint may name it as its parent before it is committed.
+        """
+
+    @abstractmethod
+    def commit(self, prepared: PreparedSave) -> Checkpoint:
+        """The second half of :meth:`save`: write a prepared checkpoint, atomically.
+
+        Prepared checkpoints of one run must be committed in the order they were prepared.
+        If the run's head moved since :meth:`prepare` (and no explicit parent was given),
+        raises :class:`~pitstop.ConflictError`.
+        """
+
+    @abstractmethod
+    def get(self, checkpoint_id: str, *, strict: bool = True) -> Checkpoint:
+        """The checkpoint with this id, its state rebuilt and verified against its checksums.
+
+        ``strict=False`` returns :class:`~pitstop.serde.UnknownObject` placeholders for values
+        of classes not registered in this process instead of raising (inspection tools).
+        """
+
+    @abstractmethod
+    def latest(
+        self, run_id: str, *, fallback: bool = False, strict: bool = True
+    ) -> Checkpoint | None:
+        """The run's head checkpoint (the one it continues from), or None if it has none.
+
+        A corrupt head raises :class:`~pitstop.CorruptCheckpointError`; with
+        ``fallback=True`` the newest valid ancestor is returned instead, and its ``skipped``
+        attribute lists the checkpoints passed over and why.
+        """
+
+    @abstractmethod
+    def summary(self, checkpoint_id: str) -> CheckpointSummary:
+        """A checkpoint's record without opening its state."""
+
+    @abstractmethod
+    def history(
+        self, run_id: str, *, limit: int | None = 100, before: str | None = None
+    ) -> list[CheckpointSummary]:
+        """The run's checkpoints newest first, without deserialising any state.
+
+        Paginate with ``before=<id of the last entry of the previous page>``.
+        """
+
+    def fork(
+        self,
+        checkpoint_id: str,
+        *,
+        new_run_id: str | None = None,
+        update: Mapping[str, Any] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        workflow: str | None | _Unset = UNSET,
+        status: RunStatus = RunStatus.RUNNING,
+    ) -> Checkpoint:
+        """A new run whose first checkpoint is a copy of ``checkpoint_id``, optionally edited.
+
+        Unchanged fields are shared with the source, not copied. The source is untouched.
+        """
+        from ..ids import new_id
+
+        source = self.get(checkpoint_id)
+        origin = self.get_run(source.run_id)
+        run_id = new_run_id or new_id()
+        state = dict(source.state)
+        state.update(update or {})
+        meta = {
+            k: v
+            for k, v in source.metadata.items()
+            if k not in ("source", "tags", "waiting_for", "wake_at", "error")
+        }
+        meta.update(
+            {"source": "fork", "forked_from": {"run_id": source.run_id, "checkpoint_id": source.id}}
+        )
+        meta.update(metadata or {})
+        self.create_run(
+            run_id,
+            workflow=origin.workflow if workflow is UNSET else workflow,
+            status=status,
+            metadata={**origin.metadata, "forked_from": source.run_id},
+        )
+        return self.save(
+            run_id,
+            state,
+            parent_id=source.id,
+            step=source.step,
+            metadata=meta,
+            changed=list(update or ()),
+            schema_version=source.schema_version,
+            expected_head=None,
+        )
+
+    # -- runs --------------------------------------------------------------------------------
+
+    @abstractmethod
+    def create_run(
+        self,
+        run_id: str,
+        *,
+        workflow: str | None = None,
+        status: RunStatus = RunStatus.RUNNING,
+        metadata: Mapping[str, Any] | None = None,
+        priority: int = 0,
+        exist_ok: bool = False,
+    ) -> Run:
+        """Register a run before its first checkpoint (e.g. a queued run)."""
+
+    @abstractmethod
+    def get_run(self, run_id: str) -> Run:
+        """The run, or :class:`~pitstop.RunNotFoundError`."""
+
+    @abstractmethod
+    def runs(
+        self,
+        *,
+        status: RunStatus | str | Iterable[RunStatus | str] | None = None,
+        workflow: str | None = None,
+        since: datetime | float | None = None,
+        until: datetime | float | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        limit: int | None = 100,
+        offset: int = 0,
+    ) -> list[Run]:
+        """Runs newest first, filtered by status, workflow, creation time and metadata values."""
+
+    @abstractmethod
+    def update_run(
+        self,
+        run_id: str,
+        *,
+        status: RunStatus | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        lease: Lease | None = None,
+    ) -> Run:
+        """Change a run's status and/or merge keys into its metadata (fenced by ``lease``)."""
+
+    @abstractmethod
+    def delete_run(self, run_id: str) -> PruneReport:
+        """Delete a run with its checkpoints, inputs and effect records, and unshared values."""
+
+    # -- retention and maintenance ---------------------------------------------------------
+
+    @abstractmethod
+    def prune(
+        self,
+        policy: RetentionPolicy,
+        *,
+        run_id: str | None = None,
+        dry_run: bool = False,
+        progress: Progress | None = None,
+    ) -> PruneReport:
+        """Apply a retention policy to one run or to all runs. See :class:`RetentionPolicy`."""
+
+    @abstractmethod
+    def stats(self) -> StoreStats:
+        """Counts and bytes held."""
+
+    @abstractmethod
+    def verify(self, *, progress: Progress | None = None) -> list[Problem]:
+        """Check every record's checksum and every reference; return what is wrong."""
+
+    @abstractmethod
+    def migrate(self) -> int:
+        """Bring the store's own tables to this version of pitstop; return the schema version."""
+
+    # -- ownership ---------------------------------------------------------------------------
+
+    @abstractmethod
+    def acquire(self, run_id: str, owner: str, *, ttl: float = 30.0) -> Lease:
+        """Take exclusive ownership of a run for ``ttl`` seconds.
+
+        Raises :class:`~pitstop.RunBusyError` while another owner's lease is live. An expired
+        lease is taken over, and the fencing token grows so the old owner's writes fail.
+        """
+
+    @abstractmethod
+    def renew(self, lease: Lease, *, ttl: float = 30.0) -> Lease:
+        """Extend a lease; :class:`~pitstop.LeaseLostError` if it was taken over."""
+
+    @abstractmethod
+    def release(self, lease: Lease) -> None:
+        """Give a run up (a no-op if the lease was already taken over)."""
+
+    @abstractmethod
+    def claim(
+        self,
+        owner: str,
+        *,
+        workflows: Iterable[str] | None = None,
+        limit: int = 1,
+        ttl: float = 30.0,
+    ) -> list[Lease]:
+        """Lease up to ``limit`` runnable runs for a worker.
+
+        Runnable: queued; waiting with all awaited inputs delivered or a due timer; running
+        with an expired lease (its owner died). Higher priority first, then oldest.
+        Concurrent claimers never receive the same run.
+        """
+
+    # -- inputs and effect records -------------------------------------------------------------
+
+    @abstractmethod
+    def send(self, run_id: str, name: str, payload: Any) -> Input:
+        """Deliver an input to a run that is waiting for ``name``; stored durably.
+
+        Raises :class:`~pitstop.InputError` (and stores nothing) if the run has finished, is
+        not waiting for that name, or already has an undelivered input of that name.
+        """
+
+    @abstractmethod
+    def inputs(self, run_id: str, *, pending: bool = True) -> dict[str, Input]:
+        """The run's delivered inputs by name (only those not yet consumed, by default)."""
+
+    @abstractmethod
+    def get_effect(self, run_id: str, key: str) -> tuple[bool, Any]:
+        """``(True, result)`` if an effect with this key was recorded for the run."""
+
+    @abstractmethod
+    def record_effect(
+        self, run_id: str, key: str, result: Any, *, checkpoint_id: str | None = None
+    ) -> Any:
+        """Record an effect's result once; returns the recorded result (the first one wins).
+
+        ``checkpoint_id`` is the checkpoint the effect's step started from: pruning that
+        checkpoint drops the record.
+        """
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def aio(self) -> AsyncStore:
+        """The same store with an ``async`` API of the same shape."""
+        from .aio import AsyncStore
+
+        return AsyncStore(self)
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections and files. The store is unusable afterwards."""
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+
+__all__ = [
+    "UNSET",
+    "Durability",
+    "Input",
+    "Lease",
+    "PreparedSave",
+    "Problem",
+    "Progress",
+    "PruneReport",
+    "RetentionPolicy",
+    "Store",
+    "StoreStats",
+]

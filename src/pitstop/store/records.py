@@ -1,0 +1,281 @@
+"""How checkpoints become stored records, independent of any database.
+
+A checkpoint is stored as one small record plus one content-addressed value per state field:
+
+* each field value is serialised on its own, framed (format byte, optional zstd) and keyed by
+  ``digest(format, raw)`` — equal values are stored once, whichever run or checkpoint they
+  belong to;
+* the record holds the field map (field name -> value hash and stored size), the metadata as
+  JSON, and a checksum over everything in it, so a torn or edited record is detected on load.
+
+Every backend writes and reads through this module: what is verified, and how, lives here once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import ormsgpack
+
+from ..errors import CorruptCheckpointError, SerializationError
+from ..model import Checkpoint, CheckpointSummary, utc
+from ..serde import MsgpackSerializer, Serializer, digest, frame, unframe
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def field_path(field: str, relative: str | None = None) -> str:
+    """``state.messages[3].tool`` style path for error messages."""
+    head = f"state.{field}" if _IDENTIFIER.match(field) else f"state[{field!r}]"
+    return head + (relative or "")
+
+
+@dataclass(frozen=True, slots=True)
+class FieldRef:
+    hash: bytes
+    size: int
+    """Stored (framed, possibly compressed) size in bytes."""
+
+
+FieldMap = dict[str, FieldRef]
+
+
+def encode_field_map(fields: FieldMap) -> bytes:
+    return ormsgpack.packb([[name, ref.hash, ref.size] for name, ref in fields.items()])
+
+
+def decode_field_map(data: bytes) -> FieldMap:
+    return {name: FieldRef(bytes(h), size) for name, h, size in ormsgpack.unpackb(data)}
+
+
+@dataclass(frozen=True, slots=True)
+class NewBlob:
+    hash: bytes
+    data: bytes
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+
+@dataclass(slots=True)
+class CheckpointRecord:
+    """A checkpoint row as stored: everything but the field values."""
+
+    id: str
+    run_id: str
+    parent_id: str | None
+    step: int
+    created_at: float
+    schema_version: int
+    metadata: str
+    fields: bytes
+    size: int
+    added: int
+    checksum: str = ""
+
+    def compute_checksum(self) -> str:
+        packed = ormsgpack.packb(
+            [
+                self.id,
+                self.run_id,
+                self.parent_id,
+                self.step,
+                self.created_at,
+                self.schema_version,
+                self.metadata,
+                self.fields,
+            ]
+        )
+        return hashlib.sha256(packed).hexdigest()[:32]
+
+    def verify(self) -> None:
+        if self.checksum != self.compute_checksum():
+            raise CorruptCheckpointError(
+                "record checksum mismatch", checkpoint_id=self.id, run_id=self.run_id
+            )
+
+    def field_map(self) -> FieldMap:
+        try:
+            return decode_field_map(self.fields)
+        except Exception as exc:
+            raise CorruptCheckpointError(
+                f"unreadable field map ({exc})", checkpoint_id=self.id, run_id=self.run_id
+            ) from exc
+
+    def summary_kwargs(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "run_id": self.run_id,
+            "parent_id": self.parent_id,
+            "step": self.step,
+            "created_at": utc(self.created_at),
+            "schema_version": self.schema_version,
+            "checksum": self.checksum,
+            "size": self.size,
+            "metadata_json": self.metadata,
+        }
+
+    def summary(self) -> CheckpointSummary:
+        return CheckpointSummary(**self.summary_kwargs())
+
+
+def encode_metadata(metadata: Mapping[str, Any] | None, run_id: str) -> str:
+    """Compact JSON; a value that is not JSON is named in the error, nothing is written."""
+    if not metadata:
+        return "{}"
+    try:
+        return json.dumps(metadata, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        for key, value in metadata.items():
+            try:
+                json.dumps(value, allow_nan=False)
+            except (TypeError, ValueError):
+                raise SerializationError(
+                    f"metadata must be JSON ({exc})",
+                    run_id=run_id,
+                    path=f"metadata.{key}",
+                    type_name=type(value).__name__,
+                ) from None
+        raise SerializationError(f"metadata must be JSON ({exc})", run_id=run_id) from None
+
+
+class Codec:
+    """Serialises state fields into content-addressed values and reads them back, verified.
+
+    Writes use one serializer; reads accept the safe msgpack format always and other formats
+    (pickle) only if that serializer was chosen, so opening a store never runs code unless
+    the user opted in.
+    """
+
+    def __init__(self, serializer: Serializer | None, compress_threshold: int | None) -> None:
+        self.serializer: Serializer = serializer or MsgpackSerializer()
+        self.compress_threshold = compress_threshold
+        safe = MsgpackSerializer(getattr(self.serializer, "registry", None))
+        self._readers: dict[int, Serializer] = {safe.format_id: safe}
+        self._readers[self.serializer.format_id] = self.serializer
+
+    def encode_value(self, value: Any, *, run_id: str, path: str) -> NewBlob:
+        try:
+            raw = self.serializer.dumps(value)
+        except SerializationError as exc:
+            raise exc.located(run_id=run_id, path=path + (exc.path or "")) from None
+        except Exception as exc:  # a user encode hook failed: still name where
+            raise SerializationError(
+                f"{type(exc).__name__}: {exc}", run_id=run_id, path=path
+            ) from exc
+        fmt = self.serializer.format_id
+        return NewBlob(
+            digest(fmt, raw), frame(raw, fmt, compress_threshold=self.compress_threshold)
+        )
+
+    def encode_state(
+        self,
+        run_id: str,
+        state: Mapping[str, Any],
+        parent: FieldMap | None,
+        changed: Iterable[str] | None,
+    ) -> tuple[FieldMap, dict[bytes, NewBlob]]:
+        """The new field map and the values not already referenced by the parent."""
+        if not isinstance(state, Mapping):
+            raise TypeError(
+                f"run {run_id!r}: state must be a mapping of field names to values, "
+                f"not {type(state).__name__}"
+            )
+        parent = parent or {}
+        reuse = set() if changed is None else set(parent).difference(changed)
+        fields: FieldMap = {}
+        new: dict[bytes, NewBlob] = {}
+        for name, value in state.items():
+            if not isinstance(name, str):
+                raise SerializationError(
+                    "state field names must be str", run_id=run_id, path=f"state[{name!r}]"
+                )
+            if name in reuse:
+                fields[name] = parent[name]
+                continue
+            blob = self.encode_value(value, run_id=run_id, path=field_path(name))
+            previous = parent.get(name)
+            if previous is not None and previous.hash == blob.hash:
+                fields[name] = previous
+            else:
+                fields[name] = FieldRef(blob.hash, blob.size)
+                new[blob.hash] = blob
+        return fields, new
+
+    def decode_value(
+        self,
+        data: bytes | None,
+        expected_hash: bytes,
+        *,
+        strict: bool = True,
+        checkpoint_id: str | None = None,
+        run_id: str | None = None,
+        field: str | None = None,
+    ) -> Any:
+        def corrupt(message: str) -> CorruptCheckpointError:
+            return CorruptCheckpointError(
+                message, checkpoint_id=checkpoint_id, run_id=run_id, field=field
+            )
+
+        if data is None:
+            raise corrupt(f"value {expected_hash.hex()[:16]} is missing from the store")
+        try:
+            fmt, raw = unframe(bytes(data))
+        except ValueError as exc:
+            raise corrupt(str(exc)) from None
+        if digest(fmt, raw) != expected_hash:
+            raise corrupt("value checksum mismatch (truncated or altered)")
+        reader = self._readers.get(fmt)
+        if reader is None:
+            raise SerializationError(
+                f"value was written with serializer format {fmt} (pickle?) and this store "
+                "was opened with the safe default; pass serializer=pitstop.PickleSerializer() "
+                "to read it, knowing that loading pickle runs code",
+                run_id=run_id,
+                path=field_path(field) if field else None,
+            )
+        try:
+            return reader.loads(raw, strict=strict)
+        except SerializationError as exc:
+            raise exc.located(
+                run_id=run_id,
+                path=(field_path(field) if field else "") + (exc.path or ""),
+            ) from None
+        except Exception as exc:
+            raise corrupt(f"undecodable value ({type(exc).__name__}: {exc})") from exc
+
+    def decode_checkpoint(
+        self, record: CheckpointRecord, blobs: Mapping[bytes, bytes], *, strict: bool = True
+    ) -> Checkpoint:
+        record.verify()
+        state = {
+            name: self.decode_value(
+                blobs.get(ref.hash),
+                ref.hash,
+                strict=strict,
+                checkpoint_id=record.id,
+                run_id=record.run_id,
+                field=name,
+            )
+            for name, ref in record.field_map().items()
+        }
+        return Checkpoint(state=state, **record.summary_kwargs())
+
+
+__all__ = [
+    "CheckpointRecord",
+    "Codec",
+    "FieldMap",
+    "FieldRef",
+    "NewBlob",
+    "decode_field_map",
+    "encode_field_map",
+    "encode_metadata",
+    "field_path",
+]

@@ -1,0 +1,1509 @@
+"""The store logic shared by every SQL backend (SQLite, in-memory SQLite, PostgreSQL).
+
+All queries are written once here, with ``?`` placeholders and portable SQL (``INSERT ... ON
+CONFLICT``, ``COALESCE``). A :class:`Dialect` holds the few real differences (column types,
+placeholder style, row locks, JSON access) and each backend supplies connections and decides
+which errors are worth retrying. Values always travel as parameters, never in the SQL text.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from abc import abstractmethod
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import datetime
+from functools import lru_cache, partial
+from typing import Any, TypeVar
+
+from ..errors import (
+    CheckpointNotFoundError,
+    ConflictError,
+    CorruptCheckpointError,
+    InputError,
+    LeaseLostError,
+    RunBusyError,
+    RunExistsError,
+    RunNotFoundError,
+    StoreError,
+    StoreSchemaError,
+)
+from ..ids import new_id
+from ..model import Checkpoint, CheckpointSummary, Run, RunStatus, utc
+from ..serde import Serializer
+from .base import (
+    UNSET,
+    Durability,
+    Input,
+    Lease,
+    Problem,
+    Progress,
+    PreparedSave,
+    PruneReport,
+    RetentionPolicy,
+    Store,
+    StoreStats,
+    _Unset,
+)
+from .records import (
+    CheckpointRecord,
+    Codec,
+    FieldMap,
+    NewBlob,
+    decode_field_map,
+    encode_field_map,
+    encode_metadata,
+)
+
+log = logging.getLogger("pitstop.store")
+
+T = TypeVar("T")
+
+# Values bigger than this are looked up before being sent, so an existing one is not shipped
+# to the database again just to be discarded by ON CONFLICT.
+_PROBE_BEFORE_SEND = 64 * 1024
+_CHUNK = 500  # parameters per IN (...) list: well under every backend's limit
+
+# --------------------------------------------------------------------------------------------
+# Schema: forward-only migrations. A store records every version applied in pitstop_schema.
+# {blob}, {real} and {bigint} are filled in by the dialect. Never edit a released migration.
+# --------------------------------------------------------------------------------------------
+
+MIGRATIONS: list[tuple[int, str, list[str]]] = [
+    (
+        1,
+        "runs, checkpoints, content-addressed values, inputs, effect records",
+        [
+            """CREATE TABLE pitstop_runs (
+                run_id TEXT PRIMARY KEY,
+                workflow TEXT,
+                status TEXT NOT NULL,
+                created_at {real} NOT NULL,
+                updated_at {real} NOT NULL,
+                metadata TEXT NOT NULL DEFAULT '{{}}',
+                head_id TEXT,
+                step INTEGER,
+                waiting_for TEXT,
+                wake_at {real},
+                checkpoints INTEGER NOT NULL DEFAULT 0,
+                bytes {bigint} NOT NULL DEFAULT 0,
+                lease_owner TEXT,
+                lease_expires {real},
+                fence {bigint} NOT NULL DEFAULT 0,
+                priority INTEGER NOT NULL DEFAULT 0
+            )""",
+            "CREATE INDEX pitstop_runs_created ON pitstop_runs (created_at)",
+            "CREATE INDEX pitstop_runs_status ON pitstop_runs (status, updated_at)",
+            """CREATE TABLE pitstop_checkpoints (
+                id TEXT PRIMARY KEY,
+                run_id TEXT NOT NULL,
+                parent_id TEXT,
+                step INTEGER NOT NULL,
+                created_at {real} NOT NULL,
+                schema_version INTEGER NOT NULL,
+                metadata TEXT NOT NULL,
+                fields {blob} NOT NULL,
+                size {bigint} NOT NULL,
+                added {bigint} NOT NULL,
+                checksum TEXT NOT NULL
+            )""",
+            "CREATE INDEX pitstop_checkpoints_run ON pitstop_checkpoints (run_id, id)",
+            """CREATE TABLE pitstop_blobs (
+                hash {blob} PRIMARY KEY,
+                data {blob} NOT NULL,
+                size {bigint} NOT NULL,
+                created_at {real} NOT NULL
+            )""",
+            """CREATE TABLE pitstop_blob_refs (
+                run_id TEXT NOT NULL,
+                hash {blob} NOT NULL,
+                PRIMARY KEY (run_id, hash)
+            )""",
+            "CREATE INDEX pitstop_blob_refs_hash ON pitstop_blob_refs (hash)",
+            """CREATE TABLE pitstop_inputs (
+                id TEXT PRIMARY KEY,
+                run_id TEXT NOT NULL,
+                name TEXT NOT NULL,
+                payload {blob} NOT NULL,
+                hash {blob} NOT NULL,
+                created_at {real} NOT NULL,
+                consumed_by TEXT
+            )""",
+            "CREATE INDEX pitstop_inputs_run ON pitstop_inputs (run_id, name)",
+            """CREATE TABLE pitstop_effects (
+                run_id TEXT NOT NULL,
+                key TEXT NOT NULL,
+                checkpoint_id TEXT,
+                result {blob} NOT NULL,
+                hash {blob} NOT NULL,
+                created_at {real} NOT NULL,
+                PRIMARY KEY (run_id, key)
+            )""",
+        ],
+    ),
+]
+
+LATEST_SCHEMA = MIGRATIONS[-1][0]
+
+_CKPT = (
+    "id, run_id, parent_id, step, created_at, schema_version, metadata, fields, size, added, "
+    "checksum"
+)
+_SUMMARY = "id, run_id, parent_id, step, created_at, schema_version, checksum, size, metadata"
+_RUN = (
+    "run_id, status, workflow, created_at, updated_at, metadata, head_id, step, waiting_for, "
+    "wake_at, checkpoints, bytes, lease_owner, lease_expires, priority"
+)
+_FINISHED = tuple(s.value for s in RunStatus if s.finished)
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What differs between SQL databases, kept small and in one place."""
+
+    name: str
+    blob: str
+    real: str
+    bigint: str
+    placeholder: str = "?"
+    begin_write: str | None = None
+    """Statement that opens a write transaction, or None if the driver opens one itself."""
+    lock_row: str = ""
+    """Appended to a SELECT to lock the rows read until commit (PostgreSQL: FOR UPDATE)."""
+    skip_locked: str = ""
+    """Appended to the claim query so concurrent workers skip each other's rows."""
+
+    def q(self, sql: str) -> str:
+        return sql if self.placeholder == "?" else _convert_placeholders(sql, self.placeholder)
+
+    def ddl(self, statement: str) -> str:
+        return statement.format(blob=self.blob, real=self.real, bigint=self.bigint)
+
+    def json_equals(self, column: str, key: str, value: Any) -> tuple[str, list[Any]]:
+        """SQL (and params) true when ``column``'s JSON has ``key`` equal to ``value``."""
+        raise NotImplementedError
+
+
+@lru_cache(maxsize=512)
+def _convert_placeholders(sql: str, placeholder: str) -> str:
+    return sql.replace("?", placeholder)
+
+
+class Tx:
+    """One open transaction: thin helpers over a DB-API cursor, placeholders translated."""
+
+    __slots__ = ("cur", "dialect")
+
+    def __init__(self, cur: Any, dialect: Dialect) -> None:
+        self.cur = cur
+        self.dialect = dialect
+
+    def run(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        return self.cur.execute(self.dialect.q(sql), params)
+
+    def one(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        return self.cur.execute(self.dialect.q(sql), params).fetchone()
+
+    def all(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        return list(self.cur.execute(self.dialect.q(sql), params).fetchall())
+
+    def many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        if rows:
+            self.cur.executemany(self.dialect.q(sql), rows)
+
+    def in_chunks(self, sql: str, values: Sequence[Any], *prefix: Any) -> list[Any]:
+        """Run ``sql`` (containing ``({in})``) over ``values`` in chunks; gather the rows."""
+        out: list[Any] = []
+        for i in range(0, len(values), _CHUNK):
+            part = list(values[i : i + _CHUNK])
+            out.extend(self.all(sql.format(**{"in": _marks(len(part))}), [*prefix, *part]))
+        return out
+
+    def run_chunks(self, sql: str, values: Sequence[Any], *prefix: Any) -> None:
+        for i in range(0, len(values), _CHUNK):
+            part = list(values[i : i + _CHUNK])
+            self.run(sql.format(**{"in": _marks(len(part))}), [*prefix, *part])
+
+
+def _marks(n: int) -> str:
+    return ", ".join("?" * n)
+
+
+class _HeadMoved(Exception):
+    def __init__(self, actual: str | None) -> None:
+        self.actual = actual
+
+
+@dataclass(frozen=True, slots=True)
+class _Parent:
+    id: str
+    run_id: str
+    step: int
+    fields: FieldMap
+
+
+@dataclass(slots=True)
+class _WritePlan:
+    """Everything a prepared save needs at write time (the backend payload of PreparedSave)."""
+
+    record: CheckpointRecord
+    fields: FieldMap
+    new: dict[bytes, NewBlob]
+    refs: list[bytes]
+    follow_head: bool
+    expected_head: str | None | _Unset
+    lease: Lease | None
+    workflow: str | None
+    status: RunStatus | None
+    waiting_json: str | None
+    wake_at: float | None
+    consumed: list[str]
+    durability: Durability | None
+
+
+class _LRU:
+    """A small thread-safe LRU map (field maps of recent checkpoints, known run heads)."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._data: OrderedDict[str, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> Any:
+        with self._lock:
+            value = self._data.get(key)
+            if value is not None:
+                self._data.move_to_end(key)
+            return value
+
+    def put(self, key: str, value: Any) -> None:
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            if len(self._data) > self._size:
+                self._data.popitem(last=False)
+
+    def drop(self, key: str) -> None:
+        with self._lock:
+            self._data.pop(key, None)
+
+
+def _ts(value: datetime | float | None) -> float | None:
+    if value is None or isinstance(value, float | int):
+        return value
+    return value.timestamp()
+
+
+def _row_to_run(row: Sequence[Any]) -> Run:
+    return Run(
+        id=row[0],
+        status=RunStatus(row[1]),
+        workflow=row[2],
+        created_at=utc(row[3]),  # type: ignore[arg-type]
+        updated_at=utc(row[4]),  # type: ignore[arg-type]
+        metadata=json.loads(row[5]) if row[5] else {},
+        head_id=row[6],
+        step=row[7],
+        waiting_for=tuple(json.loads(row[8])) if row[8] else (),
+        wake_at=utc(row[9]),
+        checkpoints=row[10],
+        bytes=row[11],
+        owner=row[12],
+        lease_expires_at=utc(row[13]),
+        priority=row[14],
+    )
+
+
+def _row_to_record(row: Sequence[Any]) -> CheckpointRecord:
+    return CheckpointRecord(
+        id=row[0],
+        run_id=row[1],
+        parent_id=row[2],
+        step=row[3],
+        created_at=row[4],
+        schema_version=row[5],
+        metadata=row[6],
+        fields=bytes(row[7]),
+        size=row[8],
+        added=row[9],
+        checksum=row[10],
+    )
+
+
+def _row_to_summary(row: Sequence[Any]) -> CheckpointSummary:
+    return CheckpointSummary(
+        id=row[0],
+        run_id=row[1],
+        parent_id=row[2],
+        step=row[3],
+        created_at=utc(row[4]),  # type: ignore[arg-type]
+        schema_version=row[5],
+        checksum=row[6],
+        size=row[7],
+        metadata_json=row[8],
+    )
+
+
+def _statuses(status: RunStatus | str | Iterable[RunStatus | str] | None) -> list[str]:
+    if status is None:
+        return []
+    if isinstance(status, str):
+        return [RunStatus(status).value]
+    return [RunStatus(s).value for s in status]
+
+
+def _check_id(kind: str, value: str) -> None:
+    if not isinstance(value, str) or not value or len(value) > 512:
+        raise ValueError(f"{kind} must be a non-empty string of at most 512 characters")
+
+
+class SqlStore(Store):
+    """A :class:`Store` over a SQL database; backends supply connections and a dialect."""
+
+    dialect: Dialect
+    busy_timeout: float = 60.0
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        serializer: Serializer | None = None,
+        compress_threshold: int | None = 4096,
+    ) -> None:
+        self.url = url
+        self._codec = Codec(serializer, compress_threshold)
+        self.serializer = self._codec.serializer
+        self._fields = _LRU(2048)  # checkpoint id -> _Parent (immutable, always safe to cache)
+        self._heads = _LRU(4096)  # run id -> head id this process last wrote (a guess)
+        self._aio: Any = None
+
+    # -- what a backend supplies -----------------------------------------------------------
+
+    @abstractmethod
+    def _transaction(
+        self, write: bool, durability: Durability | None = None
+    ) -> AbstractContextManager[Any]:
+        """A cursor inside a transaction: committed on normal exit, rolled back on error.
+
+        ``durability`` (writes only) overrides the store's default for this one commit.
+        """
+
+    @abstractmethod
+    def _retryable(self, exc: BaseException) -> bool:
+        """Whether ``exc`` means "busy, try the whole transaction again"."""
+
+    def _lock_values(self, tx: Tx) -> None:  # noqa: B027 - optional hook
+        """Called before a write adds references to existing values (see :meth:`_lock_gc`)."""
+
+    def _lock_gc(self, tx: Tx) -> None:  # noqa: B027 - optional hook
+        """Called before values are deleted. Backends whose writers run concurrently make
+        this exclude :meth:`_lock_values`, so a value is never deleted while a concurrent
+        write starts referencing it."""
+
+    def _file_bytes(self) -> int | None:
+        return None
+
+    # -- transactions ----------------------------------------------------------------------
+
+    def _retrying(self, fn: Callable[[], T]) -> T:
+        """Call ``fn`` until it stops failing with a busy error, for up to ``busy_timeout``."""
+        delay = 0.002
+        deadline = time.monotonic() + self.busy_timeout
+        while True:
+            try:
+                return fn()
+            except Exception as exc:
+                if not self._retryable(exc):
+                    raise
+                if time.monotonic() > deadline:
+                    raise StoreError(
+                        f"{self.url}: store stayed busy for {self.busy_timeout:.0f}s ({exc})"
+                    ) from exc
+                time.sleep(delay)
+                delay = min(delay * 2, 0.1)
+
+    def _tx(
+        self,
+        fn: Callable[[Tx], T],
+        *,
+        write: bool = False,
+        durability: Durability | None = None,
+    ) -> T:
+        """Run ``fn`` in one transaction, retrying the whole of it while the store is busy."""
+
+        def attempt() -> T:
+            with self._transaction(write, durability) as cur:
+                return fn(Tx(cur, self.dialect))
+
+        return self._retrying(attempt)
+
+    # -- schema ------------------------------------------------------------------------------
+
+    def schema_version(self) -> int:
+        """The version of pitstop's own tables in this store (0: none yet)."""
+        return self._tx(self._read_schema_version)
+
+    def _read_schema_version(self, tx: Tx) -> int:
+        raise NotImplementedError
+
+    def _prepare_migration(self, tx: Tx) -> None:  # noqa: B027 - optional hook
+        """Take whatever lock makes concurrent migrations safe (SQLite: the write lock)."""
+
+    def migrate(self, *, target: int | None = None) -> int:
+        target = LATEST_SCHEMA if target is None else target
+
+        def apply(tx: Tx) -> int:
+            self._prepare_migration(tx)
+            tx.run(
+                self.dialect.ddl(
+                    "CREATE TABLE IF NOT EXISTS pitstop_schema (version INTEGER PRIMARY KEY, "
+                    "description TEXT NOT NULL, applied_at {real} NOT NULL)"
+                )
+            )
+            current = tx.one("SELECT MAX(version) FROM pitstop_schema")[0] or 0
+            if current > LATEST_SCHEMA:
+                raise StoreSchemaError(
+                    f"{self.url}: store schema version {current} is newer than this pitstop "
+                    f"understands ({LATEST_SCHEMA}); upgrade pitstop"
+                )
+            for version, description, statements in MIGRATIONS:
+                if current < version <= target:
+                    for statement in statements:
+                        tx.run(self.dialect.ddl(statement))
+                    tx.run(
+                        "INSERT INTO pitstop_schema (version, description, applied_at) "
+                        "VALUES (?, ?, ?)",
+                        (version, description, time.time()),
+                    )
+                    current = version
+            return current
+
+        return self._tx(apply, write=True)
+
+    def _ensure_schema(self, auto_migrate: bool) -> None:
+        version = self.schema_version()
+        if version > LATEST_SCHEMA:
+            raise StoreSchemaError(
+                f"{self.url}: store schema version {version} is newer than this pitstop "
+                f"understands ({LATEST_SCHEMA}); upgrade pitstop"
+            )
+        if version < LATEST_SCHEMA:
+            if not auto_migrate:
+                raise StoreSchemaError(
+                    f"{self.url}: store schema version {version}, this pitstop needs "
+                    f"{LATEST_SCHEMA}; run `pitstop migrate --store URL`"
+                )
+            self.migrate()
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def _parent(self, tx: Tx | None, checkpoint_id: str) -> _Parent:
+        cached = self._fields.get(checkpoint_id)
+        if cached is not None:
+            return cached  # type: ignore[no-any-return]
+
+        def read(tx: Tx) -> Any:
+            return tx.one(f"SELECT {_CKPT} FROM pitstop_checkpoints WHERE id = ?", (checkpoint_id,))
+
+        row = read(tx) if tx is not None else self._tx(read)
+        if row is None:
+            raise CheckpointNotFoundError(checkpoint_id)
+        record = _row_to_record(row)
+        record.verify()
+        parent = _Parent(record.id, record.run_id, record.step, record.field_map())
+        self._fields.put(checkpoint_id, parent)
+        return parent
+
+    def _head_id(self, run_id: str) -> str | None:
+        row = self._tx(
+            lambda tx: tx.one("SELECT head_id FROM pitstop_runs WHERE run_id = ?", (run_id,))
+        )
+        return row[0] if row else None
+
+    def prepare(
+        self,
+        run_id: str,
+        state: Mapping[str, Any],
+        *,
+        parent_id: str | None = None,
+        step: int | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        changed: Iterable[str] | None = None,
+        schema_version: int = 0,
+        workflow: str | None = None,
+        status: RunStatus | None = None,
+        expected_head: str | None | _Unset = UNSET,
+        lease: Lease | None = None,
+        consumed_inputs: Iterable[str] = (),
+        durability: Durability | None = None,
+    ) -> PreparedSave:
+        _check_id("run_id", run_id)
+        meta_json = encode_metadata(metadata, run_id)
+        waiting = metadata.get("waiting_for") if metadata else None
+        follow_head = parent_id is None
+        if follow_head:
+            parent_id = self._heads.get(run_id) or self._head_id(run_id)
+        parent = self._parent(None, parent_id) if parent_id is not None else None
+        fields, new = self._codec.encode_state(
+            run_id, state, parent.fields if parent else None, changed
+        )
+        record = CheckpointRecord(
+            id=new_id(after=parent_id),
+            run_id=run_id,
+            parent_id=parent_id,
+            step=step if step is not None else (parent.step + 1 if parent else 0),
+            created_at=time.time(),
+            schema_version=schema_version,
+            metadata=meta_json,
+            fields=encode_field_map(fields),
+            size=sum(ref.size for ref in fields.values()),
+            added=sum(blob.size for blob in new.values()),
+        )
+        record.checksum = record.compute_checksum()
+        hashes = {ref.hash for ref in fields.values()}
+        if parent is not None and parent.run_id == run_id:
+            # The run already references its parent's values; only new ones need a ref.
+            hashes.difference_update(ref.hash for ref in parent.fields.values())
+        plan = _WritePlan(
+            record=record,
+            fields=fields,
+            new=new,
+            refs=list(hashes),
+            follow_head=follow_head,
+            expected_head=expected_head,
+            lease=lease,
+            workflow=workflow,
+            status=status,
+            waiting_json=json.dumps(list(waiting)) if waiting else None,
+            wake_at=_ts(metadata.get("wake_at")) if metadata else None,
+            consumed=list(consumed_inputs),
+            durability=durability,
+        )
+        # Known before the write, so a background writer can chain the next checkpoint on it.
+        self._fields.put(record.id, _Parent(record.id, run_id, record.step, fields))
+        return PreparedSave(record.id, run_id, parent_id, record.step, state, plan)
+
+    def commit(self, prepared: PreparedSave) -> Checkpoint:
+        try:
+            return self._commit(prepared)
+        except _HeadMoved as moved:
+            raise ConflictError(
+                "another checkpoint was written first",
+                run_id=prepared.run_id,
+                expected=prepared.parent_id,
+                actual=moved.actual,
+            ) from None
+
+    def _commit(self, prepared: PreparedSave) -> Checkpoint:
+        plan: _WritePlan = prepared.payload
+        try:
+            self._tx(
+                partial(self._write_checkpoint, plan=plan), write=True, durability=plan.durability
+            )
+        except BaseException:
+            self._fields.drop(plan.record.id)
+            raise
+        self._heads.put(prepared.run_id, plan.record.id)
+        return Checkpoint(state=dict(prepared.state), **plan.record.summary_kwargs())
+
+    def save(
+        self,
+        run_id: str,
+        state: Mapping[str, Any],
+        *,
+        parent_id: str | None = None,
+        changed: Iterable[str] | None = None,
+        **options: Any,
+    ) -> Checkpoint:
+        while True:
+            prepared = self.prepare(
+                run_id, state, parent_id=parent_id, changed=changed, **options
+            )
+            try:
+                return self._commit(prepared)
+            except _HeadMoved:
+                # Another writer moved the head: the `changed` hint no longer describes the
+                # difference from the real parent, so compare every field by content instead.
+                self._heads.drop(run_id)
+                changed = None
+
+    def _write_checkpoint(self, tx: Tx, *, plan: _WritePlan) -> None:
+        """The write half of :meth:`save`: checks the run's head and lease, then inserts."""
+        record = plan.record
+        run_id = record.run_id
+        row = tx.one(
+            "SELECT head_id, fence, lease_owner, lease_expires, status FROM pitstop_runs "
+            "WHERE run_id = ?" + self.dialect.lock_row,
+            (run_id,),
+        )
+        actual = row[0] if row else None
+        if plan.follow_head and actual != record.parent_id:
+            raise _HeadMoved(actual)
+        if plan.expected_head is not UNSET and actual != plan.expected_head:
+            raise ConflictError(
+                "another checkpoint was written first",
+                run_id=run_id,
+                expected=plan.expected_head,
+                actual=actual,
+            )
+        now = record.created_at
+        self._check_lease(run_id, row, plan.lease, now)
+        if plan.refs:
+            self._lock_values(tx)
+        self._insert_blobs(tx, plan.new, now)
+        tx.many(
+            "INSERT INTO pitstop_blob_refs (run_id, hash) VALUES (?, ?) "
+            "ON CONFLICT (run_id, hash) DO NOTHING",
+            [(run_id, h) for h in plan.refs],
+        )
+        tx.run(
+            f"INSERT INTO pitstop_checkpoints ({_CKPT}) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                record.id,
+                run_id,
+                record.parent_id,
+                record.step,
+                now,
+                record.schema_version,
+                record.metadata,
+                record.fields,
+                record.size,
+                record.added,
+                record.checksum,
+            ),
+        )
+        grown = record.added + len(record.metadata) + len(record.fields)
+        if row is None:
+            tx.run(
+                "INSERT INTO pitstop_runs (run_id, workflow, status, created_at, "
+                "updated_at, metadata, head_id, step, waiting_for, wake_at, checkpoints, "
+                "bytes) VALUES (?, ?, ?, ?, ?, '{}', ?, ?, ?, ?, 1, ?)",
+                (
+                    run_id,
+                    plan.workflow,
+                    (plan.status or RunStatus.RUNNING).value,
+                    now,
+                    now,
+                    record.id,
+                    record.step,
+                    plan.waiting_json,
+                    plan.wake_at,
+                    grown,
+                ),
+            )
+        else:
+            tx.run(
+                "UPDATE pitstop_runs SET head_id = ?, step = ?, "
+                "status = COALESCE(?, status), workflow = COALESCE(?, workflow), "
+                "updated_at = ?, waiting_for = ?, wake_at = ?, "
+                "checkpoints = checkpoints + 1, bytes = bytes + ? WHERE run_id = ?",
+                (
+                    record.id,
+                    record.step,
+                    plan.status.value if plan.status else None,
+                    plan.workflow,
+                    now,
+                    plan.waiting_json,
+                    plan.wake_at,
+                    grown,
+                    run_id,
+                ),
+            )
+        if plan.consumed:
+            tx.run_chunks(
+                "UPDATE pitstop_inputs SET consumed_by = ? WHERE run_id = ? "
+                "AND consumed_by IS NULL AND id IN ({in})",
+                plan.consumed,
+                record.id,
+                run_id,
+            )
+
+    def _insert_blobs(self, tx: Tx, new: Mapping[bytes, NewBlob], now: float) -> None:
+        if not new:
+            return
+        blobs = list(new.values())
+        big = [b.hash for b in blobs if b.size > _PROBE_BEFORE_SEND]
+        if big:
+            present = {
+                bytes(r[0])
+                for r in tx.in_chunks("SELECT hash FROM pitstop_blobs WHERE hash IN ({in})", big)
+            }
+            blobs = [b for b in blobs if b.hash not in present]
+        tx.many(
+            "INSERT INTO pitstop_blobs (hash, data, size, created_at) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (hash) DO NOTHING",
+            [(b.hash, b.data, b.size, now) for b in blobs],
+        )
+
+    @staticmethod
+    def _check_lease(run_id: str, row: Any, lease: Lease | None, now: float) -> None:
+        if row is None:
+            if lease is not None:
+                raise LeaseLostError(
+                    run_id, owner=lease.owner, token=lease.token, current_token=None
+                )
+            return
+        _, fence, owner, expires = row[0], row[1], row[2], row[3]
+        if lease is None:
+            if owner is not None and expires is not None and expires > now:
+                raise RunBusyError(run_id, owner=owner, expires_at=expires)
+        elif fence != lease.token or owner != lease.owner:
+            raise LeaseLostError(run_id, owner=lease.owner, token=lease.token, current_token=fence)
+
+    def _load(self, tx: Tx, where: str, params: Sequence[Any]) -> Any:
+        row = tx.one(f"SELECT {_CKPT} FROM pitstop_checkpoints {where}", params)
+        if row is None:
+            return None, {}
+        record = _row_to_record(row)
+        return record, self._load_blobs(tx, record)
+
+    def _load_blobs(self, tx: Tx, record: CheckpointRecord) -> dict[bytes, bytes]:
+        hashes = list({ref.hash for ref in record.field_map().values()})
+        rows = tx.in_chunks("SELECT hash, data FROM pitstop_blobs WHERE hash IN ({in})", hashes)
+        return {bytes(h): bytes(d) for h, d in rows}
+
+    def get(self, checkpoint_id: str, *, strict: bool = True) -> Checkpoint:
+        record, blobs = self._tx(lambda tx: self._load(tx, "WHERE id = ?", (checkpoint_id,)))
+        if record is None:
+            raise CheckpointNotFoundError(checkpoint_id)
+        return self._codec.decode_checkpoint(record, blobs, strict=strict)
+
+    def latest(
+        self, run_id: str, *, fallback: bool = False, strict: bool = True
+    ) -> Checkpoint | None:
+        record, blobs = self._tx(
+            lambda tx: self._load(
+                tx,
+                "WHERE id = (SELECT head_id FROM pitstop_runs WHERE run_id = ?)",
+                (run_id,),
+            )
+        )
+        if record is None:
+            return None
+        try:
+            return self._codec.decode_checkpoint(record, blobs, strict=strict)
+        except CorruptCheckpointError as exc:
+            if not fallback:
+                raise
+            return self._fallback(run_id, record, exc, strict)
+
+    def _fallback(
+        self, run_id: str, bad: CheckpointRecord, error: Exception, strict: bool
+    ) -> Checkpoint:
+        """Walk back from a corrupt head along its ancestors to the newest valid checkpoint."""
+        skipped = [f"{bad.id}: {error}"]
+        parent_id = bad.parent_id
+        while parent_id is not None:
+            record, blobs = self._tx(
+                lambda tx, pid=parent_id: self._load(
+                    tx, "WHERE id = ? AND run_id = ?", (pid, run_id)
+                )
+            )
+            if record is None:
+                break
+            try:
+                found = self._codec.decode_checkpoint(record, blobs, strict=strict)
+            except CorruptCheckpointError as exc:
+                skipped.append(f"{record.id}: {exc}")
+                parent_id = record.parent_id
+                continue
+            found.skipped = tuple(skipped)
+            log.warning(
+                "run %r: head is corrupt, fell back to checkpoint %s (skipped %s)",
+                run_id,
+                found.id,
+                "; ".join(skipped),
+            )
+            return found
+        raise CorruptCheckpointError(
+            "no valid checkpoint in the head's ancestry (" + "; ".join(skipped) + ")",
+            run_id=run_id,
+            checkpoint_id=bad.id,
+        )
+
+    def summary(self, checkpoint_id: str) -> CheckpointSummary:
+        row = self._tx(
+            lambda tx: tx.one(
+                f"SELECT {_SUMMARY} FROM pitstop_checkpoints WHERE id = ?", (checkpoint_id,)
+            )
+        )
+        if row is None:
+            raise CheckpointNotFoundError(checkpoint_id)
+        return _row_to_summary(row)
+
+    def history(
+        self, run_id: str, *, limit: int | None = 100, before: str | None = None
+    ) -> list[CheckpointSummary]:
+        sql = f"SELECT {_SUMMARY} FROM pitstop_checkpoints WHERE run_id = ?"
+        params: list[Any] = [run_id]
+        if before is not None:
+            sql += " AND id < ?"
+            params.append(before)
+        sql += " ORDER BY id DESC"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+
+        def read(tx: Tx) -> tuple[list[Any], bool]:
+            rows = tx.all(sql, params)
+            exists = bool(rows) or (
+                tx.one("SELECT 1 FROM pitstop_runs WHERE run_id = ?", (run_id,)) is not None
+            )
+            return rows, exists
+
+        rows, exists = self._tx(read)
+        if not exists:
+            raise RunNotFoundError(run_id)
+        return [_row_to_summary(r) for r in rows]
+
+    # -- runs --------------------------------------------------------------------------------
+
+    def create_run(
+        self,
+        run_id: str,
+        *,
+        workflow: str | None = None,
+        status: RunStatus = RunStatus.RUNNING,
+        metadata: Mapping[str, Any] | None = None,
+        priority: int = 0,
+        exist_ok: bool = False,
+    ) -> Run:
+        _check_id("run_id", run_id)
+        meta_json = encode_metadata(metadata, run_id)
+        now = time.time()
+
+        def write(tx: Tx) -> Any:
+            created = tx.run(
+                "INSERT INTO pitstop_runs (run_id, workflow, status, created_at, updated_at, "
+                "metadata, priority) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id) DO NOTHING",
+                (run_id, workflow, RunStatus(status).value, now, now, meta_json, priority),
+            ).rowcount
+            if not created and not exist_ok:
+                raise RunExistsError(run_id)
+            return tx.one(f"SELECT {_RUN} FROM pitstop_runs WHERE run_id = ?", (run_id,))
+
+        return _row_to_run(self._tx(write, write=True))
+
+    def get_run(self, run_id: str) -> Run:
+        row = self._tx(
+            lambda tx: tx.one(f"SELECT {_RUN} FROM pitstop_runs WHERE run_id = ?", (run_id,))
+        )
+        if row is None:
+            raise RunNotFoundError(run_id)
+        return _row_to_run(row)
+
+    def runs(
+        self,
+        *,
+        status: RunStatus | str | Iterable[RunStatus | str] | None = None,
+        workflow: str | None = None,
+        since: datetime | float | None = None,
+        until: datetime | float | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        limit: int | None = 100,
+        offset: int = 0,
+    ) -> list[Run]:
+        where: list[str] = []
+        params: list[Any] = []
+        statuses = _statuses(status)
+        if statuses:
+            where.append(f"status IN ({_marks(len(statuses))})")
+            params.extend(statuses)
+        if workflow is not None:
+            where.append("workflow = ?")
+            params.append(workflow)
+        if since is not None:
+            where.append("created_at >= ?")
+            params.append(_ts(since))
+        if until is not None:
+            where.append("created_at < ?")
+            params.append(_ts(until))
+        for key, value in (metadata or {}).items():
+            clause, values = self.dialect.json_equals("metadata", key, value)
+            where.append(clause)
+            params.extend(values)
+        sql = f"SELECT {_RUN} FROM pitstop_runs"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY created_at DESC, run_id DESC"
+        if limit is not None:
+            sql += " LIMIT ? OFFSET ?"
+            params.extend([limit, offset])
+        elif offset:
+            raise ValueError("offset needs a limit")
+        return [_row_to_run(r) for r in self._tx(lambda tx: tx.all(sql, params))]
+
+    def update_run(
+        self,
+        run_id: str,
+        *,
+        status: RunStatus | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        lease: Lease | None = None,
+    ) -> Run:
+        def write(tx: Tx) -> Any:
+            row = tx.one(
+                "SELECT head_id, fence, lease_owner, lease_expires, status, metadata "
+                "FROM pitstop_runs WHERE run_id = ?" + self.dialect.lock_row,
+                (run_id,),
+            )
+            if row is None:
+                raise RunNotFoundError(run_id)
+            now = time.time()
+            cancelling = status == RunStatus.CANCELLED
+            if not cancelling:
+                self._check_lease(run_id, row, lease, now)
+            merged = json.loads(row[5]) if row[5] else {}
+            merged.update(metadata or {})
+            if cancelling:
+                # Cancelling breaks any lease: the owner's next write is fenced off.
+                tx.run(
+                    "UPDATE pitstop_runs SET status = ?, metadata = ?, updated_at = ?, "
+                    "lease_owner = NULL, lease_expires = NULL, fence = fence + 1, "
+                    "wake_at = NULL WHERE run_id = ?",
+                    (status.value, encode_metadata(merged, run_id), now, run_id),
+                )
+            else:
+                tx.run(
+                    "UPDATE pitstop_runs SET status = COALESCE(?, status), metadata = ?, "
+                    "updated_at = ? WHERE run_id = ?",
+                    (
+                        status.value if status else None,
+                        encode_metadata(merged, run_id),
+                        now,
+                        run_id,
+                    ),
+                )
+            return tx.one(f"SELECT {_RUN} FROM pitstop_runs WHERE run_id = ?", (run_id,))
+
+        return _row_to_run(self._tx(write, write=True))
+
+    def delete_run(self, run_id: str) -> PruneReport:
+        report = self._tx(lambda tx: self._delete_run(tx, run_id, dry_run=False), write=True)
+        if not report.runs:
+            raise RunNotFoundError(run_id)
+        return report
+
+    def _delete_run(self, tx: Tx, run_id: str, *, dry_run: bool) -> PruneReport:
+        report = PruneReport(dry_run=dry_run)
+        run = tx.one("SELECT run_id FROM pitstop_runs WHERE run_id = ?" + self.dialect.lock_row,
+                     (run_id,))
+        if run is None:
+            return report
+        ids = [r[0] for r in tx.all("SELECT id FROM pitstop_checkpoints WHERE run_id = ?",
+                                    (run_id,))]
+        record_bytes = tx.one(
+            "SELECT COALESCE(SUM(LENGTH(fields) + LENGTH(metadata)), 0) "
+            "FROM pitstop_checkpoints WHERE run_id = ?",
+            (run_id,),
+        )[0]
+        stale = [bytes(r[0]) for r in tx.all(
+            "SELECT hash FROM pitstop_blob_refs WHERE run_id = ?", (run_id,)
+        )]
+        freed, freed_bytes = self._unshared(tx, run_id, stale)
+        report.runs.append(run_id)
+        report.checkpoints.extend(ids)
+        report.blobs = len(freed)
+        report.bytes_reclaimed = int(record_bytes) + freed_bytes
+        if dry_run:
+            return report
+        self._lock_gc(tx)
+        for table in ("pitstop_checkpoints", "pitstop_blob_refs", "pitstop_inputs",
+                      "pitstop_effects", "pitstop_runs"):
+            tx.run(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
+        self._delete_blobs(tx, freed)
+        self._fields_forget(ids)
+        self._heads.drop(run_id)
+        return report
+
+    def _unshared(self, tx: Tx, run_id: str, hashes: Sequence[bytes]) -> tuple[list[bytes], int]:
+        """Which of ``hashes`` no other run references, and their stored size."""
+        if not hashes:
+            return [], 0
+        shared = {
+            bytes(r[0])
+            for r in tx.in_chunks(
+                "SELECT DISTINCT hash FROM pitstop_blob_refs WHERE run_id <> ? AND hash IN ({in})",
+                hashes,
+                run_id,
+            )
+        }
+        freed = [h for h in hashes if h not in shared]
+        size = sum(
+            int(r[0])
+            for r in tx.in_chunks("SELECT size FROM pitstop_blobs WHERE hash IN ({in})", freed)
+        )
+        return freed, size
+
+    def _delete_blobs(self, tx: Tx, hashes: Sequence[bytes]) -> None:
+        # Re-checked under the GC lock: a concurrent writer may have started sharing one.
+        tx.run_chunks(
+            "DELETE FROM pitstop_blobs WHERE hash IN ({in}) AND NOT EXISTS "
+            "(SELECT 1 FROM pitstop_blob_refs r WHERE r.hash = pitstop_blobs.hash)",
+            hashes,
+        )
+
+    def _fields_forget(self, ids: Iterable[str]) -> None:
+        for checkpoint_id in ids:
+            self._fields.drop(checkpoint_id)
+
+    # -- retention ---------------------------------------------------------------------------
+
+    def prune(
+        self,
+        policy: RetentionPolicy,
+        *,
+        run_id: str | None = None,
+        dry_run: bool = False,
+        progress: Progress | None = None,
+    ) -> PruneReport:
+        report = PruneReport(dry_run=dry_run)
+        doomed_runs: list[str] = []
+        if policy.finished_age is not None:
+            cutoff = time.time() - policy.finished_age
+            statuses = [RunStatus(s).value for s in policy.finished_statuses]
+            sql = (
+                f"SELECT run_id FROM pitstop_runs WHERE status IN ({_marks(len(statuses))}) "
+                "AND updated_at < ?"
+            )
+            params: list[Any] = [*statuses, cutoff]
+            if run_id is not None:
+                sql += " AND run_id = ?"
+                params.append(run_id)
+            doomed_runs = [r[0] for r in self._tx(lambda tx: tx.all(sql, params))]
+        candidates: list[str] = []
+        if policy.keep_last is not None:
+            if run_id is not None:
+                candidates = [run_id]
+            else:
+                candidates = [
+                    r[0]
+                    for r in self._tx(
+                        lambda tx: tx.all(
+                            "SELECT run_id FROM pitstop_runs WHERE checkpoints > ? "
+                            "ORDER BY run_id",
+                            (policy.keep_last,),
+                        )
+                    )
+                ]
+            candidates = [c for c in candidates if c not in set(doomed_runs)]
+        total = len(doomed_runs) + len(candidates)
+        done = 0
+        for rid in doomed_runs:
+            report.merge(
+                self._tx(lambda tx, r=rid: self._delete_run(tx, r, dry_run=dry_run), write=True)
+            )
+            done += 1
+            if progress:
+                progress(done, total)
+        for rid in candidates:
+            report.merge(
+                self._tx(
+                    lambda tx, r=rid: self._prune_run(tx, r, policy, dry_run=dry_run), write=True
+                )
+            )
+            done += 1
+            if progress:
+                progress(done, total)
+        return report
+
+    def _prune_run(
+        self, tx: Tx, run_id: str, policy: RetentionPolicy, *, dry_run: bool
+    ) -> PruneReport:
+        report = PruneReport(dry_run=dry_run)
+        run = tx.one(
+            "SELECT head_id FROM pitstop_runs WHERE run_id = ?" + self.dialect.lock_row, (run_id,)
+        )
+        if run is None:
+            return report
+        rows = tx.all(
+            "SELECT id, metadata, fields FROM pitstop_checkpoints WHERE run_id = ? "
+            "ORDER BY id DESC",
+            (run_id,),
+        )
+        keep = {r[0] for r in rows[: policy.keep_last]}
+        if run[0] is not None:
+            keep.add(run[0])
+        if policy.keep_milestones:
+            keep.update(r[0] for r in rows if r[0] not in keep and json.loads(r[1]).get("tags"))
+        doomed = [r for r in rows if r[0] not in keep]
+        if not doomed:
+            return report
+        remaining: set[bytes] = set()
+        for r in rows:
+            if r[0] in keep:
+                remaining.update(ref.hash for ref in decode_field_map(bytes(r[2])).values())
+        refs = [bytes(r[0]) for r in tx.all(
+            "SELECT hash FROM pitstop_blob_refs WHERE run_id = ?", (run_id,)
+        )]
+        stale = [h for h in refs if h not in remaining]
+        freed, freed_bytes = self._unshared(tx, run_id, stale)
+        ids = [r[0] for r in doomed]
+        record_bytes = sum(len(r[1]) + len(r[2]) for r in doomed)
+        report.checkpoints.extend(ids)
+        report.blobs = len(freed)
+        report.bytes_reclaimed = record_bytes + freed_bytes
+        if dry_run:
+            return report
+        self._lock_gc(tx)
+        tx.run_chunks("DELETE FROM pitstop_checkpoints WHERE id IN ({in})", ids)
+        tx.run_chunks("DELETE FROM pitstop_effects WHERE run_id = ? AND checkpoint_id IN ({in})",
+                      ids, run_id)
+        tx.run_chunks("DELETE FROM pitstop_blob_refs WHERE run_id = ? AND hash IN ({in})",
+                      stale, run_id)
+        self._delete_blobs(tx, freed)
+        tx.run(
+            "UPDATE pitstop_runs SET checkpoints = checkpoints - ?, "
+            "bytes = CASE WHEN bytes > ? THEN bytes - ? ELSE 0 END WHERE run_id = ?",
+            (len(ids), report.bytes_reclaimed, report.bytes_reclaimed, run_id),
+        )
+        self._fields_forget(ids)
+        return report
+
+    # -- maintenance -------------------------------------------------------------------------
+
+    def stats(self) -> StoreStats:
+        def read(tx: Tx) -> StoreStats:
+            by_status = {
+                r[0]: int(r[1])
+                for r in tx.all("SELECT status, COUNT(*) FROM pitstop_runs GROUP BY status")
+            }
+            checkpoints, record_bytes = tx.one(
+                "SELECT COUNT(*), COALESCE(SUM(LENGTH(fields) + LENGTH(metadata)), 0) "
+                "FROM pitstop_checkpoints"
+            )
+            blobs, blob_bytes = tx.one("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM pitstop_blobs")
+            return StoreStats(
+                runs=sum(by_status.values()),
+                checkpoints=int(checkpoints),
+                blobs=int(blobs),
+                bytes=int(record_bytes) + int(blob_bytes),
+                runs_by_status=by_status,
+                file_bytes=self._file_bytes(),
+            )
+
+        return self._tx(read)
+
+    def verify(self, *, progress: Progress | None = None) -> list[Problem]:
+        problems: list[Problem] = []
+        total = self._tx(
+            lambda tx: int(tx.one("SELECT COUNT(*) FROM pitstop_checkpoints")[0])
+            + int(tx.one("SELECT COUNT(*) FROM pitstop_blobs")[0])
+        )
+        done = 0
+        referenced: dict[bytes, tuple[str, str, str]] = {}
+        after = ""
+        while True:
+            rows = self._tx(
+                lambda tx, a=after: tx.all(
+                    f"SELECT {_CKPT} FROM pitstop_checkpoints WHERE id > ? ORDER BY id LIMIT ?",
+                    (a, _CHUNK),
+                )
+            )
+            if not rows:
+                break
+            for row in rows:
+                try:
+                    record = _row_to_record(row)
+                    record.verify()
+                    for name, ref in record.field_map().items():
+                        referenced.setdefault(ref.hash, (record.id, record.run_id, name))
+                except Exception as exc:
+                    problems.append(Problem("checkpoint", str(row[0]), str(exc), run_id=row[1]))
+            after = rows[-1][0]
+            done += len(rows)
+            if progress:
+                progress(done, total)
+        seen: set[bytes] = set()
+        after_hash = b""
+        while True:
+            rows = self._tx(
+                lambda tx, a=after_hash: tx.all(
+                    "SELECT hash, data FROM pitstop_blobs WHERE hash > ? ORDER BY hash LIMIT ?",
+                    (a, 64),
+                )
+            )
+            if not rows:
+                break
+            for h, data in rows:
+                h = bytes(h)
+                seen.add(h)
+                try:
+                    self._codec.decode_value(bytes(data), h, strict=False)
+                except Exception as exc:
+                    owner = referenced.get(h)
+                    problems.append(
+                        Problem(
+                            "blob",
+                            h.hex()[:16],
+                            f"{exc}" + (f" (field {owner[2]!r} of checkpoint {owner[0]})"
+                                        if owner else ""),
+                            run_id=owner[1] if owner else None,
+                        )
+                    )
+            after_hash = bytes(rows[-1][0])
+            done += len(rows)
+            if progress:
+                progress(done, total)
+        for h, (checkpoint_id, run_id, name) in referenced.items():
+            if h not in seen:
+                problems.append(
+                    Problem(
+                        "checkpoint",
+                        checkpoint_id,
+                        f"field {name!r} refers to value {h.hex()[:16]} which is missing",
+                        run_id=run_id,
+                    )
+                )
+        for kind, table, key in (("input", "pitstop_inputs", "id"),
+                                 ("effect", "pitstop_effects", "key")):
+            column = "payload" if kind == "input" else "result"
+            for rid, ident, data, h in self._tx(
+                lambda tx, t=table, k=key, c=column: tx.all(
+                    f"SELECT run_id, {k}, {c}, hash FROM {t}"
+                )
+            ):
+                try:
+                    self._codec.decode_value(bytes(data), bytes(h), strict=False)
+                except Exception as exc:
+                    problems.append(Problem(kind, str(ident), str(exc), run_id=rid))
+        for run_id, head in self._tx(
+            lambda tx: tx.all(
+                "SELECT r.run_id, r.head_id FROM pitstop_runs r WHERE r.head_id IS NOT NULL "
+                "AND NOT EXISTS (SELECT 1 FROM pitstop_checkpoints c WHERE c.id = r.head_id)"
+            )
+        ):
+            problems.append(
+                Problem("run", run_id, f"head checkpoint {head} is missing", run_id=run_id)
+            )
+        return problems
+
+    # -- ownership ---------------------------------------------------------------------------
+
+    def acquire(self, run_id: str, owner: str, *, ttl: float = 30.0) -> Lease:
+        def write(tx: Tx) -> Lease:
+            row = tx.one(
+                "SELECT lease_owner, lease_expires, fence FROM pitstop_runs WHERE run_id = ?"
+                + self.dialect.lock_row,
+                (run_id,),
+            )
+            if row is None:
+                raise RunNotFoundError(run_id)
+            now = time.time()
+            holder, expires, fence = row
+            live = holder is not None and expires is not None and expires > now
+            if live and holder != owner:
+                raise RunBusyError(run_id, owner=holder, expires_at=expires)
+            token = fence if live else fence + 1
+            tx.run(
+                "UPDATE pitstop_runs SET lease_owner = ?, lease_expires = ?, fence = ? "
+                "WHERE run_id = ?",
+                (owner, now + ttl, token, run_id),
+            )
+            return Lease(run_id, owner, token, now + ttl)
+
+        return self._tx(write, write=True)
+
+    def renew(self, lease: Lease, *, ttl: float = 30.0) -> Lease:
+        expires = time.time() + ttl
+
+        def write(tx: Tx) -> None:
+            updated = tx.run(
+                "UPDATE pitstop_runs SET lease_expires = ? "
+                "WHERE run_id = ? AND lease_owner = ? AND fence = ?",
+                (expires, lease.run_id, lease.owner, lease.token),
+            ).rowcount
+            if not updated:
+                row = tx.one("SELECT fence FROM pitstop_runs WHERE run_id = ?", (lease.run_id,))
+                raise LeaseLostError(
+                    lease.run_id,
+                    owner=lease.owner,
+                    token=lease.token,
+                    current_token=row[0] if row else None,
+                )
+
+        self._tx(write, write=True)
+        return Lease(lease.run_id, lease.owner, lease.token, expires)
+
+    def release(self, lease: Lease) -> None:
+        self._tx(
+            lambda tx: tx.run(
+                "UPDATE pitstop_runs SET lease_owner = NULL, lease_expires = NULL "
+                "WHERE run_id = ? AND lease_owner = ? AND fence = ?",
+                (lease.run_id, lease.owner, lease.token),
+            ),
+            write=True,
+        )
+
+    def claim(
+        self,
+        owner: str,
+        *,
+        workflows: Iterable[str] | None = None,
+        limit: int = 1,
+        ttl: float = 30.0,
+    ) -> list[Lease]:
+        names = None if workflows is None else list(workflows)
+        if names == []:
+            return []
+
+        def write(tx: Tx) -> list[Lease]:
+            now = time.time()
+            sql = (
+                "SELECT run_id, fence FROM pitstop_runs "
+                "WHERE COALESCE(lease_expires, 0) < ? AND (status IN ('queued', 'running') "
+                "OR (status = 'waiting' AND wake_at <= ?))"
+            )
+            params: list[Any] = [now, now]
+            if names is None:
+                sql += " AND workflow IS NOT NULL"
+            else:
+                sql += f" AND workflow IN ({_marks(len(names))})"
+                params.extend(names)
+            sql += " ORDER BY priority DESC, updated_at LIMIT ?" + self.dialect.skip_locked
+            params.append(limit)
+            leases = []
+            for run_id, fence in tx.all(sql, params):
+                tx.run(
+                    "UPDATE pitstop_runs SET lease_owner = ?, lease_expires = ?, fence = ? "
+                    "WHERE run_id = ?",
+                    (owner, now + ttl, fence + 1, run_id),
+                )
+                leases.append(Lease(run_id, owner, fence + 1, now + ttl))
+            return leases
+
+        return self._tx(write, write=True)
+
+    # -- inputs and effects ------------------------------------------------------------------
+
+    def send(self, run_id: str, name: str, payload: Any) -> Input:
+        _check_id("input name", name)
+        blob = self._codec.encode_value(payload, run_id=run_id, path=f"input.{name}")
+        input_id = new_id()
+        now = time.time()
+
+        def write(tx: Tx) -> None:
+            row = tx.one(
+                "SELECT status, waiting_for, wake_at FROM pitstop_runs WHERE run_id = ?"
+                + self.dialect.lock_row,
+                (run_id,),
+            )
+            if row is None:
+                raise RunNotFoundError(run_id)
+            status = RunStatus(row[0])
+            waiting = json.loads(row[1]) if row[1] else []
+            if status.finished:
+                raise InputError(f"the run has finished ({status.value})", run_id=run_id,
+                                 name=name)
+            if status != RunStatus.WAITING or name not in waiting:
+                expected = ", ".join(map(repr, waiting)) or "nothing"
+                raise InputError(
+                    f"the run is {status.value} and waits for {expected}", run_id=run_id,
+                    name=name,
+                )
+            pending = {
+                r[0]
+                for r in tx.all(
+                    "SELECT name FROM pitstop_inputs WHERE run_id = ? AND consumed_by IS NULL",
+                    (run_id,),
+                )
+            }
+            if name in pending:
+                raise InputError(
+                    "an input of that name was already delivered and is not consumed yet",
+                    run_id=run_id,
+                    name=name,
+                )
+            tx.run(
+                "INSERT INTO pitstop_inputs (id, run_id, name, payload, hash, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (input_id, run_id, name, blob.data, blob.hash, now),
+            )
+            if pending.union([name]).issuperset(waiting):
+                tx.run(
+                    "UPDATE pitstop_runs SET wake_at = ?, updated_at = ? WHERE run_id = ?",
+                    (now, now, run_id),
+                )
+
+        self._tx(write, write=True)
+        return Input(input_id, run_id, name, payload, utc(now))  # type: ignore[arg-type]
+
+    def inputs(self, run_id: str, *, pending: bool = True) -> dict[str, Input]:
+        sql = (
+            "SELECT id, name, payload, hash, created_at, consumed_by FROM pitstop_inputs "
+            "WHERE run_id = ?"
+        )
+        if pending:
+            sql += " AND consumed_by IS NULL"
+        rows = self._tx(lambda tx: tx.all(sql + " ORDER BY id", (run_id,)))
+        out: dict[str, Input] = {}
+        for input_id, name, payload, h, created, consumed in rows:
+            value = self._codec.decode_value(
+                bytes(payload), bytes(h), run_id=run_id, field=f"input:{name}"
+            )
+            out[name] = Input(input_id, run_id, name, value, utc(created), consumed)  # type: ignore[arg-type]
+        return out
+
+    def get_effect(self, run_id: str, key: str) -> tuple[bool, Any]:
+        row = self._tx(
+            lambda tx: tx.one(
+                "SELECT result, hash FROM pitstop_effects WHERE run_id = ? AND key = ?",
+                (run_id, key),
+            )
+        )
+        if row is None:
+            return False, None
+        return True, self._codec.decode_value(
+            bytes(row[0]), bytes(row[1]), run_id=run_id, field=f"effect:{key}"
+        )
+
+    def record_effect(
+        self, run_id: str, key: str, result: Any, *, checkpoint_id: str | None = None
+    ) -> Any:
+        blob = self._codec.encode_value(result, run_id=run_id, path=f"effect[{key!r}]")
+
+        def write(tx: Tx) -> Any:
+            inserted = tx.run(
+                "INSERT INTO pitstop_effects (run_id, key, checkpoint_id, result, hash, "
+                "created_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, key) DO NOTHING",
+                (run_id, key, checkpoint_id, blob.data, blob.hash, time.time()),
+            ).rowcount
+            if inserted:
+                return None
+            return tx.one(
+                "SELECT result, hash FROM pitstop_effects WHERE run_id = ? AND key = ?",
+                (run_id, key),
+            )
+
+        existing = self._tx(write, write=True)
+        if existing is None:
+            return result
+        return self._codec.decode_value(
+            bytes(existing[0]), bytes(existing[1]), run_id=run_id, field=f"effect:{key}"
+        )
+
+    # -- records for export/import and tools --------------------------------------------------
+
+    def iter_records(self, run_id: str) -> Iterator[tuple[CheckpointRecord, dict[bytes, bytes]]]:
+        """A run's raw checkpoint records with their stored values, oldest first (for export)."""
+        after = ""
+        while True:
+            rows = self._tx(
+                lambda tx, a=after: tx.all(
+                    f"SELECT {_CKPT} FROM pitstop_checkpoints WHERE run_id = ? AND id > ? "
+                    "ORDER BY id LIMIT ?",
+                    (run_id, a, 100),
+                )
+            )
+            if not rows:
+                return
+            for row in rows:
+                record = _row_to_record(row)
+                yield record, self._tx(lambda tx, r=record: self._load_blobs(tx, r))
+            after = rows[-1][0]

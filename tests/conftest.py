@@ -1,0 +1,102 @@
+"""Shared fixtures: every contract test runs against every backend, on real databases.
+
+PostgreSQL tests use the server named by ``PITSTOP_TEST_POSTGRES_URL`` (default: the local
+server with trust auth). Each test gets its own PostgreSQL schema, dropped afterwards, so tests
+never see each other's rows and may run against a database that holds other data.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import pitstop
+from pitstop.store import Store
+
+PG_URL = os.environ.get("PITSTOP_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _have_postgres_backend() -> bool:
+    try:
+        import pitstop.store.postgres  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+BACKENDS = ["sqlite", "memory"] + (["postgres"] if _have_postgres_backend() else [])
+
+
+def pg_schema_url(schema: str) -> str:
+    sep = "&" if "?" in PG_URL else "?"
+    return f"{PG_URL}{sep}schema={schema}"
+
+
+def drop_pg_schema(schema: str) -> None:
+    import psycopg
+
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A URL naming a fresh, empty store of the backend under test."""
+    backend = getattr(request, "param", "sqlite")
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'store.db'}"
+    elif backend == "memory":
+        yield "memory://"
+    else:
+        schema = f"t_{uuid.uuid4().hex[:12]}"
+        yield pg_schema_url(schema)
+        drop_pg_schema(schema)
+
+
+@pytest.fixture
+def open_store(store_url: str) -> Iterator[Callable[..., Store]]:
+    """Opens (more) stores on the URL under test; closes them all at the end."""
+    opened: list[Store] = []
+
+    def opener(**options: Any) -> Store:
+        s = pitstop.open_store(store_url, **options)
+        opened.append(s)
+        return s
+
+    yield opener
+    for s in opened:
+        s.close()
+
+
+@pytest.fixture
+def store(open_store: Callable[..., Store]) -> Store:
+    return open_store()
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Tests asking for ``store``/``store_url`` run once per backend, unless they choose."""
+    already = any("store_url" in m.args[0] for m in metafunc.definition.iter_markers("parametrize"))
+    if "store_url" in metafunc.fixturenames and not already:
+        metafunc.parametrize("store_url", BACKENDS, indirect=True)
+
+
+def run_python(code: str, *args: str, env: dict[str, str] | None = None,
+               timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter (a real separate process)."""
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        cwd=ROOT,
+        check=False,
+    )

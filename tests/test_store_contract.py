@@ -1,0 +1,558 @@
+"""The store contract, run against every backend (SQLite file, memory, PostgreSQL)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+import pitstop
+from pitstop import (
+    CheckpointNotFoundError,
+    ConflictError,
+    CorruptCheckpointError,
+    InputError,
+    LeaseLostError,
+    RetentionPolicy,
+    RunBusyError,
+    RunExistsError,
+    RunNotFoundError,
+    RunStatus,
+    SerializationError,
+    Store,
+)
+
+MiB = 1 << 20
+
+
+class Exploding:
+    """Serialising this fails: it proves a field was (or was not) serialised."""
+
+
+# -- saving and loading -------------------------------------------------------------------------
+
+
+def test_save_latest_get_round_trip(store: Store) -> None:
+    state = {"messages": ["hi", {"role": "tool", "n": 3}], "count": 1, "when": datetime.now(UTC)}
+    first = store.save("r1", state, metadata={"source": "step", "tags": ["start"]})
+    assert first.step == 0 and first.parent_id is None and first.run_id == "r1"
+    assert first.state == state
+
+    second = store.save("r1", {**state, "count": 2})
+    assert second.parent_id == first.id and second.step == 1
+    assert second.id > first.id
+
+    latest = store.latest("r1")
+    assert latest is not None and latest.id == second.id and latest.state["count"] == 2
+    again = store.get(first.id)
+    assert again.state == state
+    assert again.metadata == {"source": "step", "tags": ["start"]}
+    assert again.checksum == first.checksum
+    assert store.latest("no-such-run") is None
+    with pytest.raises(CheckpointNotFoundError):
+        store.get("no-such-checkpoint")
+
+
+def test_run_record_follows_saves(store: Store) -> None:
+    store.save("r", {"a": 1}, workflow="wf", metadata={"waiting_for": ["approval"]},
+               status=RunStatus.WAITING)
+    run = store.get_run("r")
+    assert run.workflow == "wf" and run.status is RunStatus.WAITING
+    assert run.waiting_for == ("approval",) and run.checkpoints == 1 and run.step == 0
+    ckpt = store.save("r", {"a": 2}, status=RunStatus.COMPLETED)
+    run = store.get_run("r")
+    assert run.head_id == ckpt.id and run.waiting_for == () and run.status is RunStatus.COMPLETED
+    assert run.checkpoints == 2 and run.bytes > 0
+    with pytest.raises(RunNotFoundError):
+        store.get_run("nope")
+
+
+def test_explicit_parent_makes_a_branch_nothing_overwritten(store: Store) -> None:
+    a = store.save("r", {"x": 1})
+    b = store.save("r", {"x": 2})
+    branch = store.save("r", {"x": 20}, parent_id=a.id)
+    assert branch.parent_id == a.id and branch.step == 1
+    assert store.latest("r").id == branch.id  # type: ignore[union-attr]
+    assert store.get(b.id).state == {"x": 2}  # the other branch is intact
+    assert [s.id for s in store.history("r")] == [branch.id, b.id, a.id]
+
+
+def test_history_is_paginated_newest_first_without_state(store: Store) -> None:
+    ids = [store.save("r", {"i": i}).id for i in range(25)]
+    page1 = store.history("r", limit=10)
+    page2 = store.history("r", limit=10, before=page1[-1].id)
+    page3 = store.history("r", limit=10, before=page2[-1].id)
+    got = [s.id for s in page1 + page2 + page3]
+    assert got == ids[::-1]
+    assert not hasattr(page1[0], "state")
+    assert page1[0].size > 0 and page1[0].step == 24
+    with pytest.raises(RunNotFoundError):
+        store.history("missing")
+
+
+def test_unchanged_values_are_stored_once(store: Store) -> None:
+    big = "x" * MiB
+    for i in range(20):
+        store.save("r", {"doc": big, "i": i})
+    stats = store.stats()
+    # one 1 MiB document + 20 distinct small values
+    assert stats.blobs == 21
+    assert stats.bytes < 2 * MiB  # compressed or not, stored once
+
+
+def test_changed_hint_skips_serialising_other_fields(store: Store) -> None:
+    store.save("r", {"a": 1, "b": [1, 2, 3]})
+    # `b` holds something unserialisable; it is not serialised because `changed` says so.
+    ckpt = store.save("r", {"a": 2, "b": Exploding()}, changed=["a"])
+    assert store.get(ckpt.id).state == {"a": 2, "b": [1, 2, 3]}
+    with pytest.raises(SerializationError):
+        store.save("r", {"a": 3, "b": Exploding()})
+
+
+def test_fields_can_be_added_and_removed(store: Store) -> None:
+    store.save("r", {"a": 1, "b": 2})
+    store.save("r", {"a": 1, "c": 3}, changed=["c"])
+    assert store.latest("r").state == {"a": 1, "c": 3}  # type: ignore[union-attr]
+
+
+def test_serialization_error_names_run_and_path_and_writes_nothing(store: Store) -> None:
+    good = store.save("r", {"messages": []})
+    before = store.stats()
+    bad = {"messages": [{"role": "user"}, {"role": "tool"}, {"x": 1}, {"tool": Exploding()}]}
+    with pytest.raises(SerializationError) as info:
+        store.save("r", bad)
+    err = info.value
+    assert err.run_id == "r"
+    assert err.path == "state.messages[3].tool"
+    assert err.type_name is not None and "Exploding" in err.type_name
+    assert "state.messages[3].tool" in str(err) and "'r'" in str(err)
+    assert store.latest("r").id == good.id  # type: ignore[union-attr]
+    after = store.stats()
+    assert (after.checkpoints, after.blobs, after.bytes) == (
+        before.checkpoints, before.blobs, before.bytes,
+    )
+
+
+def test_metadata_must_be_json(store: Store) -> None:
+    with pytest.raises(SerializationError) as info:
+        store.save("r", {"a": 1}, metadata={"ok": 1, "when": datetime.now(UTC)})
+    assert info.value.path == "metadata.when"
+    assert store.latest("r") is None
+
+
+def test_state_must_be_a_mapping(store: Store) -> None:
+    with pytest.raises(TypeError, match="mapping"):
+        store.save("r", [1, 2])  # type: ignore[arg-type]
+
+
+def test_expected_head_rejects_a_second_writer(store: Store) -> None:
+    first = store.save("r", {"a": 1})
+    store.save("r", {"a": 2}, parent_id=first.id, expected_head=first.id)
+    with pytest.raises(ConflictError) as info:
+        store.save("r", {"a": 3}, parent_id=first.id, expected_head=first.id)
+    assert info.value.run_id == "r" and info.value.expected == first.id
+    assert len(store.history("r")) == 2
+    with pytest.raises(ConflictError):
+        store.save("new", {"a": 1}, expected_head="something")
+    store.save("new", {"a": 1}, expected_head=None)
+
+
+# -- forks ----------------------------------------------------------------------------------------
+
+
+def test_fork_shares_values_and_leaves_source_untouched(store: Store) -> None:
+    big = "y" * MiB
+    store.save("src", {"doc": big, "n": 1}, workflow="wf")
+    mid = store.save("src", {"doc": big, "n": 2})
+    store.save("src", {"doc": big, "n": 3})
+    blobs = store.stats().blobs
+
+    fork = store.fork(mid.id, new_run_id="copy", update={"n": 99})
+    assert fork.run_id == "copy" and fork.parent_id == mid.id
+    assert fork.state == {"doc": big, "n": 99}
+    assert fork.metadata["source"] == "fork"
+    assert fork.metadata["forked_from"] == {"run_id": "src", "checkpoint_id": mid.id}
+    assert store.get_run("copy").workflow == "wf"
+    assert store.stats().blobs == blobs + 1  # only the edited value is new
+    assert store.latest("src").state["n"] == 3  # type: ignore[union-attr]
+    # the fork survives its source being deleted
+    store.delete_run("src")
+    assert store.latest("copy").state == {"doc": big, "n": 99}  # type: ignore[union-attr]
+
+
+def test_fork_generates_a_run_id(store: Store) -> None:
+    ckpt = store.save("src", {"a": 1})
+    fork = store.fork(ckpt.id)
+    assert fork.run_id != "src"
+    with pytest.raises(RunExistsError):
+        store.fork(ckpt.id, new_run_id="src")
+
+
+# -- runs -----------------------------------------------------------------------------------------
+
+
+def test_runs_filters(store: Store) -> None:
+    store.create_run("q1", workflow="billing", status=RunStatus.QUEUED,
+                     metadata={"customer": "acme", "tier": 2})
+    time.sleep(0.01)
+    cut = datetime.now(UTC)
+    time.sleep(0.01)
+    store.save("a", {"x": 1}, workflow="billing", status=RunStatus.COMPLETED)
+    store.save("b", {"x": 1}, workflow="support", status=RunStatus.WAITING)
+    store.update_run("b", metadata={"customer": "acme", "vip": True})
+
+    assert [r.id for r in store.runs()] == ["b", "a", "q1"]
+    assert [r.id for r in store.runs(status="queued")] == ["q1"]
+    assert {r.id for r in store.runs(status=[RunStatus.COMPLETED, RunStatus.WAITING])} == {"a", "b"}
+    assert [r.id for r in store.runs(workflow="billing")] == ["a", "q1"]
+    assert [r.id for r in store.runs(since=cut)] == ["b", "a"]
+    assert [r.id for r in store.runs(until=cut)] == ["q1"]
+    assert {r.id for r in store.runs(metadata={"customer": "acme"})} == {"q1", "b"}
+    assert [r.id for r in store.runs(metadata={"tier": 2})] == ["q1"]
+    assert [r.id for r in store.runs(metadata={"vip": True})] == ["b"]
+    assert [r.id for r in store.runs(limit=1, offset=1)] == ["a"]
+    with pytest.raises(RunExistsError):
+        store.create_run("q1")
+    assert store.create_run("q1", exist_ok=True).status is RunStatus.QUEUED
+
+
+def test_update_run_merges_metadata(store: Store) -> None:
+    store.create_run("r", metadata={"a": 1})
+    run = store.update_run("r", status=RunStatus.FAILED, metadata={"b": 2})
+    assert run.status is RunStatus.FAILED and run.metadata == {"a": 1, "b": 2}
+    with pytest.raises(RunNotFoundError):
+        store.update_run("nope", status=RunStatus.FAILED)
+
+
+def test_delete_run_frees_only_unshared_values(store: Store) -> None:
+    shared = "s" * 10_000
+    store.save("keep", {"v": shared, "k": 1})
+    store.save("drop", {"v": shared, "d": "only-here"})
+    store.save("drop", {"v": shared, "d": "only-here-too"})
+    report = store.delete_run("drop")
+    assert report.runs == ["drop"] and len(report.checkpoints) == 2
+    assert report.blobs == 2 and report.bytes_reclaimed > 0
+    assert store.latest("keep").state["v"] == shared  # type: ignore[union-attr]
+    assert store.stats().blobs == 2
+    with pytest.raises(RunNotFoundError):
+        store.delete_run("drop")
+    assert store.verify() == []
+
+
+# -- retention --------------------------------------------------------------------------------------
+
+
+def test_prune_keep_last_keeps_head_and_milestones(store: Store) -> None:
+    ids = []
+    for i in range(10):
+        tags = ["milestone"] if i == 2 else []
+        ids.append(store.save("r", {"i": i, "big": "b" * 5000 + str(i)},
+                              metadata={"tags": tags}).id)
+    # resume from an old checkpoint: the head is now old-ish, on its own branch
+    head = store.save("r", {"i": 100, "big": "head"}, parent_id=ids[0])
+    dry = store.prune(RetentionPolicy(keep_last=3), dry_run=True)
+    assert dry.dry_run and store.stats().checkpoints == 11  # nothing deleted
+    report = store.prune(RetentionPolicy(keep_last=3))
+    assert sorted(report.checkpoints) == sorted(dry.checkpoints)
+    assert report.bytes_reclaimed == dry.bytes_reclaimed > 0
+    kept = {s.id for s in store.history("r", limit=None)}
+    assert kept == {head.id, ids[9], ids[8], ids[2]}
+    assert store.latest("r").id == head.id  # type: ignore[union-attr]
+    assert store.get(ids[2]).state["i"] == 2
+    assert store.get_run("r").checkpoints == 4
+    assert store.verify() == []
+    # without milestones
+    store.prune(RetentionPolicy(keep_last=1, keep_milestones=False))
+    assert {s.id for s in store.history("r", limit=None)} == {head.id}
+    assert store.stats().blobs == 2  # head's two values only
+
+
+def test_prune_bytes_reclaimed_matches_stats(store: Store) -> None:
+    for i in range(6):
+        store.save("r", {"payload": f"{i}" * 20_000})
+    before = store.stats().bytes
+    report = store.prune(RetentionPolicy(keep_last=2))
+    after = store.stats().bytes
+    assert before - after == report.bytes_reclaimed
+
+
+def test_prune_finished_runs_older_than(store: Store) -> None:
+    store.save("old-done", {"a": 1}, status=RunStatus.COMPLETED)
+    store.save("old-waiting", {"a": 2}, status=RunStatus.WAITING)
+    time.sleep(0.05)
+    store.save("new-done", {"a": 3}, status=RunStatus.COMPLETED)
+    report = store.prune(RetentionPolicy(finished_older_than=timedelta(seconds=0.03)))
+    assert report.runs == ["old-done"]
+    assert {r.id for r in store.runs()} == {"old-waiting", "new-done"}
+    assert store.stats().blobs == 2
+
+
+def test_prune_effects_of_pruned_checkpoints(store: Store) -> None:
+    first = store.save("r", {"i": 0})
+    store.record_effect("r", "charge", {"ok": True}, checkpoint_id=first.id)
+    for i in range(3):
+        store.save("r", {"i": i + 1})
+    store.prune(RetentionPolicy(keep_last=1))
+    assert store.get_effect("r", "charge") == (False, None)
+
+
+def test_retention_policy_validates() -> None:
+    with pytest.raises(ValueError, match="keep_last"):
+        RetentionPolicy(keep_last=0)
+
+
+# -- integrity ------------------------------------------------------------------------------------
+
+
+def _corrupt_blob(store: Store, checkpoint_id: str, field: str) -> None:
+    """Flip bytes of a stored value behind the store's back (through its own connection)."""
+    from pitstop.store.records import decode_field_map
+
+    def edit(tx: Any) -> None:
+        fields = tx.one("SELECT fields FROM pitstop_checkpoints WHERE id = ?", (checkpoint_id,))[0]
+        ref = decode_field_map(bytes(fields))[field]
+        data = bytes(tx.one("SELECT data FROM pitstop_blobs WHERE hash = ?", (ref.hash,))[0])
+        bad = data[:-3] + bytes(b ^ 0xFF for b in data[-3:])
+        tx.run("UPDATE pitstop_blobs SET data = ? WHERE hash = ?", (bad, ref.hash))
+
+    store._tx(edit, write=True)  # type: ignore[attr-defined]
+    store._fields._data.clear()  # type: ignore[attr-defined]
+
+
+def _corrupt_record(store: Store, checkpoint_id: str) -> None:
+    store._tx(  # type: ignore[attr-defined]
+        lambda tx: tx.run("UPDATE pitstop_checkpoints SET step = step + 7 WHERE id = ?",
+                          (checkpoint_id,)),
+        write=True,
+    )
+
+
+def test_corrupt_value_is_detected_and_named(store: Store) -> None:
+    good = store.save("r", {"a": "fine", "b": 1})
+    bad = store.save("r", {"a": "will rot " * 10, "b": 2})
+    _corrupt_blob(store, bad.id, "a")
+    with pytest.raises(CorruptCheckpointError) as info:
+        store.latest("r")
+    assert info.value.checkpoint_id == bad.id and info.value.field == "a"
+    assert info.value.run_id == "r"
+    fallen = store.latest("r", fallback=True)
+    assert fallen is not None and fallen.id == good.id
+    assert len(fallen.skipped) == 1 and bad.id in fallen.skipped[0]
+    problems = store.verify()
+    assert len(problems) == 1 and problems[0].kind == "blob"
+    assert bad.id in problems[0].message and problems[0].run_id == "r"
+
+
+def test_corrupt_record_is_detected(store: Store) -> None:
+    good = store.save("r", {"a": 1})
+    bad = store.save("r", {"a": 2})
+    _corrupt_record(store, bad.id)
+    with pytest.raises(CorruptCheckpointError, match="checksum"):
+        store.get(bad.id)
+    assert store.latest("r", fallback=True).id == good.id  # type: ignore[union-attr]
+    assert [(p.kind, p.id) for p in store.verify()] == [("checkpoint", bad.id)]
+
+
+def test_fallback_with_nothing_valid_raises(store: Store) -> None:
+    only = store.save("r", {"a": 1})
+    _corrupt_record(store, only.id)
+    with pytest.raises(CorruptCheckpointError):
+        store.latest("r", fallback=True)
+
+
+# -- leases ---------------------------------------------------------------------------------------
+
+
+def test_lease_excludes_others_until_it_expires(store: Store) -> None:
+    store.create_run("r")
+    lease = store.acquire("r", "w1", ttl=30)
+    with pytest.raises(RunBusyError) as info:
+        store.acquire("r", "w2")
+    assert info.value.owner == "w1"
+    assert store.acquire("r", "w1").token == lease.token  # re-entrant for the same owner
+    store.save("r", {"a": 1}, lease=lease)
+    with pytest.raises(RunBusyError):
+        store.save("r", {"a": 2})  # no lease while another owner holds one
+    store.release(lease)
+    store.save("r", {"a": 2})
+
+
+def test_expired_lease_is_taken_over_and_the_old_owner_is_fenced(store: Store) -> None:
+    store.create_run("r")
+    old = store.acquire("r", "w1", ttl=0.05)
+    time.sleep(0.1)
+    new = store.acquire("r", "w2", ttl=30)
+    assert new.token > old.token
+    with pytest.raises(LeaseLostError) as info:
+        store.save("r", {"a": "stale"}, lease=old)
+    assert info.value.token == old.token and info.value.current_token == new.token
+    with pytest.raises(LeaseLostError):
+        store.renew(old)
+    store.release(old)  # a no-op: does not release the new owner's lease
+    assert store.get_run("r").owner == "w2"
+    store.save("r", {"a": "fresh"}, lease=new)
+    assert store.latest("r").state == {"a": "fresh"}  # type: ignore[union-attr]
+    assert store.renew(new, ttl=60).expires_at > new.expires_at
+
+
+def test_cancel_fences_the_owner(store: Store) -> None:
+    store.create_run("r")
+    lease = store.acquire("r", "w1")
+    store.update_run("r", status=RunStatus.CANCELLED)
+    with pytest.raises(LeaseLostError):
+        store.save("r", {"a": 1}, lease=lease)
+    assert store.get_run("r").status is RunStatus.CANCELLED
+
+
+def test_claim_hands_each_runnable_run_to_one_worker(store: Store) -> None:
+    for i in range(6):
+        store.create_run(f"q{i}", workflow="wf", status=RunStatus.QUEUED, priority=i % 2)
+    store.create_run("other", workflow="not-mine", status=RunStatus.QUEUED)
+    store.save("done", {"a": 1}, workflow="wf", status=RunStatus.COMPLETED)
+    store.save("sleeping", {"a": 1}, workflow="wf", status=RunStatus.WAITING,
+               metadata={"wake_at": time.time() + 3600})
+    store.save("due", {"a": 1}, workflow="wf", status=RunStatus.WAITING,
+               metadata={"wake_at": time.time() - 1})
+    first = store.claim("w1", workflows=["wf"], limit=3)
+    assert len(first) == 3
+    assert {lease.run_id for lease in first} <= {"q1", "q3", "q5"}  # priority first
+    rest = store.claim("w2", workflows=["wf"], limit=10)
+    claimed = {lease.run_id for lease in first + rest}
+    assert claimed == {"q0", "q1", "q2", "q3", "q4", "q5", "due"}
+    assert store.claim("w3", workflows=["wf"], limit=10) == []
+    for lease in first:
+        store.save(lease.run_id, {"done": True}, lease=lease)
+
+
+def test_concurrent_claims_never_share_a_run(store: Store) -> None:
+    for i in range(40):
+        store.create_run(f"q{i}", workflow="wf", status=RunStatus.QUEUED)
+    got: list[str] = []
+    lock = threading.Lock()
+
+    def worker(name: str) -> None:
+        while True:
+            leases = store.claim(name, workflows=["wf"], limit=3)
+            if not leases:
+                return
+            with lock:
+                got.extend(lease.run_id for lease in leases)
+
+    threads = [threading.Thread(target=worker, args=(f"w{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(got) == sorted(f"q{i}" for i in range(40))
+
+
+# -- inputs and effects ---------------------------------------------------------------------------
+
+
+def test_send_input_to_a_waiting_run(store: Store) -> None:
+    store.save("r", {"a": 1}, status=RunStatus.WAITING,
+               metadata={"waiting_for": ["finance", "legal"]})
+    assert store.get_run("r").wake_at is None
+    store.send("r", "finance", {"approved": True, "by": "ana"})
+    assert store.get_run("r").wake_at is None  # still waits for legal
+    with pytest.raises(InputError, match="already delivered"):
+        store.send("r", "finance", {"approved": False})
+    with pytest.raises(InputError, match="waits for 'finance', 'legal'"):
+        store.send("r", "security", 1)
+    store.send("r", "legal", "ok")
+    assert store.get_run("r").wake_at is not None  # now runnable
+    inputs = store.inputs("r")
+    assert inputs["finance"].payload == {"approved": True, "by": "ana"}
+    assert inputs["legal"].payload == "ok"
+    ckpt = store.save("r", {"a": 2}, status=RunStatus.RUNNING,
+                      consumed_inputs=[i.id for i in inputs.values()])
+    assert store.inputs("r") == {}
+    assert store.inputs("r", pending=False)["legal"].consumed_by == ckpt.id
+
+
+def test_send_to_finished_or_unknown_run(store: Store) -> None:
+    store.save("r", {"a": 1}, status=RunStatus.COMPLETED)
+    with pytest.raises(InputError, match="finished"):
+        store.send("r", "x", 1)
+    with pytest.raises(RunNotFoundError):
+        store.send("ghost", "x", 1)
+    store.save("s", {"a": 1})
+    with pytest.raises(InputError, match="running"):
+        store.send("s", "x", 1)
+    assert store.inputs("r", pending=False) == {}
+
+
+def test_send_rejects_unserialisable_payload(store: Store) -> None:
+    store.save("r", {"a": 1}, status=RunStatus.WAITING, metadata={"waiting_for": ["x"]})
+    with pytest.raises(SerializationError, match=r"input\.x"):
+        store.send("r", "x", Exploding())
+    assert store.inputs("r") == {}
+
+
+def test_effects_are_recorded_once(store: Store) -> None:
+    store.save("r", {"a": 1})
+    assert store.get_effect("r", "k") == (False, None)
+    assert store.record_effect("r", "k", {"charge": 1}) == {"charge": 1}
+    assert store.record_effect("r", "k", {"charge": 2}) == {"charge": 1}  # first wins
+    assert store.get_effect("r", "k") == (True, {"charge": 1})
+    assert store.get_effect("r", "other") == (False, None)
+
+
+# -- api shape ------------------------------------------------------------------------------------
+
+
+def test_async_api_has_the_same_shape(store: Store) -> None:
+    async def main() -> None:
+        aio = store.aio
+        ckpt = await aio.save("r", {"a": 1})
+        got = await aio.latest("r")
+        assert got is not None and got.id == ckpt.id
+        assert [s.id for s in await aio.history("r")] == [ckpt.id]
+        results = await asyncio.gather(*(aio.save(f"r{i}", {"i": i}) for i in range(10)))
+        assert len({c.id for c in results}) == 10
+
+    asyncio.run(main())
+
+
+def test_schema_version_is_recorded(store: Store) -> None:
+    from pitstop.store.sql import LATEST_SCHEMA
+
+    assert store.schema_version() == LATEST_SCHEMA  # type: ignore[attr-defined]
+    assert store.migrate() == LATEST_SCHEMA
+
+
+def test_many_threads_one_store(store: Store) -> None:
+    errors: list[BaseException] = []
+
+    def work(n: int) -> None:
+        try:
+            for i in range(20):
+                store.save(f"t{n}", {"i": i, "shared": "same"})
+                store.save("common", {"from": n, "i": i})
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(store.history("common", limit=None)) == 80
+    # follow-the-head saves form one chain: every checkpoint but the first has its
+    # predecessor as parent
+    chain = store.history("common", limit=None)
+    assert all(a.parent_id == b.id for a, b in zip(chain, chain[1:], strict=False))
+    assert store.verify() == []
+
+
+def test_closed_store_refuses_work(open_store: Callable[..., Store]) -> None:
+    s = open_store()
+    s.close()
+    with pytest.raises(pitstop.StoreError):
+        s.save("r", {"a": 1})
