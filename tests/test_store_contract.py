@@ -556,3 +556,25 @@ def test_closed_store_refuses_work(open_store: Callable[..., Store]) -> None:
     s.close()
     with pytest.raises(pitstop.StoreError):
         s.save("r", {"a": 1})
+
+
+def test_keyed_results_attached_to_a_checkpoint(store: Store) -> None:
+    a = store.save("r", {"x": 1})
+    b = store.save("r", {"x": 2})
+    store.record_effects("r", {"w:1": ("chan", 1), "w:2": [1, 2]}, checkpoint_id=a.id)
+    store.record_effects("r", {"w:3": "b"}, checkpoint_id=b.id)
+    store.record_effects("r", {"w:1": "ignored"}, checkpoint_id=a.id)
+    assert store.effects("r", checkpoint_id=a.id) == {"w:1": ("chan", 1), "w:2": [1, 2]}
+    store.record_effects("r", {"w:1": "replaced"}, checkpoint_id=a.id, replace=True)
+    assert store.effects("r", checkpoint_id=a.id)["w:1"] == "replaced"
+    assert set(store.effects("r")) == {"w:1", "w:2", "w:3"}
+
+
+def test_caller_chosen_checkpoint_ids(store: Store) -> None:
+    first = store.save("r", {"x": 1}, checkpoint_id="1ef-0001")
+    assert first.id == "1ef-0001" and store.get("1ef-0001").state == {"x": 1}
+    second = store.save("r", {"x": 2}, checkpoint_id="1ef-0002")
+    assert second.parent_id == "1ef-0001"
+    with pytest.raises(ConflictError, match="already exists"):
+        store.save("other", {"x": 3}, checkpoint_id="1ef-0001")
+    assert store.latest("r").id == "1ef-0002"  # type: ignore[union-attr]

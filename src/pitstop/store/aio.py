@@ -66,6 +66,8 @@ class AsyncStore:
     inputs = _offload(Store.inputs)
     get_effect = _offload(Store.get_effect)
     record_effect = _offload(Store.record_effect)
+    record_effects = _offload(Store.record_effects)
+    effects = _offload(Store.effects)
     close = _offload(Store.close)
 
     async def __aenter__(self) -> AsyncStore:

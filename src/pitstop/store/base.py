@@ -185,6 +185,7 @@ class Store(ABC):
         lease: Lease | None = None,
         consumed_inputs: Iterable[str] = (),
         durability: Durability | None = None,
+        checkpoint_id: str | None = None,
     ) -> Checkpoint:
         """Write a new immutable checkpoint of ``state`` for ``run_id``, atomically.
 
@@ -207,6 +208,10 @@ class Store(ABC):
         ``status`` and ``workflow`` update the run (created on first save). Metadata keys
         ``waiting_for`` (names) and ``wake_at`` (unix seconds) are mirrored onto the run.
         ``consumed_inputs`` marks delivered inputs as used by this checkpoint.
+
+        ``checkpoint_id`` lets the caller choose the new checkpoint's id (for integrations
+        whose framework makes its own ids); it must be unique in the store and should sort
+        after its parent's, as generated ids do.
 
         ``durability`` overrides the store's default for this write (``full``: synced to
         stable storage before returning; ``normal``: survives a crash of this process).
@@ -232,6 +237,7 @@ class Store(ABC):
         lease: Lease | None = None,
         consumed_inputs: Iterable[str] = (),
         durability: Durability | None = None,
+        checkpoint_id: str | None = None,
     ) -> PreparedSave:
         """The first half of :meth:`save`: serialise and check, write nothing.
 
@@ -304,7 +310,7 @@ class Store(ABC):
         meta = {
             k: v
             for k, v in source.metadata.items()
-            if k not in ("source", "tags", "waiting_for", "wake_at", "error")
+            if k not in ("source", "tags", "waiting_for", "wake_at", "error", "status")
         }
         meta.update(
             {"source": "fork", "forked_from": {"run_id": source.run_id, "checkpoint_id": source.id}}
@@ -461,6 +467,22 @@ class Store(ABC):
         ``checkpoint_id`` is the checkpoint the effect's step started from: pruning that
         checkpoint drops the record.
         """
+
+    @abstractmethod
+    def record_effects(
+        self,
+        run_id: str,
+        results: Mapping[str, Any],
+        *,
+        checkpoint_id: str | None = None,
+        replace: bool = False,
+    ) -> None:
+        """Record several keyed results in one transaction (existing keys are kept, or
+        overwritten with ``replace=True``). Integrations keep pending writes this way."""
+
+    @abstractmethod
+    def effects(self, run_id: str, *, checkpoint_id: str | None = None) -> dict[str, Any]:
+        """The run's recorded results by key (only those attached to ``checkpoint_id``)."""
 
     # -- lifecycle ---------------------------------------------------------------------------
 

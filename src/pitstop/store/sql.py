@@ -144,6 +144,7 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
                 created_at {real} NOT NULL,
                 PRIMARY KEY (run_id, key)
             )""",
+            "CREATE INDEX pitstop_effects_checkpoint ON pitstop_effects (run_id, checkpoint_id)",
         ],
     ),
 ]
@@ -264,6 +265,7 @@ class _WritePlan:
     wake_at: float | None
     consumed: list[str]
     durability: Durability | None
+    chosen_id: bool = False
 
 
 class _LRU:
@@ -541,6 +543,7 @@ class SqlStore(Store):
         lease: Lease | None = None,
         consumed_inputs: Iterable[str] = (),
         durability: Durability | None = None,
+        checkpoint_id: str | None = None,
     ) -> PreparedSave:
         _check_id("run_id", run_id)
         meta_json = encode_metadata(metadata, run_id)
@@ -552,8 +555,10 @@ class SqlStore(Store):
         fields, new = self._codec.encode_state(
             run_id, state, parent.fields if parent else None, changed
         )
+        if checkpoint_id is not None:
+            _check_id("checkpoint_id", checkpoint_id)
         record = CheckpointRecord(
-            id=new_id(after=parent_id),
+            id=checkpoint_id or new_id(after=parent_id),
             run_id=run_id,
             parent_id=parent_id,
             step=step if step is not None else (parent.step + 1 if parent else 0),
@@ -583,6 +588,7 @@ class SqlStore(Store):
             wake_at=_ts(metadata.get("wake_at")) if metadata else None,
             consumed=list(consumed_inputs),
             durability=durability,
+            chosen_id=checkpoint_id is not None,
         )
         # Known before the write, so a background writer can chain the next checkpoint on it.
         self._fields.put(record.id, _Parent(record.id, run_id, record.step, fields))
@@ -653,6 +659,13 @@ class SqlStore(Store):
             )
         now = record.created_at
         self._check_lease(run_id, row, plan.lease, now)
+        if plan.chosen_id and tx.one(
+            "SELECT run_id FROM pitstop_checkpoints WHERE id = ?", (record.id,)
+        ):
+            raise ConflictError(
+                f"checkpoint id {record.id!r} already exists", run_id=run_id,
+                expected=None, actual=record.id,
+            )
         if plan.refs:
             self._lock_values(tx)
         self._insert_blobs(tx, plan.new, now)
@@ -1487,6 +1500,48 @@ class SqlStore(Store):
         return self._codec.decode_value(
             bytes(existing[0]), bytes(existing[1]), run_id=run_id, field=f"effect:{key}"
         )
+
+    def record_effects(
+        self,
+        run_id: str,
+        results: Mapping[str, Any],
+        *,
+        checkpoint_id: str | None = None,
+        replace: bool = False,
+    ) -> None:
+        blobs = {
+            key: self._codec.encode_value(value, run_id=run_id, path=f"effect[{key!r}]")
+            for key, value in results.items()
+        }
+        conflict = (
+            "DO UPDATE SET checkpoint_id = excluded.checkpoint_id, result = excluded.result, "
+            "hash = excluded.hash, created_at = excluded.created_at"
+            if replace
+            else "DO NOTHING"
+        )
+        now = time.time()
+        self._tx(
+            lambda tx: tx.many(
+                "INSERT INTO pitstop_effects (run_id, key, checkpoint_id, result, hash, "
+                f"created_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, key) {conflict}",
+                [(run_id, k, checkpoint_id, b.data, b.hash, now) for k, b in blobs.items()],
+            ),
+            write=True,
+        )
+
+    def effects(self, run_id: str, *, checkpoint_id: str | None = None) -> dict[str, Any]:
+        sql = "SELECT key, result, hash FROM pitstop_effects WHERE run_id = ?"
+        params: list[Any] = [run_id]
+        if checkpoint_id is not None:
+            sql += " AND checkpoint_id = ?"
+            params.append(checkpoint_id)
+        rows = self._tx(lambda tx: tx.all(sql + " ORDER BY key", params))
+        return {
+            key: self._codec.decode_value(
+                bytes(data), bytes(h), run_id=run_id, field=f"effect:{key}"
+            )
+            for key, data, h in rows
+        }
 
     # -- records for export/import and tools --------------------------------------------------
 

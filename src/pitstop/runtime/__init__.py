@@ -1,0 +1,21 @@
+"""The run/step runtime: workflows, their execution, leases and the background writer."""
+
+from .context import StepContext
+from .engine import RunResult, StepFailedError
+from .policies import CheckpointPolicy, Finish, Goto, Retry, WorkflowDurability, finish, goto
+from .workflow import Workflow, send
+
+__all__ = [
+    "CheckpointPolicy",
+    "Finish",
+    "Goto",
+    "Retry",
+    "RunResult",
+    "StepContext",
+    "StepFailedError",
+    "Workflow",
+    "WorkflowDurability",
+    "finish",
+    "goto",
+    "send",
+]

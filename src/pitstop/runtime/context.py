@@ -1,0 +1,164 @@
+"""``ctx``: what a step can ask of the runtime while it runs."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .engine import Execution
+
+log = logging.getLogger("pitstop.step")
+
+
+class Suspend(BaseException):  # noqa: N818 - control flow, not an error
+    """Raised by ``ctx.sleep*`` to park the run until a time. A BaseException so that a
+    step's own ``except Exception`` does not swallow it."""
+
+    def __init__(self, wake_at: float) -> None:
+        self.wake_at = wake_at
+
+
+class StepContext:
+    """Passed to a step as its second argument.
+
+    Effects and timers are keyed by the run's branch, the step's position in the run and
+    the name given, so a step re-executed after a crash finds what its earlier execution
+    recorded, while a new branch (``resume(from_checkpoint=...)``) starts afresh.
+    """
+
+    def __init__(
+        self,
+        execution: Execution,
+        step: str,
+        attempt: int,
+        inputs: dict[str, Any],
+        timed_out: bool,
+    ) -> None:
+        self._x = execution
+        self.step = step
+        self.attempt = attempt
+        self.inputs = inputs
+        self.timed_out = timed_out
+        self._effects: set[str] = set()
+        self._timers = 0
+        self.log = logging.LoggerAdapter(log, {"run_id": execution.run_id, "step": step})
+
+    @property
+    def run_id(self) -> str:
+        return self._x.run_id
+
+    @property
+    def workflow(self) -> str:
+        return self._x.wf.name
+
+    @property
+    def store(self) -> Any:
+        return self._x.store
+
+    @property
+    def checkpoint_id(self) -> str | None:
+        """The checkpoint this step execution started from."""
+        return self._x.parent_id
+
+    def input(self, name: str, default: Any = None) -> Any:
+        """The payload delivered for ``name`` (``default`` if it timed out)."""
+        return self.inputs.get(name, default)
+
+    # -- effects ---------------------------------------------------------------------------------
+
+    def idempotency_key(self, name: str) -> str:
+        """A key that is the same every time this step execution runs this effect: give it
+        to external APIs (payments, e-mail) so they drop a repeated request."""
+        return f"{self._x.run_id}:{self._x.branch}:{self._x.position}:{self.step}:{name}"
+
+    def _claim(self, name: str) -> str:
+        if name in self._effects:
+            raise ValueError(
+                f"run {self.run_id!r}, step {self.step!r}: effect {name!r} used twice in one "
+                "step; give each effect its own name (e.g. f'charge-{i}')"
+            )
+        self._effects.add(name)
+        self._x.flush()  # the record must not refer to a checkpoint still in a queue
+        return self.idempotency_key(name)
+
+    def effect(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` once per run, step execution and name; record its result.
+
+        If this step runs again (after a crash, a retry or a resume), the recorded result is
+        returned and ``fn`` is not called. ``fn`` receives ``idempotency_key=`` if it takes
+        such a parameter. The one window where ``fn`` can run twice: it returned, and the
+        process died before its result was recorded; pass the idempotency key on to the
+        external system to close it.
+        """
+        key = self._claim(name)
+        found, value = self._x.store.get_effect(self._x.run_id, key)
+        if found:
+            return value
+        if _takes_key(fn):
+            kwargs["idempotency_key"] = key
+        result = fn(*args, **kwargs)
+        if inspect.isawaitable(result):
+            raise TypeError(f"effect {name!r}: use `await ctx.aeffect(...)` for async functions")
+        return self._x.store.record_effect(
+            self._x.run_id, key, result, checkpoint_id=self._x.parent_id
+        )
+
+    async def aeffect(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """:meth:`effect` for async steps; ``fn`` may be sync or async."""
+        key = self._claim(name)
+        store = self._x.store
+        found, value = await asyncio.to_thread(store.get_effect, self._x.run_id, key)
+        if found:
+            return value
+        if _takes_key(fn):
+            kwargs["idempotency_key"] = key
+        result = fn(*args, **kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+        return await asyncio.to_thread(
+            store.record_effect, self._x.run_id, key, result, checkpoint_id=self._x.parent_id
+        )
+
+    # -- checkpoints and timers ----------------------------------------------------------------------
+
+    def checkpoint(self, *, tag: str | None = None) -> str:
+        """Write a checkpoint now, before something risky: the state as it was when this step
+        started (everything earlier steps did is made durable); after a crash the run resumes
+        by running this step again. Returns the checkpoint id."""
+        return self._x.force_checkpoint(self.step, tag=tag)
+
+    def sleep_until(self, when: datetime | float) -> None:
+        """Park the run until ``when`` without holding a process: the run checkpoints as
+        ``waiting``, returns, and whatever resumes due runs continues this step at that time
+        (this call then returns at once)."""
+        target = when.timestamp() if isinstance(when, datetime) else float(when)
+        self._timer(lambda: target)
+
+    def sleep(self, duration: float | timedelta) -> None:
+        """:meth:`sleep_until` now + ``duration``. The wake time is fixed on the first call, so
+        re-running the step does not push it back."""
+        seconds = duration.total_seconds() if isinstance(duration, timedelta) else duration
+        self._timer(lambda: time.time() + seconds)
+
+    def _timer(self, target: Callable[[], float]) -> None:
+        key = f"{self._x.position}:{self.step}:{self._timers}"
+        self._timers += 1
+        wake_at = self._x.timers.setdefault(key, target())
+        if time.time() < wake_at:
+            raise Suspend(wake_at)
+
+
+def _takes_key(fn: Callable[..., Any]) -> bool:
+    try:
+        return "idempotency_key" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+__all__ = ["StepContext", "Suspend"]

@@ -1,0 +1,502 @@
+"""The run loop: execute steps, checkpoint, wait, retry, fail, finish.
+
+The loop is written once, as a generator that *yields* what it needs done (call a step, do
+store I/O, sleep). A synchronous driver and an asyncio driver perform those operations, so
+``start`` and ``astart`` share every rule instead of keeping two copies that drift apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+import traceback
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from ..errors import LeaseLostError, PitstopError
+from ..model import Checkpoint, RunStatus, utc
+from ..store import Lease, Store
+from .context import StepContext, Suspend
+from .leases import keeper
+from .policies import CheckpointPolicy, Finish, Goto
+from .state import apply
+from .writer import writer_for
+
+if TYPE_CHECKING:
+    from .workflow import StepSpec, Workflow
+
+
+class StepFailedError(PitstopError):
+    """A run failed: its step raised (after its retries). Raised by ``raise_for_status``."""
+
+    def __init__(self, run_id: str, step: str | None, error: Mapping[str, Any]) -> None:
+        self.run_id = run_id
+        self.step = step
+        self.error = dict(error)
+        super().__init__(
+            f"run {run_id!r} failed in step {step!r}: {error.get('type')}: {error.get('message')}"
+        )
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """Where a run stands after ``start``/``resume``/``fork`` returned."""
+
+    run_id: str
+    status: RunStatus
+    state: Any
+    checkpoint_id: str | None
+    waiting_for: tuple[str, ...] = ()
+    wake_at: datetime | None = None
+    error: Mapping[str, Any] | None = field(default=None, repr=False)
+    step: str | None = None
+    """The step the run stopped at (waiting, failed), or the last one it ran."""
+
+    @property
+    def done(self) -> bool:
+        return self.status in (RunStatus.COMPLETED, RunStatus.CANCELLED)
+
+    def raise_for_status(self) -> RunResult:
+        """Raise :class:`StepFailedError` if the run failed; return self otherwise."""
+        if self.status is RunStatus.FAILED:
+            raise StepFailedError(self.run_id, self.step, self.error or {})
+        return self
+
+
+# -- operations the loop asks its driver to perform ------------------------------------------------
+
+
+class _Io:
+    """Blocking store I/O: called directly (sync) or in a thread (async)."""
+
+    __slots__ = ("args", "fn", "kwargs")
+
+    def __init__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+
+
+class _Call:
+    """A user step: may return an awaitable."""
+
+    __slots__ = ("args", "fn", "kwargs")
+
+    def __init__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+
+
+class _Sleep:
+    __slots__ = ("seconds",)
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+
+Op = _Io | _Call | _Sleep
+Loop = Generator[Op, Any, RunResult]
+
+
+def drive_sync(loop: Loop) -> RunResult:
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            op = loop.send(value) if error is None else loop.throw(error)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        value, error = None, None
+        try:
+            if isinstance(op, _Sleep):
+                time.sleep(op.seconds)
+            else:
+                value = op.fn(*op.args, **op.kwargs)
+                if isinstance(op, _Call) and inspect.isawaitable(value):
+                    value = _run_coroutine(value)
+        except BaseException as exc:
+            error = exc
+
+
+def _run_coroutine(awaitable: Any) -> Any:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(_await(awaitable))
+    awaitable.close()
+    raise RuntimeError(
+        "an async step cannot run inside a running event loop from the sync API; "
+        "use `await wf.astart(...)` / `await wf.aresume(...)`"
+    )
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable
+
+
+async def drive_async(loop: Loop) -> RunResult:
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            op = loop.send(value) if error is None else loop.throw(error)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        value, error = None, None
+        try:
+            if isinstance(op, _Sleep):
+                await asyncio.sleep(op.seconds)
+            elif isinstance(op, _Io):
+                value = await asyncio.to_thread(op.fn, *op.args, **op.kwargs)
+            else:
+                value = op.fn(*op.args, **op.kwargs)
+                if inspect.isawaitable(value):
+                    value = await value
+        except BaseException as exc:
+            error = exc
+
+
+# -- one execution of a run ----------------------------------------------------------------------
+
+
+class Execution:
+    """The state of one process executing one run, from a checkpoint until it stops."""
+
+    def __init__(
+        self,
+        wf: Workflow,
+        store: Store,
+        run_id: str,
+        lease: Lease,
+        *,
+        policy: CheckpointPolicy,
+    ) -> None:
+        self.wf = wf
+        self.store = store
+        self.run_id = run_id
+        self.lease = lease
+        self.policy = policy
+        self.background = wf.durability == "background"
+        self.durability: Any = None if self.background else wf.durability
+        self.writer = writer_for(store) if self.background else None
+        # run position, restored from the starting checkpoint by `run`
+        self.parent_id: str | None = None
+        self.branch = run_id
+        self.position = 0
+        self.fields: dict[str, Any] = {}
+        self.next: str | None = None
+        self.last_step: str | None = None
+        self.completed: list[str] = []
+        self.attempts: dict[str, int] = {}
+        self.timers: dict[str, float] = {}
+        self.deadlines: dict[str, float] = {}
+        self.changed: set[str] | None = set()
+        self.consumed: dict[str, str] = {}
+        self.steps_since = 0
+        self.checkpointed_at = time.monotonic()
+        self.step_start_fields: dict[str, Any] = {}
+        self.step_start_changed: set[str] | None = set()
+
+    # -- checkpoints -----------------------------------------------------------------------------
+
+    def _metadata(self, status: RunStatus, source: str, extra: Mapping[str, Any]) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "source": source,
+            "status": status.value,
+            "step_name": self.last_step,
+            "next": self.next,
+            "branch": self.branch,
+            "completed": self.completed,
+        }
+        if self.attempts:
+            meta["attempts"] = self.attempts
+        if self.timers:
+            meta["timers"] = self.timers
+        if self.deadlines:
+            meta["deadlines"] = self.deadlines
+        if self.consumed:
+            meta["inputs"] = self.consumed
+        meta.update(extra)
+        return meta
+
+    def _save(
+        self,
+        fields: Mapping[str, Any],
+        changed: set[str] | None,
+        status: RunStatus,
+        *,
+        source: str = "step",
+        sync: bool = False,
+        **extra: Any,
+    ) -> Generator[Op, Any, str]:
+        prepared = self.store.prepare(
+            self.run_id,
+            fields,
+            parent_id=self.parent_id,
+            step=self.position,
+            metadata=self._metadata(status, source, extra),
+            changed=changed,
+            schema_version=self.wf.version,
+            workflow=self.wf.name,
+            status=status,
+            lease=self.lease,
+            consumed_inputs=list(self.consumed.values()),
+            durability=self.durability,
+        )
+        if self.writer is not None and not sync and status is RunStatus.RUNNING:
+            self.writer.submit(prepared)
+        else:
+            if self.writer is not None:
+                yield _Io(self.writer.flush, self.run_id)
+            yield _Io(self.store.commit, prepared)
+        self.parent_id = prepared.checkpoint_id
+        self.consumed = {}
+        self.steps_since = 0
+        self.checkpointed_at = time.monotonic()
+        return prepared.checkpoint_id
+
+    def checkpoint(self, status: RunStatus, **kw: Any) -> Generator[Op, Any, str]:
+        changed, self.changed = self.changed, set()
+        return (yield from self._save(self.fields, changed, status, **kw))
+
+    def flush(self) -> None:
+        if self.writer is not None:
+            self.writer.flush(self.run_id)
+
+    def force_checkpoint(self, step: str, *, tag: str | None) -> str:
+        """``ctx.checkpoint()``: the step-start state, synchronously, run continues."""
+        extra: dict[str, Any] = {"tags": [tag]} if tag else {}
+        next_, self.next = self.next, step
+        try:
+            return drive_sync(
+                self._save(  # type: ignore[arg-type]
+                    self.step_start_fields,
+                    self.step_start_changed,
+                    RunStatus.RUNNING,
+                    source="manual",
+                    sync=True,
+                    **extra,
+                )
+            )
+        finally:
+            self.next = next_
+            # Everything up to the step's start is now durable.
+            self.step_start_changed = set()
+            self.changed = set()
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def restore(self, ckpt: Checkpoint, *, branch: str | None = None) -> None:
+        meta = ckpt.metadata
+        fields = dict(ckpt.state)
+        changed: set[str] | None = set()
+        if ckpt.schema_version != self.wf.version:
+            fields = self.wf._migrate(fields, ckpt)
+            changed = None  # compare every field by content on the next checkpoint
+        self.fields = fields
+        self.changed = changed
+        self.parent_id = ckpt.id
+        self.branch = branch or meta.get("branch") or self.run_id
+        self.position = ckpt.step
+        self.next = meta.get("next", self.wf.first_step) if "next" in meta else self.wf.first_step
+        self.last_step = meta.get("step_name")
+        self.completed = list(meta.get("completed", ()))
+        self.attempts = dict(meta.get("attempts", {}))
+        self.timers = dict(meta.get("timers", {}))
+        self.deadlines = dict(meta.get("deadlines", {}))
+
+    def result(self, status: RunStatus, **kw: Any) -> RunResult:
+        return RunResult(
+            run_id=self.run_id,
+            status=status,
+            state=self.wf.adapter.view(self.fields),
+            checkpoint_id=self.parent_id,
+            **kw,
+        )
+
+    def run(self, start_status: RunStatus) -> Loop:
+        self.held = keeper.track(self.store, self.lease, self.wf.lease_ttl)
+        try:
+            return (yield from self._loop(start_status))
+        except LeaseLostError:
+            run = self.store.get_run(self.run_id)
+            if run.status is RunStatus.CANCELLED:
+                return self.result(RunStatus.CANCELLED, step=self.next)
+            raise
+        finally:
+            keeper.untrack(self.held)
+            try:
+                if self.writer is not None:
+                    self.writer.flush(self.run_id)
+            finally:
+                # Fenced: a no-op if another owner took the run meanwhile.
+                self.store.release(self.lease)
+
+    def _loop(self, start_status: RunStatus) -> Loop:
+        wf = self.wf
+        while True:
+            if self.held.lost:
+                raise LeaseLostError(
+                    self.run_id, owner=self.lease.owner, token=self.lease.token, current_token=None
+                )
+            if self.next is None:
+                if start_status is not RunStatus.COMPLETED or self.steps_since or self.changed:
+                    yield from self.checkpoint(RunStatus.COMPLETED, sync=True)
+                return self.result(RunStatus.COMPLETED, step=self.last_step)
+            spec = wf.steps.get(self.next)
+            if spec is None:
+                return (yield from self._fail(
+                    {"type": "UnknownStep", "message": f"no step named {self.next!r} in "
+                     f"workflow {wf.name!r} (steps: {', '.join(wf.steps)})"}
+                ))
+            if self.position >= wf.max_steps:
+                return (yield from self._fail(
+                    {"type": "MaxStepsExceeded", "message": f"run exceeded max_steps="
+                     f"{wf.max_steps} (a loop that never ends?)"}
+                ))
+
+            inputs: dict[str, Any] = {}
+            timed_out = False
+            if spec.options.wait_for:
+                delivered = yield _Io(self.store.inputs, self.run_id)
+                missing = [n for n in spec.options.wait_for if n not in delivered]
+                if missing:
+                    deadline = self._deadline(spec)
+                    if deadline is None or time.time() < deadline:
+                        return (yield from self._wait(start_status, spec, missing, deadline))
+                    timed_out = True
+                for name in spec.options.wait_for:
+                    if name in delivered:
+                        inputs[name] = delivered[name].payload
+                        self.consumed[name] = delivered[name].id
+
+            attempt = self.attempts.get(spec.name, 0) + 1
+            ctx = StepContext(self, spec.name, attempt, inputs, timed_out)
+            view = wf.adapter.view(self.fields)
+            self.step_start_fields = dict(self.fields)
+            self.step_start_changed = set(self.changed) if self.changed is not None else None
+            try:
+                output = yield _Call(spec.invoke, view, ctx, inputs)
+            except Suspend as suspend:
+                self.changed = self.step_start_changed
+                return (yield from self._sleep(spec, suspend.wake_at))
+            except Exception as exc:
+                retry = spec.options.retry or wf.retry
+                self.attempts[spec.name] = attempt
+                error = _describe(exc, spec.name, attempt)
+                if retry is not None and retry.retries(exc, attempt):
+                    self.changed = self.step_start_changed
+                    yield from self.checkpoint(RunStatus.RUNNING, source="retry", error=error)
+                    yield _Sleep(retry.delay(attempt))
+                    continue
+                self.changed = self.step_start_changed
+                return (yield from self._fail(error, step=spec.name))
+
+            updates = wf.adapter.changes(view, self.fields)
+            route: str | None
+            if isinstance(output, Goto):
+                route = output.target
+                output = output.update
+            elif isinstance(output, Finish):
+                route = None
+                output = output.update
+            else:
+                route = wf.next_after(spec.name)
+            if output is not None:
+                updates.update(wf.adapter.updates_from(output, self.fields))
+            apply(self.fields, updates)
+            if self.changed is not None:
+                self.changed.update(updates)
+            if spec.name not in self.completed:
+                self.completed.append(spec.name)
+            self.attempts.pop(spec.name, None)
+            self._clear_step_state(spec.name)
+            self.last_step = spec.name
+            self.position += 1
+            self.next = route
+            self.steps_since += 1
+
+            if route is not None and route not in wf.steps:
+                return (yield from self._fail(
+                    {"type": "UnknownStep", "message": f"step {spec.name!r} routed to "
+                     f"{route!r}, which is not a step of {wf.name!r}"}, step=spec.name
+                ))
+            if route is None:
+                continue  # the completion checkpoint is written at the top of the loop
+            upcoming = wf.steps[route]
+            if upcoming.options.wait_for:
+                continue  # the wait writes the checkpoint (or the step runs at once)
+            due = spec.options.checkpoint
+            if due is None:
+                due = bool(self.consumed) or self.policy.due(
+                    steps_since=self.steps_since,
+                    seconds_since=time.monotonic() - self.checkpointed_at,
+                    milestone=spec.options.milestone,
+                )
+            if due:
+                tags = list(spec.options.tags) or ([spec.name] if spec.options.milestone else [])
+                yield from self.checkpoint(RunStatus.RUNNING, **({"tags": tags} if tags else {}))
+
+    def _clear_step_state(self, step: str) -> None:
+        """Forget the finished step's timers and input deadlines."""
+        prefix = f"{self.position}:{step}"
+        for table in (self.timers, self.deadlines):
+            for key in [k for k in table if k == prefix or k.startswith(prefix + ":")]:
+                del table[key]
+
+    def _deadline(self, spec: StepSpec) -> float | None:
+        timeout = spec.options.timeout
+        if timeout is None:
+            return None
+        key = f"{self.position}:{spec.name}"
+        return self.deadlines.setdefault(key, time.time() + timeout)
+
+    def _wait(
+        self,
+        start_status: RunStatus,
+        spec: StepSpec,
+        missing: list[str],
+        deadline: float | None,
+    ) -> Generator[Op, Any, RunResult]:
+        already = (
+            start_status is RunStatus.WAITING and not self.steps_since and not self.changed
+        )
+        if not already:
+            yield from self.checkpoint(
+                RunStatus.WAITING,
+                sync=True,
+                waiting_for=missing,
+                **({"wake_at": deadline} if deadline else {}),
+            )
+        return self.result(
+            RunStatus.WAITING, waiting_for=tuple(missing), wake_at=utc(deadline), step=spec.name
+        )
+
+    def _sleep(self, spec: StepSpec, wake_at: float) -> Generator[Op, Any, RunResult]:
+        self.fields = self.step_start_fields
+        self.next = spec.name
+        yield from self.checkpoint(RunStatus.WAITING, sync=True, wake_at=wake_at)
+        return self.result(RunStatus.WAITING, wake_at=utc(wake_at), step=spec.name)
+
+    def _fail(
+        self, error: dict[str, Any], *, step: str | None = None
+    ) -> Generator[Op, Any, RunResult]:
+        if step is not None:
+            self.fields = self.step_start_fields or self.fields
+            self.next = step
+        yield from self.checkpoint(RunStatus.FAILED, sync=True, error=error)
+        return self.result(RunStatus.FAILED, error=error, step=step or self.next)
+
+
+def _describe(exc: BaseException, step: str, attempt: int) -> dict[str, Any]:
+    return {
+        "type": f"{type(exc).__module__}.{type(exc).__qualname__}".removeprefix("builtins."),
+        "message": str(exc),
+        "step": step,
+        "attempt": attempt,
+        "traceback": "".join(traceback.format_exception(exc)),
+        "at": time.time(),
+    }
+
+
+__all__ = ["Execution", "RunResult", "StepFailedError", "drive_async", "drive_sync"]

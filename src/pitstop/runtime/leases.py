@@ -1,0 +1,92 @@
+"""Keeps this process's run leases alive while their runs execute.
+
+One daemon thread per process renews every tracked lease at a third of its time to live, so
+a step that runs for an hour keeps its run, and a process that dies stops renewing: after the
+TTL another worker may take the run over (its writes then fence this one's off).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+from ..errors import LeaseLostError, PitstopError
+from ..store import Lease, Store
+
+log = logging.getLogger("pitstop.runtime")
+
+
+def owner_id() -> str:
+    """A name for this owner that an operator can trace back to a host and process."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+@dataclass(eq=False)
+class Held:
+    store: Store
+    lease: Lease
+    ttl: float
+    lost: bool = False
+    renewed_at: float = field(default_factory=time.monotonic)
+
+
+class LeaseKeeper:
+    def __init__(self) -> None:
+        self._held: set[Held] = set()
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def track(self, store: Store, lease: Lease, ttl: float) -> Held:
+        held = Held(store, lease, ttl)
+        with self._lock:
+            self._held.add(held)
+            if self._thread is None or not self._thread.is_alive() or self._pid != os.getpid():
+                self._pid = os.getpid()
+                self._thread = threading.Thread(
+                    target=self._loop, name="pitstop-leases", daemon=True
+                )
+                self._thread.start()
+            self._wake.notify()
+        return held
+
+    def untrack(self, held: Held) -> None:
+        with self._lock:
+            self._held.discard(held)
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                if not self._held:
+                    self._wake.wait(timeout=5.0)
+                    if not self._held:
+                        continue
+                now = time.monotonic()
+                due = [h for h in self._held if now - h.renewed_at >= h.ttl / 3]
+                wait = min((h.ttl / 3 - (now - h.renewed_at) for h in self._held), default=5.0)
+            for held in due:
+                try:
+                    held.lease = held.store.renew(held.lease, ttl=held.ttl)
+                    held.renewed_at = time.monotonic()
+                except LeaseLostError:
+                    held.lost = True
+                    self.untrack(held)
+                    log.warning("run %r: lease lost to another owner", held.lease.run_id)
+                except (PitstopError, OSError) as exc:  # store briefly unreachable: try again
+                    log.warning("run %r: lease renewal failed: %s", held.lease.run_id, exc)
+                    held.renewed_at = time.monotonic() - held.ttl / 3 + 1.0
+            if due:
+                continue
+            with self._lock:
+                self._wake.wait(timeout=max(0.05, wait))
+
+
+keeper = LeaseKeeper()
+
+__all__ = ["Held", "LeaseKeeper", "keeper", "owner_id"]

@@ -1,0 +1,127 @@
+"""User state types (dict, TypedDict, dataclass, pydantic model) as top-level fields.
+
+The store keeps state as named top-level fields, each stored on its own, so the runtime turns
+whatever type the user chose into a field dict and back. Steps get a fresh shallow view each
+time: assigning a top-level field on it (``state["x"] = 1`` or ``state.x = 1``) counts as an
+update, found by identity, at no serialisation cost. Nested in-place mutation is not seen;
+return the field instead (or choose ``change_detection="content"``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, is_typeddict
+
+_MISSING = object()
+
+
+class StateAdapter:
+    """Plain dicts (and TypedDicts)."""
+
+    type: Any = dict
+
+    def fields_of(self, value: Any) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise TypeError(f"state must be a mapping, not {type(value).__name__}")
+        return dict(value)
+
+    def view(self, fields: dict[str, Any]) -> Any:
+        return dict(fields)
+
+    def changes(self, view: Any, fields: dict[str, Any]) -> dict[str, Any]:
+        """Top-level fields assigned on ``view`` by a step (compared by identity)."""
+        if not isinstance(view, dict):
+            return {}
+        out = {k: v for k, v in view.items() if fields.get(k, _MISSING) is not v}
+        for k in fields.keys() - view.keys():
+            out[k] = _MISSING
+        return out
+
+    def updates_from(self, value: Any, fields: dict[str, Any]) -> dict[str, Any]:
+        """A step's return value as updates (a mapping, or a whole new state)."""
+        if isinstance(value, Mapping):
+            return dict(value)
+        raise TypeError(
+            "a step must return None, a mapping of updated fields, pitstop.goto(...) or "
+            f"pitstop.finish(...), not {type(value).__name__}"
+        )
+
+
+class DataclassAdapter(StateAdapter):
+    def __init__(self, cls: type) -> None:
+        self.type = cls
+        self._names = [f.name for f in dataclasses.fields(cls)]
+
+    def fields_of(self, value: Any) -> dict[str, Any]:
+        if value is None:
+            value = self.type()
+        elif isinstance(value, Mapping):
+            value = self.type(**value)
+        if not isinstance(value, self.type):
+            raise TypeError(f"state must be a {self.type.__name__}, not {type(value).__name__}")
+        return {name: getattr(value, name) for name in self._names}
+
+    def view(self, fields: dict[str, Any]) -> Any:
+        obj = object.__new__(self.type)
+        for name in self._names:
+            if name in fields:
+                object.__setattr__(obj, name, fields[name])
+        return obj
+
+    def changes(self, view: Any, fields: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(view, self.type):
+            return {}
+        out = {}
+        for name in self._names:
+            value = getattr(view, name, _MISSING)
+            if value is not _MISSING and fields.get(name, _MISSING) is not value:
+                out[name] = value
+        return out
+
+    def updates_from(self, value: Any, fields: dict[str, Any]) -> dict[str, Any]:
+        if isinstance(value, self.type):
+            return self.changes(value, fields)
+        return super().updates_from(value, fields)
+
+
+class PydanticAdapter(DataclassAdapter):
+    def __init__(self, cls: type) -> None:
+        self.type = cls
+        self._names = list(cls.model_fields)  # type: ignore[attr-defined]
+
+    def fields_of(self, value: Any) -> dict[str, Any]:
+        if value is None or isinstance(value, Mapping):
+            value = self.type.model_validate(value or {})
+        if not isinstance(value, self.type):
+            raise TypeError(f"state must be a {self.type.__name__}, not {type(value).__name__}")
+        return {name: getattr(value, name) for name in self._names}
+
+    def view(self, fields: dict[str, Any]) -> Any:
+        return self.type.model_construct(**fields)
+
+
+def adapter_for(state_type: Any) -> StateAdapter:
+    if state_type is None or state_type is dict or is_typeddict(state_type):
+        return StateAdapter()
+    if isinstance(state_type, type) and dataclasses.is_dataclass(state_type):
+        return DataclassAdapter(state_type)
+    if isinstance(state_type, type) and hasattr(state_type, "model_fields"):
+        return PydanticAdapter(state_type)
+    raise TypeError(
+        f"unsupported state type {state_type!r}: use dict, a TypedDict, a dataclass or a "
+        "pydantic model"
+    )
+
+
+def apply(fields: dict[str, Any], updates: Mapping[str, Any]) -> None:
+    for name, value in updates.items():
+        if value is _MISSING:
+            fields.pop(name, None)
+        else:
+            fields[name] = value
+
+
+__all__ = ["StateAdapter", "adapter_for", "apply"]

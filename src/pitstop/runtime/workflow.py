@@ -1,0 +1,491 @@
+"""``Workflow``: named steps over a state, and the calls that start, resume and fork runs."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar, overload
+
+from ..errors import InputError, RunNotFoundError, SchemaVersionError
+from ..ids import new_id
+from ..model import Checkpoint, Run, RunStatus
+from ..serde import default_registry
+from ..store import Input, Lease, RetentionPolicy, Store
+from .engine import Execution, RunResult, drive_async, drive_sync
+from .leases import owner_id
+from .policies import CheckpointPolicy, Retry, StepOptions, WorkflowDurability
+from .state import adapter_for
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    name: str
+    fn: Callable[..., Any]
+    options: StepOptions
+    takes_ctx: bool
+    input_params: tuple[str, ...]
+
+    def invoke(self, state: Any, ctx: Any, inputs: Mapping[str, Any]) -> Any:
+        kwargs = {name: inputs.get(name) for name in self.input_params}
+        if self.takes_ctx:
+            return self.fn(state, ctx, **kwargs)
+        return self.fn(state, **kwargs)
+
+
+class Workflow:
+    """Steps that run in declared order over a state, checkpointed as they go.
+
+    >>> wf = pitstop.Workflow("vendor-approval")
+    >>> @wf.step
+    ... def security_review(state, ctx):
+    ...     return {"security_review": "completed"}
+
+    ``state`` is the state type (dict by default; a TypedDict, dataclass or pydantic model);
+    its classes are registered for safe serialisation. ``version`` is the schema version of
+    the state, with ``@wf.migration`` functions upgrading older checkpoints on load.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        state: Any = None,
+        version: int = 1,
+        policy: CheckpointPolicy | None = None,
+        durability: WorkflowDurability = "normal",
+        retry: Retry | None = None,
+        retention: RetentionPolicy | None = None,
+        lease_ttl: float = 30.0,
+        max_steps: int = 100_000,
+        change_detection: str = "updates",
+    ) -> None:
+        if durability not in ("full", "normal", "background"):
+            raise ValueError("durability must be 'full', 'normal' or 'background'")
+        if change_detection not in ("updates", "content"):
+            raise ValueError("change_detection must be 'updates' or 'content'")
+        self.name = name
+        self.state_type = state
+        self.adapter = adapter_for(state)
+        if state is not None and state is not dict:
+            default_registry.register_annotations(state)
+        self.version = version
+        self.policy = policy or CheckpointPolicy()
+        self.durability = durability
+        self.retry = retry
+        self.retention = retention
+        self.lease_ttl = lease_ttl
+        self.max_steps = max_steps
+        self.change_detection = change_detection
+        self.steps: dict[str, StepSpec] = {}
+        self._order: list[str] = []
+        self._migrations: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+
+    def __repr__(self) -> str:
+        return f"Workflow({self.name!r}, steps={self._order!r})"
+
+    # -- definition ------------------------------------------------------------------------------
+
+    @overload
+    def step(self, fn: F, /) -> F: ...
+
+    @overload
+    def step(
+        self,
+        *,
+        name: str | None = None,
+        wait_for: str | Iterable[str] | None = None,
+        timeout: float | timedelta | None = None,
+        retry: Retry | None = None,
+        milestone: bool = False,
+        checkpoint: bool | None = None,
+        tags: Iterable[str] = (),
+    ) -> Callable[[F], F]: ...
+
+    def step(
+        self,
+        fn: Callable[..., Any] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        wait_for: str | Iterable[str] | None = None,
+        timeout: float | timedelta | None = None,
+        retry: Retry | None = None,
+        milestone: bool = False,
+        checkpoint: bool | None = None,
+        tags: Iterable[str] = (),
+    ) -> Any:
+        """Register a step: ``fn(state, ctx)`` returning updates, ``goto(...)`` or ``finish()``.
+
+        ``wait_for`` names inputs the step needs; while one is missing the run waits (and
+        holds nothing). Each arrives as a keyword argument of that name if ``fn`` takes one,
+        and in ``ctx.inputs``. ``timeout`` bounds the wait: then the step runs with the input
+        ``None`` and ``ctx.timed_out`` true. ``milestone`` always checkpoints after the
+        step and tags the checkpoint (kept by retention). ``checkpoint`` forces (True) or
+        suppresses (False) the checkpoint after this step whatever the policy.
+        """
+        waits = (wait_for,) if isinstance(wait_for, str) else tuple(wait_for or ())
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        options = StepOptions(
+            wait_for=waits,
+            timeout=seconds,
+            retry=retry,
+            milestone=milestone,
+            checkpoint=checkpoint,
+            tags=tuple(tags),
+        )
+
+        def register(fn: F) -> F:
+            step_name = name or fn.__name__
+            if step_name in self.steps:
+                raise ValueError(f"workflow {self.name!r} already has a step {step_name!r}")
+            params = list(inspect.signature(fn).parameters.values())
+            positional = [
+                p for p in params
+                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in waits
+            ]
+            if not 1 <= len(positional) <= 2:
+                raise TypeError(
+                    f"step {step_name!r} must take (state) or (state, ctx), plus optional "
+                    f"keyword parameters named after its inputs {list(waits)}"
+                )
+            inputs = tuple(p.name for p in params if p.name in waits)
+            self.steps[step_name] = StepSpec(
+                step_name, fn, options, takes_ctx=len(positional) == 2, input_params=inputs
+            )
+            self._order.append(step_name)
+            return fn
+
+        if fn is not None:
+            return register(fn)  # type: ignore[arg-type]
+        return register
+
+    def migration(
+        self, *, from_version: int
+    ) -> Callable[[Callable[[dict[str, Any]], dict[str, Any]]], Callable[..., Any]]:
+        """Register ``fn(state_fields: dict) -> dict`` upgrading ``from_version`` to the next."""
+
+        def register(fn: Callable[[dict[str, Any]], dict[str, Any]]) -> Callable[..., Any]:
+            if from_version >= self.version:
+                raise ValueError(
+                    f"migration from version {from_version} is not below the workflow's "
+                    f"version {self.version}"
+                )
+            self._migrations[from_version] = fn
+            return fn
+
+        return register
+
+    @property
+    def first_step(self) -> str | None:
+        return self._order[0] if self._order else None
+
+    def next_after(self, step: str) -> str | None:
+        i = self._order.index(step)
+        return self._order[i + 1] if i + 1 < len(self._order) else None
+
+    def _migrate(self, fields: dict[str, Any], ckpt: Checkpoint) -> dict[str, Any]:
+        version = ckpt.schema_version
+        if version > self.version:
+            raise SchemaVersionError(
+                f"checkpoint state has schema version {version}, newer than workflow "
+                f"{self.name!r} version {self.version}; deploy the newer code to resume it",
+                run_id=ckpt.run_id,
+                checkpoint_id=ckpt.id,
+            )
+        while version < self.version:
+            fn = self._migrations.get(version)
+            if fn is None:
+                raise SchemaVersionError(
+                    f"no migration from state version {version} to {version + 1} in workflow "
+                    f"{self.name!r} (checkpoint is version {ckpt.schema_version}, code is "
+                    f"{self.version}); add @wf.migration(from_version={version})",
+                    run_id=ckpt.run_id,
+                    checkpoint_id=ckpt.id,
+                )
+            fields = dict(fn(dict(fields)))
+            version += 1
+        return fields
+
+    # -- running ------------------------------------------------------------------------------------
+
+    def _new_run(
+        self,
+        store: Store,
+        input: Any,
+        run_id: str | None,
+        status: RunStatus,
+        metadata: Mapping[str, Any] | None,
+        priority: int,
+        owner: str | None,
+    ) -> tuple[str, Lease | None, Checkpoint]:
+        if not self._order:
+            raise ValueError(f"workflow {self.name!r} has no steps")
+        fields = self.adapter.fields_of(input)
+        run_id = run_id or new_id()
+        store.create_run(
+            run_id, workflow=self.name, status=status, metadata=metadata, priority=priority
+        )
+        lease = store.acquire(run_id, owner, ttl=self.lease_ttl) if owner else None
+        ckpt = store.save(
+            run_id,
+            fields,
+            step=0,
+            metadata={
+                "source": "input",
+                "status": status.value,
+                "next": self.first_step,
+                "branch": run_id,
+                "completed": [],
+            },
+            schema_version=self.version,
+            workflow=self.name,
+            status=status,
+            lease=lease,
+            expected_head=None,
+        )
+        return run_id, lease, ckpt
+
+    def _start(
+        self,
+        store: Store,
+        input: Any,
+        run_id: str | None,
+        policy: CheckpointPolicy | None,
+        metadata: Mapping[str, Any] | None,
+        priority: int,
+    ) -> Execution:
+        owner = owner_id()
+        run_id, lease, ckpt = self._new_run(
+            store, input, run_id, RunStatus.RUNNING, metadata, priority, owner
+        )
+        assert lease is not None
+        return self._execution(store, run_id, lease, ckpt, policy)
+
+    def _execution(
+        self,
+        store: Store,
+        run_id: str,
+        lease: Lease,
+        ckpt: Checkpoint,
+        policy: CheckpointPolicy | None,
+        branch: str | None = None,
+    ) -> Execution:
+        execution = Execution(self, store, run_id, lease, policy=policy or self.policy)
+        try:
+            execution.restore(ckpt, branch=branch)
+        except BaseException:
+            store.release(lease)
+            raise
+        if self.change_detection == "content":
+            execution.changed = None
+        return execution
+
+    def _resume(
+        self,
+        store: Store,
+        run_id: str,
+        from_checkpoint: str | None,
+        policy: CheckpointPolicy | None,
+        lease: Lease | None,
+    ) -> tuple[Execution | None, RunResult | None, RunStatus]:
+        run = store.get_run(run_id)
+        if run.workflow != self.name:
+            raise ValueError(
+                f"run {run_id!r} belongs to workflow {run.workflow!r}, not {self.name!r}"
+            )
+        if lease is None:
+            lease = store.acquire(run_id, owner_id(), ttl=self.lease_ttl)
+        try:
+            if from_checkpoint is not None:
+                ckpt = store.get(from_checkpoint)
+                if ckpt.run_id != run_id:
+                    raise ValueError(
+                        f"checkpoint {from_checkpoint} belongs to run {ckpt.run_id!r}, not "
+                        f"{run_id!r}; use fork() to start a new run from it"
+                    )
+                # Record the branch point: history shows it, and the new branch's effects
+                # and timers are keyed apart from the old branch's.
+                branch = new_id()
+                meta = {k: v for k, v in ckpt.metadata.items() if k not in ("error", "tags")}
+                meta.update(
+                    {"source": "resume", "branch": branch, "resumed_from": ckpt.id,
+                     "status": RunStatus.RUNNING.value}
+                )
+                meta.pop("waiting_for", None)
+                meta.pop("wake_at", None)
+                ckpt = store.save(
+                    run_id,
+                    ckpt.state,
+                    parent_id=ckpt.id,
+                    step=ckpt.step,
+                    metadata=meta,
+                    changed=(),
+                    schema_version=ckpt.schema_version,
+                    status=RunStatus.RUNNING,
+                    lease=lease,
+                )
+                status = RunStatus.RUNNING
+            else:
+                found = store.latest(run_id)
+                if found is None:
+                    raise RunNotFoundError(run_id)
+                ckpt = found
+                status = run.status
+                if status in (RunStatus.COMPLETED, RunStatus.CANCELLED):
+                    execution = Execution(self, store, run_id, lease, policy=self.policy)
+                    execution.restore(ckpt)
+                    store.release(lease)
+                    return None, execution.result(status, step=execution.last_step), status
+        except BaseException:
+            store.release(lease)
+            raise
+        execution = self._execution(store, run_id, lease, ckpt, policy)
+        if status is RunStatus.FAILED:
+            # A manual resume retries the failed step with a fresh set of attempts.
+            execution.attempts.pop(execution.next or "", None)
+        return execution, None, status
+
+    def _finish(self, store: Store, result: RunResult) -> RunResult:
+        if self.retention is not None and result.status is RunStatus.COMPLETED:
+            store.prune(self.retention, run_id=result.run_id)
+        return result
+
+    def start(
+        self,
+        store: Store,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        policy: CheckpointPolicy | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        priority: int = 0,
+    ) -> RunResult:
+        """Start a run and execute it in this process until it completes, waits or fails.
+
+        The input becomes the first checkpoint, so even a crash in the first step loses
+        nothing. Raises :class:`~pitstop.RunExistsError` if ``run_id`` is taken.
+        """
+        execution = self._start(store, input, run_id, policy, metadata, priority)
+        return self._finish(store, drive_sync(execution.run(RunStatus.RUNNING)))
+
+    def resume(
+        self,
+        store: Store,
+        run_id: str,
+        *,
+        from_checkpoint: str | None = None,
+        policy: CheckpointPolicy | None = None,
+        lease: Lease | None = None,
+    ) -> RunResult:
+        """Continue a run from its latest checkpoint (or, on a new branch, from an earlier one).
+
+        Waiting runs continue if their inputs arrived or their timer is due; failed runs
+        retry the failed step; finished runs are returned as they are. Raises
+        :class:`~pitstop.RunBusyError` while another process owns the run.
+        """
+        execution, done, status = self._resume(store, run_id, from_checkpoint, policy, lease)
+        if execution is None:
+            assert done is not None
+            return done
+        return self._finish(store, drive_sync(execution.run(status)))
+
+    def fork(
+        self,
+        store: Store,
+        checkpoint_id: str,
+        *,
+        update: Mapping[str, Any] | None = None,
+        run_id: str | None = None,
+        policy: CheckpointPolicy | None = None,
+    ) -> RunResult:
+        """Start a new run from an earlier checkpoint (of any run), with edited state."""
+        ckpt = store.fork(checkpoint_id, new_run_id=run_id, update=update, workflow=self.name)
+        return self.resume(store, ckpt.run_id, policy=policy)
+
+    def enqueue(
+        self,
+        store: Store,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        priority: int = 0,
+    ) -> Run:
+        """Queue a run for a worker (``pitstop worker``); returns at once."""
+        run_id, _, _ = self._new_run(
+            store, input, run_id, RunStatus.QUEUED, metadata, priority, owner=None
+        )
+        return store.get_run(run_id)
+
+    # -- asyncio twins --------------------------------------------------------------------------
+
+    async def astart(
+        self,
+        store: Store,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        policy: CheckpointPolicy | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        priority: int = 0,
+    ) -> RunResult:
+        """:meth:`start` for asyncio: ``async def`` steps are awaited, store I/O leaves the loop."""
+        import asyncio
+
+        execution = await asyncio.to_thread(
+            self._start, store, input, run_id, policy, metadata, priority
+        )
+        result = await drive_async(execution.run(RunStatus.RUNNING))
+        return await asyncio.to_thread(self._finish, store, result)
+
+    async def aresume(
+        self,
+        store: Store,
+        run_id: str,
+        *,
+        from_checkpoint: str | None = None,
+        policy: CheckpointPolicy | None = None,
+        lease: Lease | None = None,
+    ) -> RunResult:
+        import asyncio
+
+        execution, done, status = await asyncio.to_thread(
+            self._resume, store, run_id, from_checkpoint, policy, lease
+        )
+        if execution is None:
+            assert done is not None
+            return done
+        result = await drive_async(execution.run(status))
+        return await asyncio.to_thread(self._finish, store, result)
+
+    async def afork(
+        self,
+        store: Store,
+        checkpoint_id: str,
+        *,
+        update: Mapping[str, Any] | None = None,
+        run_id: str | None = None,
+        policy: CheckpointPolicy | None = None,
+    ) -> RunResult:
+        import asyncio
+
+        ckpt = await asyncio.to_thread(
+            store.fork, checkpoint_id, new_run_id=run_id, update=update, workflow=self.name
+        )
+        return await self.aresume(store, ckpt.run_id, policy=policy)
+
+
+def send(store: Store, run_id: str, name: str, payload: Any) -> Input:
+    """Deliver input ``name`` to a waiting run, durably. The next resume continues with it.
+
+    Raises :class:`~pitstop.InputError` (storing nothing) if the run has finished or does not
+    wait for ``name``.
+    """
+    return store.send(run_id, name, payload)
+
+
+__all__ = ["InputError", "StepSpec", "Workflow", "send"]
