@@ -9,6 +9,8 @@ The public API is what this module exports; everything else may change between r
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     CheckpointNotFoundError,
     ConflictError,
@@ -28,17 +30,6 @@ from .errors import (
     UnsupportedStoreError,
 )
 from .model import Checkpoint, CheckpointSummary, Run, RunStatus
-from .runtime import (
-    CheckpointPolicy,
-    Retry,
-    RunResult,
-    StepContext,
-    StepFailedError,
-    Workflow,
-    finish,
-    goto,
-    send,
-)
 from .serde import MsgpackSerializer, PickleSerializer, TypeRegistry, register
 from .store import (
     Input,
@@ -52,6 +43,36 @@ from .store import (
 )
 
 __version__ = "0.1.0"
+
+# The runtime (and asyncio with it) is imported on first use, so tools that only read a store,
+# like `pitstop runs`, start fast.
+_RUNTIME = frozenset(
+    {"CheckpointPolicy", "Retry", "RunResult", "StepContext", "StepFailedError", "Workflow",
+     "finish", "goto", "send"}
+)
+
+if TYPE_CHECKING:
+    from .runtime import (
+        CheckpointPolicy,
+        Retry,
+        RunResult,
+        StepContext,
+        StepFailedError,
+        Workflow,
+        finish,
+        goto,
+        send,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name in _RUNTIME:
+        from . import runtime
+
+        value = getattr(runtime, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'pitstop' has no attribute {name!r}")
 
 __all__ = [
     "Checkpoint",

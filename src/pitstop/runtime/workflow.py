@@ -237,6 +237,7 @@ class Workflow:
             metadata={
                 "source": "input",
                 "status": status.value,
+                "step_name": None,
                 "next": self.first_step,
                 "branch": run_id,
                 "completed": [],

@@ -1,0 +1,88 @@
+"""Workflows used by the runtime tests, importable by subprocesses (``tests/`` on sys.path).
+
+``counter`` is the crash-test workflow: 100 executions of one step in a loop, each updating
+state deterministically, every 7th recording an external effect into a log file (the
+"outside world") through ``ctx.effect`` with its idempotency key.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from typing import Any
+
+import pitstop
+
+STEPS = 100
+
+
+def _write_log(path: str, key: str, *, idempotency_key: str) -> str:
+    """The external side effect: append one line per call, return this call's nonce."""
+    nonce = uuid.uuid4().hex
+    assert key == idempotency_key
+    with open(path, "a") as f:
+        f.write(f"{key} {nonce}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return nonce
+
+
+def make_counter(durability: str = "normal", every: int = 1) -> pitstop.Workflow:
+    wf = pitstop.Workflow(
+        "counter",
+        durability=durability,  # type: ignore[arg-type]
+        policy=pitstop.CheckpointPolicy(every=every),
+    )
+
+    @wf.step
+    def work(state: dict[str, Any], ctx: pitstop.StepContext) -> Any:
+        n = state["n"]
+        delay = float(os.environ.get("COUNTER_STEP_DELAY", "0"))
+        if delay:
+            time.sleep(delay)
+        update: dict[str, Any] = {"n": n + 1, "total": state["total"] + n * n}
+        if n % 7 == 3:
+            key = ctx.idempotency_key(f"log-{n}")
+            nonce = ctx.effect(f"log-{n}", _write_log, state["log"], key)
+            update["nonces"] = [*state["nonces"], nonce]
+        if n + 1 < STEPS:
+            return pitstop.goto("work", update)
+        return update
+
+    @wf.step
+    def done(state: dict[str, Any]) -> dict[str, Any]:
+        return {"finished": True}
+
+    return wf
+
+
+counter = make_counter()
+counter_background = make_counter("background")
+counter_every_5 = make_counter(every=5)
+
+
+def counter_input(log: str) -> dict[str, Any]:
+    return {"n": 0, "total": 0, "nonces": [], "log": log, "finished": False}
+
+
+# -- an approval flow with a human in the loop ------------------------------------------------------
+
+approval = pitstop.Workflow("approval")
+
+
+@approval.step
+def prepare(state: dict[str, Any]) -> dict[str, Any]:
+    return {"prepared": True}
+
+
+@approval.step(wait_for="decision")
+def decide(state: dict[str, Any], ctx: pitstop.StepContext, decision: Any) -> Any:
+    if not decision.get("approved"):
+        return pitstop.finish({"outcome": "rejected"})
+    return {"outcome": "approved", "approver": decision.get("by")}
+
+
+@approval.step
+def notify(state: dict[str, Any]) -> dict[str, Any]:
+    return {"notified": True}
