@@ -578,3 +578,14 @@ def test_caller_chosen_checkpoint_ids(store: Store) -> None:
     with pytest.raises(ConflictError, match="already exists"):
         store.save("other", {"x": 3}, checkpoint_id="1ef-0001")
     assert store.latest("r").id == "1ef-0002"  # type: ignore[union-attr]
+
+
+def test_takeover_of_a_named_dead_owner(store: Store) -> None:
+    store.create_run("r")
+    dead = store.acquire("r", "host:1:dead", ttl=60)
+    with pytest.raises(RunBusyError):
+        store.acquire("r", "w2", takeover="someone-else")
+    taken = store.acquire("r", "w2", takeover="host:1:dead")
+    assert taken.token > dead.token and store.get_run("r").owner == "w2"
+    with pytest.raises(LeaseLostError):
+        store.save("r", {"a": 1}, lease=dead)

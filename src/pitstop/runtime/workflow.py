@@ -14,7 +14,7 @@ from ..model import Checkpoint, Run, RunStatus
 from ..serde import default_registry
 from ..store import Input, Lease, RetentionPolicy, Store
 from .engine import Execution, RunResult, drive_async, drive_sync
-from .leases import owner_id
+from .leases import acquire, owner_id
 from .policies import CheckpointPolicy, Retry, StepOptions, WorkflowDurability
 from .state import adapter_for
 
@@ -299,7 +299,7 @@ class Workflow:
                 f"run {run_id!r} belongs to workflow {run.workflow!r}, not {self.name!r}"
             )
         if lease is None:
-            lease = store.acquire(run_id, owner_id(), ttl=self.lease_ttl)
+            lease = acquire(store, run_id, owner_id(), self.lease_ttl)
         try:
             if from_checkpoint is not None:
                 ckpt = store.get(from_checkpoint)

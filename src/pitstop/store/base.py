@@ -22,6 +22,7 @@ from ..model import Checkpoint, CheckpointSummary, Run, RunStatus
 if TYPE_CHECKING:
     from ..serde import Serializer
     from .aio import AsyncStore
+    from .transfer import RunExport
 
 
 class _Unset(enum.Enum):
@@ -409,11 +410,15 @@ class Store(ABC):
     # -- ownership ---------------------------------------------------------------------------
 
     @abstractmethod
-    def acquire(self, run_id: str, owner: str, *, ttl: float = 30.0) -> Lease:
+    def acquire(
+        self, run_id: str, owner: str, *, ttl: float = 30.0, takeover: str | None = None
+    ) -> Lease:
         """Take exclusive ownership of a run for ``ttl`` seconds.
 
         Raises :class:`~pitstop.RunBusyError` while another owner's lease is live. An expired
         lease is taken over, and the fencing token grows so the old owner's writes fail.
+        ``takeover`` names a live owner known to be dead (its process is gone): its lease is
+        taken at once, and only if that owner still holds it.
         """
 
     @abstractmethod
@@ -504,6 +509,30 @@ class Store(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
+
+    # -- moving runs between stores ------------------------------------------------------------
+
+    def export_run(self, run_id: str) -> RunExport:
+        """The run with everything it owns, as raw stored records, read in one snapshot.
+
+        Checkpoint records, values, inputs and effect records come out exactly as stored
+        (nothing is deserialised), so :meth:`import_run` on another store recreates the run
+        bit for bit: same ids, same checksums. Raises :class:`~pitstop.RunNotFoundError`.
+        The run is held in memory; ``pitstop export`` writes it to an archive file.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot export runs")
+
+    def import_run(self, data: RunExport, *, progress: Progress | None = None) -> Run:
+        """Write an exported run into this store, verbatim and in one transaction.
+
+        Every checkpoint checksum and value hash is verified before anything is written
+        (:class:`~pitstop.CorruptCheckpointError`). Fails with
+        :class:`~pitstop.RunExistsError` if the run exists here, and with
+        :class:`~pitstop.ConflictError` if one of its checkpoint or input ids does (they are
+        unique in a store; to copy a run into a store that has it, give the export fresh ids
+        first, as ``pitstop import --run-id`` does). Values already present are shared.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot import runs")
 
 
 __all__ = [

@@ -59,6 +59,7 @@ from .records import (
     encode_field_map,
     encode_metadata,
 )
+from .transfer import EffectRecord, InputRecord, RunExport, RunRecord
 
 log = logging.getLogger("pitstop.store")
 
@@ -155,7 +156,9 @@ _CKPT = (
     "id, run_id, parent_id, step, created_at, schema_version, metadata, fields, size, added, "
     "checksum"
 )
-_SUMMARY = "id, run_id, parent_id, step, created_at, schema_version, checksum, size, metadata"
+_SUMMARY = (
+    "id, run_id, parent_id, step, created_at, schema_version, checksum, size, metadata, added"
+)
 _RUN = (
     "run_id, status, workflow, created_at, updated_at, metadata, head_id, step, waiting_for, "
     "wake_at, checkpoints, bytes, lease_owner, lease_expires, priority"
@@ -348,6 +351,7 @@ def _row_to_summary(row: Sequence[Any]) -> CheckpointSummary:
         checksum=row[6],
         size=row[7],
         metadata_json=row[8],
+        added=row[9],
     )
 
 
@@ -471,7 +475,8 @@ class SqlStore(Store):
             if current > LATEST_SCHEMA:
                 raise StoreSchemaError(
                     f"{self.url}: store schema version {current} is newer than this pitstop "
-                    f"understands ({LATEST_SCHEMA}); upgrade pitstop"
+                    f"understands ({LATEST_SCHEMA}); upgrade pitstop",
+                    found=current, needed=LATEST_SCHEMA,
                 )
             for version, description, statements in MIGRATIONS:
                 if current < version <= target:
@@ -492,13 +497,15 @@ class SqlStore(Store):
         if version > LATEST_SCHEMA:
             raise StoreSchemaError(
                 f"{self.url}: store schema version {version} is newer than this pitstop "
-                f"understands ({LATEST_SCHEMA}); upgrade pitstop"
+                f"understands ({LATEST_SCHEMA}); upgrade pitstop",
+                found=version, needed=LATEST_SCHEMA,
             )
         if version < LATEST_SCHEMA:
             if not auto_migrate:
                 raise StoreSchemaError(
                     f"{self.url}: store schema version {version}, this pitstop needs "
-                    f"{LATEST_SCHEMA}; run `pitstop migrate --store URL`"
+                    f"{LATEST_SCHEMA}; run `pitstop migrate --store URL`",
+                    found=version, needed=LATEST_SCHEMA,
                 )
             self.migrate()
 
@@ -668,6 +675,7 @@ class SqlStore(Store):
             )
         if plan.refs:
             self._lock_values(tx)
+            self._check_reused(tx, plan)
         self._insert_blobs(tx, plan.new, now)
         tx.many(
             "INSERT INTO pitstop_blob_refs (run_id, hash) VALUES (?, ?) "
@@ -736,6 +744,23 @@ class SqlStore(Store):
                 record.id,
                 run_id,
             )
+
+    def _check_reused(self, tx: Tx, plan: _WritePlan) -> None:
+        """Fail if a value referenced but not sent (a fork shares its source's) is gone.
+
+        It existed when the source was read, but a prune or delete may have removed it
+        since; checked under :meth:`_lock_values`, so it cannot be removed after this.
+        New values need no check: they are (re)inserted. Saves whose parent is in the same
+        run reference only new values, so the check costs them nothing.
+        """
+        reused = [h for h in plan.refs if h not in plan.new]
+        if not reused:
+            return
+        found = tx.in_chunks("SELECT hash FROM pitstop_blobs WHERE hash IN ({in})", reused)
+        if len(found) < len(reused):
+            parent = plan.record.parent_id or "?"
+            self._fields.drop(parent)
+            raise CheckpointNotFoundError(parent)
 
     def _insert_blobs(self, tx: Tx, new: Mapping[bytes, NewBlob], now: float) -> None:
         if not new:
@@ -1182,6 +1207,10 @@ class SqlStore(Store):
     # -- maintenance -------------------------------------------------------------------------
 
     def stats(self) -> StoreStats:
+        # Asked outside the transaction below: a backend may need a connection of its own to
+        # answer, and a pool of one connection must not wait for itself.
+        file_bytes = self._file_bytes()
+
         def read(tx: Tx) -> StoreStats:
             by_status = {
                 r[0]: int(r[1])
@@ -1198,7 +1227,7 @@ class SqlStore(Store):
                 blobs=int(blobs),
                 bytes=int(record_bytes) + int(blob_bytes),
                 runs_by_status=by_status,
-                file_bytes=self._file_bytes(),
+                file_bytes=file_bytes,
             )
 
         return self._tx(read)
@@ -1299,7 +1328,9 @@ class SqlStore(Store):
 
     # -- ownership ---------------------------------------------------------------------------
 
-    def acquire(self, run_id: str, owner: str, *, ttl: float = 30.0) -> Lease:
+    def acquire(
+        self, run_id: str, owner: str, *, ttl: float = 30.0, takeover: str | None = None
+    ) -> Lease:
         def write(tx: Tx) -> Lease:
             row = tx.one(
                 "SELECT lease_owner, lease_expires, fence FROM pitstop_runs WHERE run_id = ?"
@@ -1311,6 +1342,8 @@ class SqlStore(Store):
             now = time.time()
             holder, expires, fence = row
             live = holder is not None and expires is not None and expires > now
+            if live and holder == takeover:
+                live = False
             if live and holder != owner:
                 raise RunBusyError(run_id, owner=holder, expires_at=expires)
             token = fence if live else fence + 1
@@ -1562,3 +1595,122 @@ class SqlStore(Store):
                 record = _row_to_record(row)
                 yield record, self._tx(lambda tx, r=record: self._load_blobs(tx, r))
             after = rows[-1][0]
+
+    def export_run(self, run_id: str) -> RunExport:
+        columns = (
+            "run_id, workflow, status, created_at, updated_at, metadata, head_id, step, "
+            "waiting_for, wake_at, checkpoints, bytes, priority"
+        )
+
+        def read(tx: Tx) -> RunExport:
+            row = tx.one(f"SELECT {columns} FROM pitstop_runs WHERE run_id = ?", (run_id,))
+            if row is None:
+                raise RunNotFoundError(run_id)
+            data = RunExport(RunRecord(*row))
+            data.checkpoints = [
+                _row_to_record(r)
+                for r in tx.all(
+                    f"SELECT {_CKPT} FROM pitstop_checkpoints WHERE run_id = ? ORDER BY id",
+                    (run_id,),
+                )
+            ]
+            data.blobs = {
+                bytes(h): bytes(d)
+                for h, d in tx.in_chunks(
+                    "SELECT hash, data FROM pitstop_blobs WHERE hash IN ({in})", data.referenced
+                )
+            }
+            data.inputs = [
+                InputRecord(i, r, n, bytes(p), bytes(h), c, used)
+                for i, r, n, p, h, c, used in tx.all(
+                    "SELECT id, run_id, name, payload, hash, created_at, consumed_by "
+                    "FROM pitstop_inputs WHERE run_id = ? ORDER BY id",
+                    (run_id,),
+                )
+            ]
+            data.effects = [
+                EffectRecord(r, k, c, bytes(d), bytes(h), t)
+                for r, k, c, d, h, t in tx.all(
+                    "SELECT run_id, key, checkpoint_id, result, hash, created_at "
+                    "FROM pitstop_effects WHERE run_id = ? ORDER BY key",
+                    (run_id,),
+                )
+            ]
+            return data
+
+        # One read transaction: a snapshot, so a concurrent prune cannot tear the export.
+        return self._tx(read)
+
+    def import_run(self, data: RunExport, *, progress: Progress | None = None) -> Run:
+        data.verify()
+        run = data.run
+        _check_id("run_id", run.run_id)
+        hashes = data.referenced
+        total = len(hashes) + len(data.checkpoints)
+
+        def write(tx: Tx) -> None:
+            if tx.one("SELECT 1 FROM pitstop_runs WHERE run_id = ?", (run.run_id,)):
+                raise RunExistsError(run.run_id)
+            for kind, table, ids in (
+                ("checkpoint", "pitstop_checkpoints", [c.id for c in data.checkpoints]),
+                ("input", "pitstop_inputs", [i.id for i in data.inputs]),
+            ):
+                taken = tx.in_chunks(f"SELECT id, run_id FROM {table} WHERE id IN ({{in}})", ids)
+                if taken:
+                    raise ConflictError(
+                        f"{kind} id {taken[0][0]!r} already exists in this store (run "
+                        f"{taken[0][1]!r}); import the run under a new id to copy it",
+                        run_id=run.run_id, expected=None, actual=taken[0][0],
+                    )
+            now = time.time()
+            done = 0
+            if hashes:
+                self._lock_values(tx)
+            for i in range(0, len(hashes), _CHUNK):
+                part = hashes[i : i + _CHUNK]
+                self._insert_blobs(tx, {h: NewBlob(h, data.blobs[h]) for h in part}, now)
+                done += len(part)
+                if progress:
+                    progress(done, total)
+            tx.many(
+                "INSERT INTO pitstop_blob_refs (run_id, hash) VALUES (?, ?) "
+                "ON CONFLICT (run_id, hash) DO NOTHING",
+                [(run.run_id, h) for h in hashes],
+            )
+            for i in range(0, len(data.checkpoints), _CHUNK):
+                part = data.checkpoints[i : i + _CHUNK]
+                tx.many(
+                    f"INSERT INTO pitstop_checkpoints ({_CKPT}) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        (c.id, c.run_id, c.parent_id, c.step, c.created_at, c.schema_version,
+                         c.metadata, c.fields, c.size, c.added, c.checksum)
+                        for c in part
+                    ],
+                )
+                done += len(part)
+                if progress:
+                    progress(done, total)
+            tx.run(
+                "INSERT INTO pitstop_runs (run_id, workflow, status, created_at, updated_at, "
+                "metadata, head_id, step, waiting_for, wake_at, checkpoints, bytes, priority) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (run.run_id, run.workflow, RunStatus(run.status).value, run.created_at,
+                 run.updated_at, run.metadata, run.head_id, run.step, run.waiting_for,
+                 run.wake_at, run.checkpoints, run.bytes, run.priority),
+            )
+            tx.many(
+                "INSERT INTO pitstop_inputs (id, run_id, name, payload, hash, created_at, "
+                "consumed_by) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(i.id, run.run_id, i.name, i.payload, i.hash, i.created_at, i.consumed_by)
+                 for i in data.inputs],
+            )
+            tx.many(
+                "INSERT INTO pitstop_effects (run_id, key, checkpoint_id, result, hash, "
+                "created_at) VALUES (?, ?, ?, ?, ?, ?)",
+                [(run.run_id, e.key, e.checkpoint_id, e.result, e.hash, e.created_at)
+                 for e in data.effects],
+            )
+
+        self._tx(write, write=True)
+        return self.get_run(run.run_id)

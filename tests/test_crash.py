@@ -1,0 +1,296 @@
+"""Durability tested by killing real processes with SIGKILL, not by trusting the code.
+
+Each test runs a writer in a separate interpreter, kills it at random moments, and checks what
+a fresh process finds in the store afterwards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import pitstop
+from pitstop import RunStatus
+
+from conftest import BACKENDS, ROOT, pg_schema_url, drop_pg_schema
+
+pytestmark = pytest.mark.slow
+
+SAVER = """
+import hashlib, os, sys
+import pitstop
+store = pitstop.open_store(sys.argv[1])
+i = 0
+latest = store.latest("r")
+if latest is not None:
+    i = latest.state["i"] + 1
+while True:
+    payload = os.urandom(20_000 + (i * 7919) % 200_000)
+    store.save("r", {"i": i, "payload": payload, "check": hashlib.sha256(payload).hexdigest(),
+                     "small": "x" * (i % 50)}, metadata={"i": i})
+    print(i, flush=True)
+    i += 1
+"""
+
+
+def _spawn(code: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _kill_after(proc: subprocess.Popen[str], delay: float) -> bool:
+    """SIGKILL ``proc`` after ``delay`` seconds; True if it was still running."""
+    try:
+        proc.wait(timeout=delay)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        return True
+    return False
+
+
+@pytest.mark.parametrize("durability", ["normal", "full"])
+def test_killed_saver_never_leaves_a_torn_checkpoint(tmp_path: Path, durability: str) -> None:
+    url = f"sqlite:///{tmp_path / 'kill.db'}?durability={durability}"
+    rng = random.Random(1234)
+    seen = -1
+    kills = 0
+    for _ in range(15):
+        proc = _spawn(SAVER, url)
+        kills += _kill_after(proc, rng.uniform(0.25, 0.7))
+        with pitstop.open_store(url) as store:
+            latest = store.latest("r")
+            if latest is None:
+                continue
+            state = latest.state
+            assert hashlib.sha256(state["payload"]).hexdigest() == state["check"]
+            assert state["small"] == "x" * (state["i"] % 50)
+            assert latest.metadata == {"i": state["i"]}
+            assert state["i"] >= seen  # never goes backwards
+            seen = state["i"]
+            steps = [s.metadata["i"] for s in store.history("r", limit=None)]
+            assert steps == list(range(seen, -1, -1))  # complete, contiguous, no duplicates
+    assert kills >= 10 and seen > 10
+    with pitstop.open_store(url) as store:
+        assert store.verify() == []
+
+
+# -- the runtime: 100 steps, killed at random points, resumed until done -----------------------------
+
+RUNNER = """
+import os, signal, sys, threading
+sys.path.insert(0, "tests")
+import pitstop, workflows
+url, run_id, log, variant, kill_after = sys.argv[1:6]
+if float(kill_after) > 0:
+    # SIGKILL this process from another thread at a random moment of the run (imports done),
+    # wherever the main thread is: inside a step, an effect, a save, a commit.
+    threading.Timer(float(kill_after), os.kill, (os.getpid(), signal.SIGKILL)).start()
+wf = {"normal": workflows.counter, "background": workflows.counter_background,
+      "every5": workflows.counter_every_5}[variant]
+store = pitstop.open_store(url)
+try:
+    store.get_run(run_id)
+except pitstop.RunNotFoundError:
+    result = wf.start(store, workflows.counter_input(log), run_id=run_id)
+else:
+    result = wf.resume(store, run_id)
+print(result.status.value, flush=True)
+"""
+
+
+def _uninterrupted(log: Path, variant: str) -> dict[str, Any]:
+    sys.path.insert(0, str(ROOT / "tests"))
+    import workflows
+
+    wf = {"normal": workflows.counter, "background": workflows.counter_background,
+          "every5": workflows.counter_every_5}[variant]
+    with pitstop.open_store("memory://") as store:
+        result = wf.start(store, workflows.counter_input(str(log)))
+    state = dict(result.state)
+    state.pop("nonces")
+    return state
+
+
+def _check_effects(store: pitstop.Store, run_id: str, log: Path) -> None:
+    """Every effect ran at least once, and never again after its result was recorded."""
+    lines = [line.split() for line in log.read_text().splitlines()]
+    recorded = {k.split(":")[-1]: v for k, v in store.effects(run_id).items()}
+    assert set(recorded) == {f"log-{n}" for n in range(100) if n % 7 == 3}
+    for name, nonce in recorded.items():
+        calls = [n for key, n in lines if key.endswith(f":{name}")]
+        assert calls, name
+        # the recorded call is the last one: nothing ran after the record was written
+        assert calls[-1] == nonce, f"{name} ran again after its result was recorded"
+    final = store.latest(run_id)
+    assert final is not None
+    assert final.state["nonces"] == [recorded[f"log-{n}"] for n in range(100) if n % 7 == 3]
+
+
+@pytest.mark.parametrize(
+    ("variant", "runs", "min_kills"),
+    [("normal", 2, 50), ("every5", 1, 12), ("background", 1, 12)],
+)
+def test_sigkill_at_random_points_then_resume(
+    tmp_path: Path, variant: str, runs: int, min_kills: int
+) -> None:
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    rng = random.Random(hash(variant) & 0xFFFF)
+    kills = 0
+    env = {"COUNTER_STEP_DELAY": "0.003"}
+    for r in range(runs):
+        run_id = f"crash-{variant}-{r}"
+        log = tmp_path / f"{run_id}.log"
+        expected = _uninterrupted(tmp_path / f"{run_id}.reference.log", variant)
+        for _ in range(200):
+            delay = rng.uniform(0.0, 0.45) if kills < min_kills else 0.0
+            proc = _spawn(RUNNER, url, run_id, str(log), variant, f"{delay:.3f}", env=env)
+            out, err = proc.communicate(timeout=120)
+            if proc.returncode == -signal.SIGKILL:
+                kills += 1
+                continue
+            assert proc.returncode == 0, err
+            if out.strip() == "completed":
+                break
+        else:  # pragma: no cover
+            pytest.fail("the run never completed")
+        with pitstop.open_store(url) as store:
+            final = store.latest(run_id)
+            assert final is not None and store.get_run(run_id).status is RunStatus.COMPLETED
+            state = dict(final.state)
+            state.pop("nonces")
+            expected["log"] = str(log)
+            assert state == expected
+            _check_effects(store, run_id, log)
+            assert store.verify() == []
+    assert kills >= min_kills
+
+
+# -- waiting across processes and lease races -------------------------------------------------------
+
+APPROVAL = """
+import sys
+sys.path.insert(0, "tests")
+import pitstop, workflows
+url, action, run_id = sys.argv[1:4]
+store = pitstop.open_store(url)
+if action == "start":
+    r = workflows.approval.start(store, {}, run_id=run_id)
+elif action == "send":
+    pitstop.send(store, run_id, "decision", {"approved": True, "by": "finance"})
+    print("sent"); raise SystemExit
+else:
+    r = workflows.approval.resume(store, run_id)
+print(r.status.value, ",".join(r.waiting_for))
+"""
+
+
+@pytest.fixture
+def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    backend = request.param
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'shared.db'}"
+    else:
+        schema = f"crash_{os.getpid()}_{int(time.time() * 1000) % 10**8}"
+        yield pg_schema_url(schema)
+        drop_pg_schema(schema)
+
+
+SHARED = [b for b in BACKENDS if b != "memory"]
+
+
+@pytest.mark.parametrize("shared_url", SHARED, indirect=True)
+def test_wait_exit_send_resume_in_three_processes(shared_url: str) -> None:
+    def run(*args: str) -> str:
+        proc = _spawn(APPROVAL, shared_url, *args)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        return out.strip()
+
+    assert run("start", "w1") == "waiting decision"
+    assert run("send", "w1") == "sent"
+    assert run("resume", "w1") == "completed"
+    with pitstop.open_store(shared_url) as store:
+        assert store.latest("w1").state["approver"] == "finance"  # type: ignore[union-attr]
+
+
+RACER = """
+import sys, time
+sys.path.insert(0, "tests")
+import pitstop
+url, run_id = sys.argv[1:3]
+wf = pitstop.Workflow("race", lease_ttl=float(sys.argv[3]))
+@wf.step
+def slow(state):
+    time.sleep(float(sys.argv[4]))
+    return {"by": sys.argv[5]}
+store = pitstop.open_store(url)
+try:
+    r = wf.resume(store, run_id)
+    print("ran", r.status.value)
+except pitstop.RunBusyError:
+    print("busy")
+"""
+
+
+@pytest.mark.parametrize("shared_url", SHARED, indirect=True)
+def test_two_processes_resuming_one_run(shared_url: str) -> None:
+    wf = pitstop.Workflow("race")
+    wf.step(name="slow")(lambda state: state)
+    with pitstop.open_store(shared_url) as store:
+        wf.enqueue(store, {}, run_id="race")
+    procs = [_spawn(RACER, shared_url, "race", "30", "1.5", f"p{i}") for i in range(2)]
+    outs = sorted(p.communicate(timeout=60)[0].strip() for p in procs)
+    assert outs == ["busy", "ran completed"]
+    with pitstop.open_store(shared_url) as store:
+        assert len(store.history("race", limit=None)) == 2  # input + one completion: no fork
+
+
+@pytest.mark.parametrize("shared_url", SHARED, indirect=True)
+def test_dead_owner_on_this_host_is_taken_over_at_once(shared_url: str) -> None:
+    wf = pitstop.Workflow("race")
+    wf.step(name="slow")(lambda state: state)
+    with pitstop.open_store(shared_url) as store:
+        wf.enqueue(store, {}, run_id="orphan")
+    owner = _spawn(RACER, shared_url, "orphan", "30", "30", "dead")
+    deadline = time.monotonic() + 30
+    with pitstop.open_store(shared_url) as store:
+        while store.get_run("orphan").owner is None:  # wait until it is inside its step
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    owner.send_signal(signal.SIGKILL)
+    owner.wait()
+    # Its lease has 30 s left, but its process is gone: no need to wait.
+    late = _spawn(RACER, shared_url, "orphan", "30", "0", "next").communicate(timeout=60)[0]
+    assert late.strip() == "ran completed"
+    with pitstop.open_store(shared_url) as store:
+        assert store.latest("orphan").state == {"by": "next"}  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("shared_url", SHARED, indirect=True)
+def test_owner_elsewhere_is_waited_out_until_its_lease_expires(shared_url: str) -> None:
+    wf = pitstop.Workflow("race")
+    wf.step(name="slow")(lambda state: state)
+    with pitstop.open_store(shared_url) as store:
+        wf.enqueue(store, {}, run_id="remote")
+        store.acquire("remote", "another-host:4242:abcdef", ttl=2.5)  # a worker on another box
+    early = _spawn(RACER, shared_url, "remote", "30", "0", "early").communicate(timeout=60)[0]
+    assert early.strip() == "busy"
+    time.sleep(2.6)
+    late = _spawn(RACER, shared_url, "remote", "30", "0", "late").communicate(timeout=60)[0]
+    assert late.strip() == "ran completed"
