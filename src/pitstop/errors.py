@@ -21,7 +21,17 @@ class UnsupportedStoreError(StoreError, ValueError):
 
 
 class StoreSchemaError(StoreError):
-    """The store's own tables were written by a newer pitstop than this one."""
+    """The store's tables are at another schema version than this pitstop's: newer (upgrade
+    pitstop), or older and not migrated automatically (``pitstop migrate``)."""
+
+    def __init__(
+        self, message: str, *, found: int | None = None, needed: int | None = None
+    ) -> None:
+        self.found = found
+        """The store's schema version, when known."""
+        self.needed = needed
+        """The version this pitstop uses."""
+        super().__init__(message)
 
 
 class SerializationError(PitstopError, TypeError):
@@ -30,6 +40,8 @@ class SerializationError(PitstopError, TypeError):
     Raised before anything is written: the run's previous checkpoint stays its latest.
     """
 
+    action = "serialise"
+
     def __init__(
         self,
         message: str,
@@ -37,11 +49,14 @@ class SerializationError(PitstopError, TypeError):
         run_id: str | None = None,
         path: str | None = None,
         type_name: str | None = None,
+        action: str | None = None,
     ) -> None:
         self.run_id = run_id
         self.path = path
         self.type_name = type_name
         self.reason = message
+        if action is not None:
+            self.action = action
         super().__init__(self._render())
 
     def _render(self) -> str:
@@ -49,24 +64,29 @@ class SerializationError(PitstopError, TypeError):
         if self.run_id is not None:
             where.append(f"run {self.run_id!r}")
         if self.path is not None:
-            where.append(f"at {self.path}")
+            where.append(f"at {self.path}" if self.path else "at the top level")
         if self.type_name is not None:
             where.append(f"(type {self.type_name})")
-        prefix = "cannot serialise " + " ".join(where) + ": " if where else ""
+        prefix = f"cannot {self.action} " + " ".join(where) + ": " if where else ""
         return prefix + self.reason
 
-    def located(self, *, run_id: str | None = None, path: str | None = None) -> SerializationError:
+    def located(
+        self, *, run_id: str | None = None, path: str | None = None, action: str | None = None
+    ) -> SerializationError:
         """A copy that also names the run and/or a full field path (filled in by the caller)."""
-        return SerializationError(
+        return type(self)(
             self.reason,
             run_id=run_id if run_id is not None else self.run_id,
             path=path if path is not None else self.path,
             type_name=self.type_name,
+            action=action or self.action,
         )
 
 
 class UnregisteredTypeError(SerializationError):
     """A stored value names a class that is not on the allowlist, so it is not rebuilt."""
+
+    action = "load"
 
 
 class CorruptCheckpointError(PitstopError):

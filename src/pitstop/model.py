@@ -76,6 +76,7 @@ class CheckpointSummary:
     __slots__ = (
         "_metadata",
         "_metadata_json",
+        "added",
         "checksum",
         "created_at",
         "id",
@@ -99,6 +100,7 @@ class CheckpointSummary:
         size: int,
         metadata: Mapping[str, Any] | None = None,
         metadata_json: str | None = None,
+        added: int | None = None,
     ) -> None:
         self.id = id
         self.run_id = run_id
@@ -108,6 +110,9 @@ class CheckpointSummary:
         self.schema_version = schema_version
         self.checksum = checksum
         self.size = size
+        #: Bytes of values this checkpoint stored that its parent did not reference (what the
+        #: step cost the store); ``size`` is the whole state. None if the store does not know.
+        self.added = added
         self._metadata = metadata
         self._metadata_json = metadata_json
 

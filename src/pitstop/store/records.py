@@ -118,6 +118,7 @@ class CheckpointRecord:
             "schema_version": self.schema_version,
             "checksum": self.checksum,
             "size": self.size,
+            "added": self.added,
             "metadata_json": self.metadata,
         }
 
@@ -239,6 +240,7 @@ class Codec:
                 "to read it, knowing that loading pickle runs code",
                 run_id=run_id,
                 path=field_path(field) if field else None,
+                action="load",
             )
         try:
             return reader.loads(raw, strict=strict)
@@ -246,6 +248,7 @@ class Codec:
             raise exc.located(
                 run_id=run_id,
                 path=(field_path(field) if field else "") + (exc.path or ""),
+                action="load",
             ) from None
         except Exception as exc:
             raise corrupt(f"undecodable value ({type(exc).__name__}: {exc})") from exc

@@ -1,0 +1,82 @@
+"""Helpers shared by the benchmarks: timing (medians), tables, result files."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent.parent / ".bench"
+
+
+def median_time(fn: Callable[[], Any], repeat: int, *, warmup: int = 3) -> float:
+    """Median seconds of ``repeat`` calls of ``fn`` (after ``warmup`` calls)."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def median_of(samples: list[float]) -> float:
+    return statistics.median(samples)
+
+
+def fmt_time(seconds: float) -> str:
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.0f} µs"
+    if seconds < 1:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds:.2f} s"
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    raise AssertionError
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows, strict=False)]
+    line = "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=False)) + " |"
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    body = [
+        "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=False)) + " |"
+        for r in rows
+    ]
+    return "\n".join([line, sep, *body])
+
+
+def machine() -> str:
+    return f"{platform.python_implementation()} {platform.python_version()}, " \
+           f"{os.cpu_count()} cores, {platform.machine()}, {platform.system()}"
+
+
+def save_results(name: str, command: str, data: dict[str, Any], markdown: str) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"{name}.json"
+    out.write_text(
+        json.dumps(
+            {
+                "name": name,
+                "command": command,
+                "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+                "machine": machine(),
+                "results": data,
+                "markdown": markdown,
+            },
+            indent=2,
+        )
+    )
+    return out

@@ -1,0 +1,30 @@
+"""Safe serialisation of checkpoint field values.
+
+``MsgpackSerializer`` is the default: exact types, no code runs on load, classes only from an
+allowlist (``register``). ``PickleSerializer`` is an explicit opt-in for trusted stores.
+``frame``/``unframe``/``digest`` are the stored form, and ``to_jsonable`` is the display view.
+See docs/serialization.md for the wire format.
+"""
+
+from __future__ import annotations
+
+from .base import Serializer, UnknownObject
+from .codec import MsgpackSerializer
+from .display import to_jsonable
+from .framing import digest, frame, unframe
+from .pickling import PickleSerializer
+from .registry import TypeRegistry, default_registry, register
+
+__all__ = [
+    "MsgpackSerializer",
+    "PickleSerializer",
+    "Serializer",
+    "TypeRegistry",
+    "UnknownObject",
+    "default_registry",
+    "digest",
+    "frame",
+    "register",
+    "to_jsonable",
+    "unframe",
+]

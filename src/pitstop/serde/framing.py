@@ -1,0 +1,93 @@
+"""How one serialised value is stored: a header byte, optional zstd, and its content hash.
+
+The header names the serialiser (so a store can mix formats) and whether the body is
+compressed. The digest covers the format and the *uncompressed* bytes, so the same value always
+has the same address whether or not it happened to be compressed, and at whatever level.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+
+import zstandard
+
+_FORMAT_MASK = 0x0F
+_COMPRESSED = 0x10
+
+# zstandard compressors and decompressors must not be shared between threads, and building one
+# per call is wasteful, so each thread keeps its own.
+_local = threading.local()
+
+
+def _compressor(level: int) -> zstandard.ZstdCompressor:
+    cache: dict[int, zstandard.ZstdCompressor] | None = getattr(_local, "compressors", None)
+    if cache is None:
+        cache = _local.compressors = {}
+    compressor = cache.get(level)
+    if compressor is None:
+        # The checksum lets unframe() tell corruption from data; the content size lets the
+        # decompressor allocate the output once.
+        compressor = cache[level] = zstandard.ZstdCompressor(
+            level=level, write_checksum=True, write_content_size=True
+        )
+    return compressor
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    decompressor: zstandard.ZstdDecompressor | None = getattr(_local, "decompressor", None)
+    if decompressor is None:
+        decompressor = _local.decompressor = zstandard.ZstdDecompressor()
+    return decompressor
+
+
+def _check_format(format_id: int) -> None:
+    if not 0 <= format_id <= _FORMAT_MASK:
+        raise ValueError(f"format_id must be between 0 and {_FORMAT_MASK}, got {format_id}")
+
+
+def frame(
+    raw: bytes, format_id: int, *, compress_threshold: int | None = 4096, level: int = 3
+) -> bytes:
+    """The stored form of ``raw``: compressed only when it is big enough and it actually helps.
+
+    Small values are left alone because zstd's frame overhead outweighs any gain and reading
+    them stays a plain slice; ``compress_threshold=None`` turns compression off.
+    """
+    _check_format(format_id)
+    if compress_threshold is not None and len(raw) >= compress_threshold:
+        packed = _compressor(level).compress(raw)
+        if len(packed) < len(raw):
+            return bytes((format_id | _COMPRESSED,)) + packed
+    return bytes((format_id,)) + raw
+
+
+def unframe(stored: bytes) -> tuple[int, bytes]:
+    """``(format_id, raw)`` from a stored blob; ``ValueError`` if it is not one pitstop wrote."""
+    if not stored:
+        raise ValueError("empty blob: the header byte is missing")
+    header = stored[0]
+    if header & ~(_FORMAT_MASK | _COMPRESSED):
+        raise ValueError(f"unknown blob header 0x{header:02x} (written by a newer pitstop?)")
+    if not header & _COMPRESSED:
+        return header & _FORMAT_MASK, bytes(stored[1:])
+    try:
+        raw = _decompressor().decompress(memoryview(stored)[1:], allow_extra_data=False)
+    except (zstandard.ZstdError, MemoryError) as exc:
+        raise ValueError(f"corrupt or truncated compressed blob: {exc}") from exc
+    return header & _FORMAT_MASK, raw
+
+
+def digest(format_id: int, raw: bytes) -> bytes:
+    """The 32-byte content address of a value: SHA-256 of the format byte, then the raw bytes.
+
+    The format is part of the hash so that identical bytes from two serialisers never collide.
+    """
+    _check_format(format_id)
+    hasher = hashlib.sha256()
+    hasher.update(bytes((format_id,)))
+    hasher.update(raw)  # a second update instead of concatenating: no copy of a large value
+    return hasher.digest()
+
+
+__all__ = ["digest", "frame", "unframe"]
