@@ -98,11 +98,28 @@ def test_history_is_paginated_newest_first_without_state(store: Store) -> None:
 def test_unchanged_values_are_stored_once(store: Store) -> None:
     big = "x" * MiB
     for i in range(20):
-        store.save("r", {"doc": big, "i": i})
+        store.save("r", {"doc": big, "note": f"note number {i} " * 4, "i": i})
     stats = store.stats()
-    # one 1 MiB document + 20 distinct small values
+    # one 1 MiB document + 20 distinct notes; the tiny `i` values live inside the records
     assert stats.blobs == 21
     assert stats.bytes < 2 * MiB  # compressed or not, stored once
+
+
+def test_small_values_live_in_the_record_and_are_verified(store: Store) -> None:
+    first = store.save("r", {"n": 1, "flag": True, "label": "short"})
+    store.save("r", {"n": 2, "flag": True, "label": "short"})
+    assert store.stats().blobs == 0
+    assert store.get(first.id).state == {"n": 1, "flag": True, "label": "short"}
+
+    def edit(tx: Any) -> None:  # flip the inline value's bytes inside the record
+        fields = bytes(tx.one("SELECT fields FROM pitstop_checkpoints WHERE id = ?",
+                              (first.id,))[0])
+        tx.run("UPDATE pitstop_checkpoints SET fields = ? WHERE id = ?",
+               (fields.replace(b"short", b"shirt"), first.id))
+
+    store._tx(edit, write=True)  # type: ignore[attr-defined]
+    with pytest.raises(CorruptCheckpointError, match="checksum"):
+        store.get(first.id)
 
 
 def test_changed_hint_skips_serialising_other_fields(store: Store) -> None:
@@ -172,9 +189,9 @@ def test_fork_shares_values_and_leaves_source_untouched(store: Store) -> None:
     store.save("src", {"doc": big, "n": 3})
     blobs = store.stats().blobs
 
-    fork = store.fork(mid.id, new_run_id="copy", update={"n": 99})
+    fork = store.fork(mid.id, new_run_id="copy", update={"n": "edited " * 10})
     assert fork.run_id == "copy" and fork.parent_id == mid.id
-    assert fork.state == {"doc": big, "n": 99}
+    assert fork.state == {"doc": big, "n": "edited " * 10}
     assert fork.metadata["source"] == "fork"
     assert fork.metadata["forked_from"] == {"run_id": "src", "checkpoint_id": mid.id}
     assert store.get_run("copy").workflow == "wf"
@@ -182,7 +199,7 @@ def test_fork_shares_values_and_leaves_source_untouched(store: Store) -> None:
     assert store.latest("src").state["n"] == 3  # type: ignore[union-attr]
     # the fork survives its source being deleted
     store.delete_run("src")
-    assert store.latest("copy").state == {"doc": big, "n": 99}  # type: ignore[union-attr]
+    assert store.latest("copy").state == {"doc": big, "n": "edited " * 10}  # type: ignore[union-attr]
 
 
 def test_fork_generates_a_run_id(store: Store) -> None:
@@ -232,13 +249,13 @@ def test_update_run_merges_metadata(store: Store) -> None:
 def test_delete_run_frees_only_unshared_values(store: Store) -> None:
     shared = "s" * 10_000
     store.save("keep", {"v": shared, "k": 1})
-    store.save("drop", {"v": shared, "d": "only-here"})
-    store.save("drop", {"v": shared, "d": "only-here-too"})
+    store.save("drop", {"v": shared, "d": "only-here " * 8})
+    store.save("drop", {"v": shared, "d": "only-here-too " * 8})
     report = store.delete_run("drop")
     assert report.runs == ["drop"] and len(report.checkpoints) == 2
     assert report.blobs == 2 and report.bytes_reclaimed > 0
     assert store.latest("keep").state["v"] == shared  # type: ignore[union-attr]
-    assert store.stats().blobs == 2
+    assert store.stats().blobs == 1  # the shared value; `k` is inline
     with pytest.raises(RunNotFoundError):
         store.delete_run("drop")
     assert store.verify() == []
@@ -254,7 +271,7 @@ def test_prune_keep_last_keeps_head_and_milestones(store: Store) -> None:
         ids.append(store.save("r", {"i": i, "big": "b" * 5000 + str(i)},
                               metadata={"tags": tags}).id)
     # resume from an old checkpoint: the head is now old-ish, on its own branch
-    head = store.save("r", {"i": 100, "big": "head"}, parent_id=ids[0])
+    head = store.save("r", {"i": 100, "big": "head " * 20}, parent_id=ids[0])
     dry = store.prune(RetentionPolicy(keep_last=3), dry_run=True)
     assert dry.dry_run and store.stats().checkpoints == 11  # nothing deleted
     report = store.prune(RetentionPolicy(keep_last=3))
@@ -269,7 +286,7 @@ def test_prune_keep_last_keeps_head_and_milestones(store: Store) -> None:
     # without milestones
     store.prune(RetentionPolicy(keep_last=1, keep_milestones=False))
     assert {s.id for s in store.history("r", limit=None)} == {head.id}
-    assert store.stats().blobs == 2  # head's two values only
+    assert store.stats().blobs == 1  # the head's one stored value (`i` is inline)
 
 
 def test_prune_bytes_reclaimed_matches_stats(store: Store) -> None:
@@ -282,10 +299,10 @@ def test_prune_bytes_reclaimed_matches_stats(store: Store) -> None:
 
 
 def test_prune_finished_runs_older_than(store: Store) -> None:
-    store.save("old-done", {"a": 1}, status=RunStatus.COMPLETED)
-    store.save("old-waiting", {"a": 2}, status=RunStatus.WAITING)
+    store.save("old-done", {"a": "one " * 20}, status=RunStatus.COMPLETED)
+    store.save("old-waiting", {"a": "two " * 20}, status=RunStatus.WAITING)
     time.sleep(0.05)
-    store.save("new-done", {"a": 3}, status=RunStatus.COMPLETED)
+    store.save("new-done", {"a": "three " * 20}, status=RunStatus.COMPLETED)
     report = store.prune(RetentionPolicy(finished_older_than=timedelta(seconds=0.03)))
     assert report.runs == ["old-done"]
     assert {r.id for r in store.runs()} == {"old-waiting", "new-done"}

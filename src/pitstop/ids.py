@@ -11,7 +11,7 @@ the id. Two properties matter beyond the RFC:
 
 from __future__ import annotations
 
-import os
+import random
 import threading
 import time
 
@@ -52,7 +52,8 @@ def new_id(after: str | None = None) -> str:
     with _lock:
         ms_seq = max(now, _last + 1, floor + 1)
         _last = ms_seq
-    return _format(_compose(ms_seq, int.from_bytes(os.urandom(8)) & ((1 << 62) - 1)))
+    # random's generator is seeded from the OS and reseeded in a forked child.
+    return _format(_compose(ms_seq, random.getrandbits(62)))
 
 
 def id_time(uuid_str: str) -> float:

@@ -74,11 +74,11 @@ class CheckpointSummary:
     """
 
     __slots__ = (
+        "_created",
         "_metadata",
         "_metadata_json",
         "added",
         "checksum",
-        "created_at",
         "id",
         "parent_id",
         "run_id",
@@ -94,7 +94,7 @@ class CheckpointSummary:
         run_id: str,
         parent_id: str | None,
         step: int,
-        created_at: datetime,
+        created_at: datetime | float,
         schema_version: int,
         checksum: str,
         size: int,
@@ -106,7 +106,7 @@ class CheckpointSummary:
         self.run_id = run_id
         self.parent_id = parent_id
         self.step = step
-        self.created_at = created_at
+        self._created: datetime | float = created_at
         self.schema_version = schema_version
         self.checksum = checksum
         self.size = size
@@ -115,6 +115,42 @@ class CheckpointSummary:
         self.added = added
         self._metadata = metadata
         self._metadata_json = metadata_json
+
+    @classmethod
+    def _from_row(
+        cls,
+        id: str,
+        run_id: str,
+        parent_id: str | None,
+        step: int,
+        created_at: float,
+        schema_version: int,
+        checksum: str,
+        size: int,
+        metadata_json: str,
+        added: int | None,
+    ) -> CheckpointSummary:
+        """Build from a database row without the keyword-argument overhead (history lists)."""
+        self = object.__new__(cls)
+        self.id = id
+        self.run_id = run_id
+        self.parent_id = parent_id
+        self.step = step
+        self._created = created_at
+        self.schema_version = schema_version
+        self.checksum = checksum
+        self.size = size
+        self.added = added
+        self._metadata = None
+        self._metadata_json = metadata_json
+        return self
+
+    @property
+    def created_at(self) -> datetime:
+        created = self._created
+        if not isinstance(created, datetime):
+            created = self._created = datetime.fromtimestamp(created, UTC)
+        return created
 
     @property
     def metadata(self) -> Mapping[str, Any]:

@@ -47,7 +47,11 @@ class StepContext:
         self.timed_out = timed_out
         self._effects: set[str] = set()
         self._timers = 0
-        self.log = logging.LoggerAdapter(log, {"run_id": execution.run_id, "step": step})
+
+    @property
+    def log(self) -> logging.LoggerAdapter[logging.Logger]:
+        """A logger that adds the run id and step to each record."""
+        return logging.LoggerAdapter(log, {"run_id": self._x.run_id, "step": self.step})
 
     @property
     def run_id(self) -> str:

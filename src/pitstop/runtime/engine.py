@@ -22,7 +22,7 @@ from ..store import Lease, Store
 from .context import StepContext, Suspend
 from .leases import keeper
 from .policies import CheckpointPolicy, Finish, Goto
-from .state import apply
+from .state import merged
 from .writer import writer_for
 
 if TYPE_CHECKING:
@@ -373,8 +373,10 @@ class Execution:
             attempt = self.attempts.get(spec.name, 0) + 1
             ctx = StepContext(self, spec.name, attempt, inputs, timed_out)
             view = wf.adapter.view(self.fields)
-            self.step_start_fields = dict(self.fields)
-            self.step_start_changed = set(self.changed) if self.changed is not None else None
+            # Both are replaced, never mutated, when the step's updates are applied, so these
+            # references keep the step-start values for a failure, a sleep or ctx.checkpoint().
+            self.step_start_fields = self.fields
+            self.step_start_changed = self.changed
             try:
                 output = yield _Call(spec.invoke, view, ctx, inputs)
             except Suspend as suspend:
@@ -404,9 +406,9 @@ class Execution:
                 route = wf.next_after(spec.name)
             if output is not None:
                 updates.update(wf.adapter.updates_from(output, self.fields))
-            apply(self.fields, updates)
+            self.fields = merged(self.fields, updates)
             if self.changed is not None:
-                self.changed.update(updates)
+                self.changed = self.changed.union(updates)
             if spec.name not in self.completed:
                 self.completed.append(spec.name)
             self.attempts.pop(spec.name, None)

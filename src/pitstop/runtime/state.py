@@ -116,12 +116,13 @@ def adapter_for(state_type: Any) -> StateAdapter:
     )
 
 
-def apply(fields: dict[str, Any], updates: Mapping[str, Any]) -> None:
+def merged(fields: dict[str, Any], updates: Mapping[str, Any]) -> dict[str, Any]:
+    """A new field dict with ``updates`` applied (a removed field is marked ``_MISSING``)."""
+    out = {**fields, **updates}
     for name, value in updates.items():
         if value is _MISSING:
-            fields.pop(name, None)
-        else:
-            fields[name] = value
+            del out[name]
+    return out
 
 
-__all__ = ["StateAdapter", "adapter_for", "apply"]
+__all__ = ["StateAdapter", "adapter_for", "merged"]

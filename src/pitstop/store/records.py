@@ -35,22 +35,54 @@ def field_path(field: str, relative: str | None = None) -> str:
     return head + (relative or "")
 
 
+INLINE_MAX = 40
+"""Values whose framed bytes are at most this long are kept inside the checkpoint record
+instead of in a separate content-addressed row: a reference (32-byte hash plus size) would be
+as big as the value, and every extra row costs index pages on each write."""
+
+
 @dataclass(frozen=True, slots=True)
 class FieldRef:
     hash: bytes
+    """Content hash of a separately stored value (empty for an inline value)."""
     size: int
     """Stored (framed, possibly compressed) size in bytes."""
+    inline: bytes | None = None
+    """The framed value itself, for small values kept in the record."""
+
+    def same_as(self, other: FieldRef | None) -> bool:
+        if other is None:
+            return False
+        if self.inline is not None:
+            return self.inline == other.inline
+        return other.inline is None and self.hash == other.hash
 
 
 FieldMap = dict[str, FieldRef]
 
 
 def encode_field_map(fields: FieldMap) -> bytes:
-    return ormsgpack.packb([[name, ref.hash, ref.size] for name, ref in fields.items()])
+    return ormsgpack.packb(
+        [
+            [name, ref.inline] if ref.inline is not None else [name, ref.hash, ref.size]
+            for name, ref in fields.items()
+        ]
+    )
 
 
 def decode_field_map(data: bytes) -> FieldMap:
-    return {name: FieldRef(bytes(h), size) for name, h, size in ormsgpack.unpackb(data)}
+    fields: FieldMap = {}
+    for entry in ormsgpack.unpackb(data):
+        if len(entry) == 2:
+            fields[entry[0]] = FieldRef(b"", len(entry[1]), bytes(entry[1]))
+        else:
+            fields[entry[0]] = FieldRef(bytes(entry[1]), entry[2])
+    return fields
+
+
+def stored_hashes(fields: FieldMap) -> set[bytes]:
+    """Hashes of the values a field map references in the value table (not inline ones)."""
+    return {ref.hash for ref in fields.values() if ref.inline is None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,15 +193,19 @@ class Codec:
         self._readers: dict[int, Serializer] = {safe.format_id: safe}
         self._readers[self.serializer.format_id] = self.serializer
 
-    def encode_value(self, value: Any, *, run_id: str, path: str) -> NewBlob:
+    def _dumps(self, value: Any, run_id: str, path: str) -> bytes:
         try:
-            raw = self.serializer.dumps(value)
+            return self.serializer.dumps(value)
         except SerializationError as exc:
             raise exc.located(run_id=run_id, path=path + (exc.path or "")) from None
         except Exception as exc:  # a user encode hook failed: still name where
             raise SerializationError(
                 f"{type(exc).__name__}: {exc}", run_id=run_id, path=path
             ) from exc
+
+    def encode_value(self, value: Any, *, run_id: str, path: str) -> NewBlob:
+        """A value as a separately stored, content-addressed blob (inputs, effects)."""
+        raw = self._dumps(value, run_id, path)
         fmt = self.serializer.format_id
         return NewBlob(
             digest(fmt, raw), frame(raw, fmt, compress_threshold=self.compress_threshold)
@@ -200,19 +236,28 @@ class Codec:
             if name in reuse:
                 fields[name] = parent[name]
                 continue
-            blob = self.encode_value(value, run_id=run_id, path=field_path(name))
+            raw = self._dumps(value, run_id, field_path(name))
+            fmt = self.serializer.format_id
+            if len(raw) < INLINE_MAX:
+                ref = FieldRef(b"", len(raw) + 1, frame(raw, fmt, compress_threshold=None))
+            else:
+                blob = NewBlob(
+                    digest(fmt, raw), frame(raw, fmt, compress_threshold=self.compress_threshold)
+                )
+                ref = FieldRef(blob.hash, blob.size)
             previous = parent.get(name)
-            if previous is not None and previous.hash == blob.hash:
+            if previous is not None and ref.same_as(previous):
                 fields[name] = previous
             else:
-                fields[name] = FieldRef(blob.hash, blob.size)
-                new[blob.hash] = blob
+                fields[name] = ref
+                if ref.inline is None:
+                    new[blob.hash] = blob
         return fields, new
 
     def decode_value(
         self,
         data: bytes | None,
-        expected_hash: bytes,
+        expected_hash: bytes | None,
         *,
         strict: bool = True,
         checkpoint_id: str | None = None,
@@ -225,12 +270,14 @@ class Codec:
             )
 
         if data is None:
-            raise corrupt(f"value {expected_hash.hex()[:16]} is missing from the store")
+            missing = expected_hash.hex()[:16] if expected_hash else "?"
+            raise corrupt(f"value {missing} is missing from the store")
         try:
             fmt, raw = unframe(bytes(data))
         except ValueError as exc:
             raise corrupt(str(exc)) from None
-        if digest(fmt, raw) != expected_hash:
+        # Inline values (no hash) are covered by their record's checksum instead.
+        if expected_hash is not None and digest(fmt, raw) != expected_hash:
             raise corrupt("value checksum mismatch (truncated or altered)")
         reader = self._readers.get(fmt)
         if reader is None:
@@ -259,8 +306,8 @@ class Codec:
         record.verify()
         state = {
             name: self.decode_value(
-                blobs.get(ref.hash),
-                ref.hash,
+                ref.inline if ref.inline is not None else blobs.get(ref.hash),
+                None if ref.inline is not None else ref.hash,
                 strict=strict,
                 checkpoint_id=record.id,
                 run_id=record.run_id,
@@ -281,4 +328,5 @@ __all__ = [
     "encode_field_map",
     "encode_metadata",
     "field_path",
+    "stored_hashes",
 ]

@@ -58,6 +58,7 @@ from .records import (
     decode_field_map,
     encode_field_map,
     encode_metadata,
+    stored_hashes,
 )
 from .transfer import EffectRecord, InputRecord, RunExport, RunRecord
 
@@ -99,9 +100,11 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
                 priority INTEGER NOT NULL DEFAULT 0
             )""",
             "CREATE INDEX pitstop_runs_created ON pitstop_runs (created_at)",
-            "CREATE INDEX pitstop_runs_status ON pitstop_runs (status, updated_at)",
+            # Not on updated_at: every checkpoint updates it, and an index on it would be one
+            # more page written per checkpoint.
+            "CREATE INDEX pitstop_runs_status ON pitstop_runs (status, priority)",
             """CREATE TABLE pitstop_checkpoints (
-                id TEXT PRIMARY KEY,
+                id TEXT NOT NULL,
                 run_id TEXT NOT NULL,
                 parent_id TEXT,
                 step INTEGER NOT NULL,
@@ -111,9 +114,11 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
                 fields {blob} NOT NULL,
                 size {bigint} NOT NULL,
                 added {bigint} NOT NULL,
-                checksum TEXT NOT NULL
-            )""",
-            "CREATE INDEX pitstop_checkpoints_run ON pitstop_checkpoints (run_id, id)",
+                checksum TEXT NOT NULL,
+                PRIMARY KEY (run_id, id)
+            ){without_rowid}""",
+            # Clustered by run, so a run's history is one range scan; ids are unique too.
+            "CREATE UNIQUE INDEX pitstop_checkpoints_id ON pitstop_checkpoints (id)",
             """CREATE TABLE pitstop_blobs (
                 hash {blob} PRIMARY KEY,
                 data {blob} NOT NULL,
@@ -124,7 +129,7 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
                 run_id TEXT NOT NULL,
                 hash {blob} NOT NULL,
                 PRIMARY KEY (run_id, hash)
-            )""",
+            ){without_rowid}""",
             "CREATE INDEX pitstop_blob_refs_hash ON pitstop_blob_refs (hash)",
             """CREATE TABLE pitstop_inputs (
                 id TEXT PRIMARY KEY,
@@ -181,12 +186,21 @@ class Dialect:
     """Appended to a SELECT to lock the rows read until commit (PostgreSQL: FOR UPDATE)."""
     skip_locked: str = ""
     """Appended to the claim query so concurrent workers skip each other's rows."""
+    without_rowid: str = ""
+    """Table option for tables clustered on their primary key (SQLite: WITHOUT ROWID)."""
+    is_: str = "IS NOT DISTINCT FROM"
+    """Null-safe equality (SQLite spells it IS, which older SQLite versions require)."""
 
     def q(self, sql: str) -> str:
         return sql if self.placeholder == "?" else _convert_placeholders(sql, self.placeholder)
 
     def ddl(self, statement: str) -> str:
-        return statement.format(blob=self.blob, real=self.real, bigint=self.bigint)
+        return statement.format(
+            blob=self.blob,
+            real=self.real,
+            bigint=self.bigint,
+            without_rowid=self.without_rowid,
+        )
 
     def json_equals(self, column: str, key: str, value: Any) -> tuple[str, list[Any]]:
         """SQL (and params) true when ``column``'s JSON has ``key`` equal to ``value``."""
@@ -341,18 +355,7 @@ def _row_to_record(row: Sequence[Any]) -> CheckpointRecord:
 
 
 def _row_to_summary(row: Sequence[Any]) -> CheckpointSummary:
-    return CheckpointSummary(
-        id=row[0],
-        run_id=row[1],
-        parent_id=row[2],
-        step=row[3],
-        created_at=utc(row[4]),  # type: ignore[arg-type]
-        schema_version=row[5],
-        checksum=row[6],
-        size=row[7],
-        metadata_json=row[8],
-        added=row[9],
-    )
+    return CheckpointSummary._from_row(*row)
 
 
 def _statuses(status: RunStatus | str | Iterable[RunStatus | str] | None) -> list[str]:
@@ -577,10 +580,10 @@ class SqlStore(Store):
             added=sum(blob.size for blob in new.values()),
         )
         record.checksum = record.compute_checksum()
-        hashes = {ref.hash for ref in fields.values()}
+        hashes = stored_hashes(fields)
         if parent is not None and parent.run_id == run_id:
             # The run already references its parent's values; only new ones need a ref.
-            hashes.difference_update(ref.hash for ref in parent.fields.values())
+            hashes.difference_update(stored_hashes(parent.fields))
         plan = _WritePlan(
             record=record,
             fields=fields,
@@ -646,42 +649,65 @@ class SqlStore(Store):
                 changed = None
 
     def _write_checkpoint(self, tx: Tx, *, plan: _WritePlan) -> None:
-        """The write half of :meth:`save`: checks the run's head and lease, then inserts."""
+        """The write half of :meth:`save`: move the run's head, then insert the checkpoint.
+
+        The common case is one conditional UPDATE that checks the head and the lease and
+        moves the head in a single statement (and locks the run's row on PostgreSQL). Only
+        when it matches no row does :meth:`_first_write_or_refusal` find out why.
+        """
         record = plan.record
         run_id = record.run_id
-        row = tx.one(
-            "SELECT head_id, fence, lease_owner, lease_expires, status FROM pitstop_runs "
-            "WHERE run_id = ?" + self.dialect.lock_row,
-            (run_id,),
-        )
-        actual = row[0] if row else None
-        if plan.follow_head and actual != record.parent_id:
-            raise _HeadMoved(actual)
-        if plan.expected_head is not UNSET and actual != plan.expected_head:
-            raise ConflictError(
-                "another checkpoint was written first",
-                run_id=run_id,
-                expected=plan.expected_head,
-                actual=actual,
-            )
         now = record.created_at
-        self._check_lease(run_id, row, plan.lease, now)
+        grown = record.added + len(record.metadata) + len(record.fields)
+        where = ["run_id = ?"]
+        params: list[Any] = [
+            record.id,
+            record.step,
+            plan.status.value if plan.status else None,
+            plan.workflow,
+            now,
+            plan.waiting_json,
+            plan.wake_at,
+            grown,
+            run_id,
+        ]
+        expected = record.parent_id if plan.follow_head else plan.expected_head
+        if expected is not UNSET:
+            where.append(f"head_id {self.dialect.is_} ?")
+            params.append(expected)
+        if plan.lease is not None:
+            where.append("lease_owner = ? AND fence = ?")
+            params += [plan.lease.owner, plan.lease.token]
+        else:
+            where.append("(lease_owner IS NULL OR lease_expires IS NULL OR lease_expires <= ?)")
+            params.append(now)
+        moved = tx.run(
+            "UPDATE pitstop_runs SET head_id = ?, step = ?, "
+            "status = COALESCE(?, status), workflow = COALESCE(?, workflow), "
+            "updated_at = ?, waiting_for = ?, wake_at = ?, "
+            "checkpoints = checkpoints + 1, bytes = bytes + ? WHERE " + " AND ".join(where),
+            params,
+        ).rowcount
+        if not moved:
+            self._first_write_or_refusal(tx, plan, grown)
         if plan.chosen_id and tx.one(
             "SELECT run_id FROM pitstop_checkpoints WHERE id = ?", (record.id,)
         ):
             raise ConflictError(
-                f"checkpoint id {record.id!r} already exists", run_id=run_id,
-                expected=None, actual=record.id,
+                f"checkpoint id {record.id!r} already exists",
+                run_id=run_id,
+                expected=None,
+                actual=record.id,
             )
         if plan.refs:
             self._lock_values(tx)
             self._check_reused(tx, plan)
-        self._insert_blobs(tx, plan.new, now)
-        tx.many(
-            "INSERT INTO pitstop_blob_refs (run_id, hash) VALUES (?, ?) "
-            "ON CONFLICT (run_id, hash) DO NOTHING",
-            [(run_id, h) for h in plan.refs],
-        )
+            self._insert_blobs(tx, plan.new, now)
+            tx.many(
+                "INSERT INTO pitstop_blob_refs (run_id, hash) VALUES (?, ?) "
+                "ON CONFLICT (run_id, hash) DO NOTHING",
+                [(run_id, h) for h in plan.refs],
+            )
         tx.run(
             f"INSERT INTO pitstop_checkpoints ({_CKPT}) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -699,43 +725,6 @@ class SqlStore(Store):
                 record.checksum,
             ),
         )
-        grown = record.added + len(record.metadata) + len(record.fields)
-        if row is None:
-            tx.run(
-                "INSERT INTO pitstop_runs (run_id, workflow, status, created_at, "
-                "updated_at, metadata, head_id, step, waiting_for, wake_at, checkpoints, "
-                "bytes) VALUES (?, ?, ?, ?, ?, '{}', ?, ?, ?, ?, 1, ?)",
-                (
-                    run_id,
-                    plan.workflow,
-                    (plan.status or RunStatus.RUNNING).value,
-                    now,
-                    now,
-                    record.id,
-                    record.step,
-                    plan.waiting_json,
-                    plan.wake_at,
-                    grown,
-                ),
-            )
-        else:
-            tx.run(
-                "UPDATE pitstop_runs SET head_id = ?, step = ?, "
-                "status = COALESCE(?, status), workflow = COALESCE(?, workflow), "
-                "updated_at = ?, waiting_for = ?, wake_at = ?, "
-                "checkpoints = checkpoints + 1, bytes = bytes + ? WHERE run_id = ?",
-                (
-                    record.id,
-                    record.step,
-                    plan.status.value if plan.status else None,
-                    plan.workflow,
-                    now,
-                    plan.waiting_json,
-                    plan.wake_at,
-                    grown,
-                    run_id,
-                ),
-            )
         if plan.consumed:
             tx.run_chunks(
                 "UPDATE pitstop_inputs SET consumed_by = ? WHERE run_id = ? "
@@ -744,6 +733,46 @@ class SqlStore(Store):
                 record.id,
                 run_id,
             )
+
+    def _first_write_or_refusal(self, tx: Tx, plan: _WritePlan, grown: int) -> None:
+        """The conditional UPDATE matched nothing: a new run (create it), or a refusal."""
+        record = plan.record
+        run_id = record.run_id
+        row = tx.one(
+            "SELECT head_id, fence, lease_owner, lease_expires, status FROM pitstop_runs "
+            "WHERE run_id = ?" + self.dialect.lock_row,
+            (run_id,),
+        )
+        actual = row[0] if row else None
+        if plan.follow_head and actual != record.parent_id:
+            raise _HeadMoved(actual)
+        if plan.expected_head is not UNSET and actual != plan.expected_head:
+            raise ConflictError(
+                "another checkpoint was written first",
+                run_id=run_id,
+                expected=plan.expected_head,
+                actual=actual,
+            )
+        self._check_lease(run_id, row, plan.lease, record.created_at)
+        if row is not None:  # pragma: no cover - the UPDATE would have matched
+            raise _HeadMoved(actual)
+        tx.run(
+            "INSERT INTO pitstop_runs (run_id, workflow, status, created_at, "
+            "updated_at, metadata, head_id, step, waiting_for, wake_at, checkpoints, "
+            "bytes) VALUES (?, ?, ?, ?, ?, '{}', ?, ?, ?, ?, 1, ?)",
+            (
+                run_id,
+                plan.workflow,
+                (plan.status or RunStatus.RUNNING).value,
+                record.created_at,
+                record.created_at,
+                record.id,
+                record.step,
+                plan.waiting_json,
+                plan.wake_at,
+                grown,
+            ),
+        )
 
     def _check_reused(self, tx: Tx, plan: _WritePlan) -> None:
         """Fail if a value referenced but not sent (a fork shares its source's) is gone.
@@ -802,7 +831,7 @@ class SqlStore(Store):
         return record, self._load_blobs(tx, record)
 
     def _load_blobs(self, tx: Tx, record: CheckpointRecord) -> dict[bytes, bytes]:
-        hashes = list({ref.hash for ref in record.field_map().values()})
+        hashes = list(stored_hashes(record.field_map()))
         rows = tx.in_chunks("SELECT hash, data FROM pitstop_blobs WHERE hash IN ({in})", hashes)
         return {bytes(h): bytes(d) for h, d in rows}
 
@@ -1170,13 +1199,22 @@ class SqlStore(Store):
             keep.add(run[0])
         if policy.keep_milestones:
             keep.update(r[0] for r in rows if r[0] not in keep and json.loads(r[1]).get("tags"))
+        return self._drop_checkpoints(tx, run_id, rows, keep, report)
+
+    def _drop_checkpoints(
+        self, tx: Tx, run_id: str, rows: Sequence[Any], keep: set[str], report: PruneReport
+    ) -> PruneReport:
+        """Delete the checkpoints of ``rows`` (id, metadata, fields; the whole run, newest
+        first) not in ``keep``, with their effect records and the values nothing else uses.
+        The caller holds the run's row lock; the run's head is the caller's business."""
+        dry_run = report.dry_run
         doomed = [r for r in rows if r[0] not in keep]
         if not doomed:
             return report
         remaining: set[bytes] = set()
         for r in rows:
             if r[0] in keep:
-                remaining.update(ref.hash for ref in decode_field_map(bytes(r[2])).values())
+                remaining.update(stored_hashes(decode_field_map(bytes(r[2]))))
         refs = [bytes(r[0]) for r in tx.all(
             "SELECT hash FROM pitstop_blob_refs WHERE run_id = ?", (run_id,)
         )]
@@ -1203,6 +1241,38 @@ class SqlStore(Store):
         )
         self._fields_forget(ids)
         return report
+
+    def delete_checkpoints(
+        self, run_id: str, checkpoint_ids: Iterable[str], *, dry_run: bool = False
+    ) -> PruneReport:
+        doomed_ids = set(checkpoint_ids)
+
+        def write(tx: Tx) -> PruneReport:
+            report = PruneReport(dry_run=dry_run)
+            run = tx.one(
+                "SELECT head_id FROM pitstop_runs WHERE run_id = ?" + self.dialect.lock_row,
+                (run_id,),
+            )
+            if run is None or not doomed_ids:
+                return report
+            rows = tx.all(
+                "SELECT id, metadata, fields, step FROM pitstop_checkpoints WHERE run_id = ? "
+                "ORDER BY id DESC",
+                (run_id,),
+            )
+            survivors = [r for r in rows if r[0] not in doomed_ids]
+            self._drop_checkpoints(tx, run_id, rows, {r[0] for r in survivors}, report)
+            if not dry_run and report.checkpoints and run[0] in doomed_ids:
+                # The head went: the run continues from its newest remaining checkpoint.
+                head = survivors[0] if survivors else None
+                tx.run(
+                    "UPDATE pitstop_runs SET head_id = ?, step = ? WHERE run_id = ?",
+                    (head[0] if head else None, head[3] if head else None, run_id),
+                )
+                self._heads.drop(run_id)
+            return report
+
+        return self._tx(write, write=True)
 
     # -- maintenance -------------------------------------------------------------------------
 
@@ -1255,7 +1325,8 @@ class SqlStore(Store):
                     record = _row_to_record(row)
                     record.verify()
                     for name, ref in record.field_map().items():
-                        referenced.setdefault(ref.hash, (record.id, record.run_id, name))
+                        if ref.inline is None:
+                            referenced.setdefault(ref.hash, (record.id, record.run_id, name))
                 except Exception as exc:
                     problems.append(Problem("checkpoint", str(row[0]), str(exc), run_id=row[1]))
             after = rows[-1][0]

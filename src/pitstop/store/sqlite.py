@@ -48,7 +48,13 @@ def _json_key(key: str) -> str:
 
 
 SQLITE = SQLiteDialect(
-    name="sqlite", blob="BLOB", real="REAL", bigint="INTEGER", begin_write="BEGIN IMMEDIATE"
+    name="sqlite",
+    blob="BLOB",
+    real="REAL",
+    bigint="INTEGER",
+    begin_write="BEGIN IMMEDIATE",
+    without_rowid=" WITHOUT ROWID",
+    is_="IS",
 )
 
 _SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL", "off": "OFF"}

@@ -1,0 +1,224 @@
+"""Runtime benchmark (issue #3): what running a step under pitstop costs.
+
+    .venv/bin/python bench/runtime.py            # full run
+    .venv/bin/python bench/runtime.py --quick
+
+1. Per-step cost of no-op steps on a ~1 KiB state, checkpointing after every step, with
+   durability normal, full and background, next to the same loop of plain function calls.
+2. The same workflow on LangGraph (a node looping through a conditional edge) with
+   SqliteSaver, and without a checkpointer, when ``langgraph`` is installed (extra ``bench``).
+3. Restart latency: from spawning ``python`` to the first resumed step of a run whose
+   process was killed with SIGKILL (interpreter start and imports included).
+
+Medians; ratios are computed between numbers measured in this same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import fmt_time, save_results, table  # noqa: E402
+
+import pitstop  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def base_state() -> dict[str, Any]:
+    return {
+        "messages": [
+            {"role": "user", "content": "Please review vendor Acme Corp for onboarding."},
+            {"role": "assistant", "content": "Running the security questionnaire now. " * 6},
+            {"role": "tool", "name": "soc2_lookup", "content": "SOC 2 Type II, valid 2026."},
+        ],
+        "vendor": {"name": "Acme Corp", "country": "DE", "tier": 2, "contacts": ["a", "b"]},
+        "notes": "x" * 300,
+        "i": 0,
+    }
+
+
+def noop(state: dict[str, Any]) -> dict[str, Any]:
+    return {"i": state["i"] + 1}
+
+
+def pitstop_loop(steps: int, durability: str) -> pitstop.Workflow:
+    wf = pitstop.Workflow(f"bench-{durability}", durability=durability)  # type: ignore[arg-type]
+
+    @wf.step
+    def work(state: dict[str, Any]) -> Any:
+        update = noop(state)
+        return pitstop.goto("work", update) if update["i"] < steps else update
+
+    return wf
+
+
+def per_step_pitstop(tmp: Path, steps: int, durability: str, rounds: int) -> float:
+    wf = pitstop_loop(steps, durability)
+    samples = []
+    for r in range(rounds):
+        store = pitstop.open_store(f"sqlite:///{tmp / f'rt-{durability}-{r}.db'}")
+        t0 = time.perf_counter()
+        result = wf.start(store, base_state())
+        samples.append((time.perf_counter() - t0) / steps)
+        assert result.state["i"] == steps
+        store.close()
+    return statistics.median(samples)
+
+
+def per_step_plain(steps: int, rounds: int) -> float:
+    samples = []
+    for _ in range(rounds):
+        state = base_state()
+        t0 = time.perf_counter()
+        while state["i"] < steps:
+            state = {**state, **noop(state)}
+        samples.append((time.perf_counter() - t0) / steps)
+    return statistics.median(samples)
+
+
+def per_step_langgraph(tmp: Path, steps: int, rounds: int, saver: bool) -> float | None:
+    try:
+        from typing import TypedDict
+
+        from langgraph.checkpoint.sqlite import SqliteSaver
+        from langgraph.graph import END, START, StateGraph
+    except ImportError:
+        return None
+
+    class State(TypedDict):
+        messages: list[Any]
+        vendor: dict[str, Any]
+        notes: str
+        i: int
+
+    graph = StateGraph(State)
+    graph.add_node("work", noop)
+    graph.add_edge(START, "work")
+    graph.add_conditional_edges("work", lambda s: "work" if s["i"] < steps else END)
+    samples = []
+    for r in range(rounds):
+        config = {"configurable": {"thread_id": f"t{r}"}, "recursion_limit": steps + 10}
+        if saver:
+            import sqlite3
+
+            conn = sqlite3.connect(tmp / f"lg-{r}.db", check_same_thread=False)
+            app = graph.compile(checkpointer=SqliteSaver(conn))
+        else:
+            app = graph.compile()
+        t0 = time.perf_counter()
+        out = app.invoke(base_state(), config)  # type: ignore[arg-type]
+        samples.append((time.perf_counter() - t0) / steps)
+        assert out["i"] == steps
+    return statistics.median(samples)
+
+
+RESTART = """
+import sys, time
+sys.path.insert(0, sys.argv[3])
+import pitstop
+from runtime import restart_workflow
+store = pitstop.open_store(sys.argv[1])
+restart_workflow(sys.argv[2]).resume(store, "restart")
+"""
+
+SLOW_START = """
+import sys
+sys.path.insert(0, sys.argv[3])
+import pitstop
+from runtime import restart_workflow
+store = pitstop.open_store(sys.argv[1])
+restart_workflow(sys.argv[2]).start(store, {"n": 0}, run_id="restart")
+"""
+
+
+def restart_workflow(stamp: str) -> pitstop.Workflow:
+    wf = pitstop.Workflow("restart")
+
+    @wf.step
+    def first(state: dict[str, Any]) -> dict[str, Any]:
+        return {"n": 1}
+
+    @wf.step
+    def second(state: dict[str, Any]) -> dict[str, Any]:
+        if not Path(stamp + ".armed").exists():
+            Path(stamp + ".armed").write_text("x")
+            time.sleep(60)  # killed here
+        Path(stamp).write_text(repr(time.time()))
+        return {"n": 2}
+
+    return wf
+
+
+def restart_latency(tmp: Path, rounds: int) -> float:
+    samples = []
+    here = str(Path(__file__).resolve().parent)
+    for r in range(rounds):
+        url = f"sqlite:///{tmp / f'restart-{r}.db'}"
+        stamp = str(tmp / f"stamp-{r}")
+        proc = subprocess.Popen([sys.executable, "-c", SLOW_START, url, stamp, here])
+        while not Path(stamp + ".armed").exists():
+            time.sleep(0.01)
+        time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        t0 = time.time()
+        subprocess.run([sys.executable, "-c", RESTART, url, stamp, here], check=True)
+        samples.append(float(Path(stamp).read_text()) - t0)
+    return statistics.median(samples)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    steps = 300 if args.quick else 1000
+    rounds = 3 if args.quick else 7
+
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        plain = per_step_plain(steps, rounds)
+        results: dict[str, float | None] = {"plain": plain}
+        for durability in ("normal", "full", "background"):
+            results[durability] = per_step_pitstop(tmp, steps, durability, rounds)
+        results["langgraph_sqlite"] = per_step_langgraph(tmp, steps, rounds, saver=True)
+        results["langgraph_none"] = per_step_langgraph(tmp, steps, rounds, saver=False)
+        results["restart"] = restart_latency(tmp, 5 if args.quick else 10)
+
+    def overhead(key: str) -> float:
+        return results[key] - plain  # type: ignore[operator]
+
+    rows = [["plain Python loop (no checkpoints)", fmt_time(plain), "", "", ""]]
+    for durability in ("normal", "full", "background"):
+        target = "<= 0.15 ms" if durability == "normal" else ""
+        rows.append([f"pitstop, checkpoint every step, {durability}",
+                     fmt_time(results[durability]), fmt_time(overhead(durability)), "", target])
+    lg, lg_none = results["langgraph_sqlite"], results["langgraph_none"]
+    if lg is not None and lg_none is not None:
+        rows.append(["LangGraph, no checkpointer", fmt_time(lg_none), "", "", ""])
+        rows.append(["LangGraph + SqliteSaver", fmt_time(lg), fmt_time(lg - lg_none),
+                     f"{lg / results['normal']:.1f}x slower per step "  # type: ignore[operator]
+                     f"({(lg - lg_none) / overhead('normal'):.0f}x the checkpoint overhead)",
+                     ">= 10x"])
+    rows.append(["restart after SIGKILL -> first resumed step (incl. python start)",
+                 fmt_time(results["restart"]), "", "", "<= 300 ms"])  # type: ignore[arg-type]
+    markdown = table(["what (median per step)", "time", "overhead vs plain", "vs pitstop normal",
+                      "target"], rows)
+    print(markdown)
+    command = "python bench/runtime.py" + (" --quick" if args.quick else "")
+    print(f"\n(results written to {save_results('runtime', command, results, markdown)})")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    main()
