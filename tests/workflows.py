@@ -86,3 +86,39 @@ def decide(state: dict[str, Any], ctx: pitstop.StepContext, decision: Any) -> An
 @approval.step
 def notify(state: dict[str, Any]) -> dict[str, Any]:
     return {"notified": True}
+
+
+# -- short jobs for the worker tests ------------------------------------------------------------------
+
+
+def _log_step(path: str, run_id: str, step: str, *, idempotency_key: str) -> list[float]:
+    """Record who executed which step when (to prove no run ran twice or concurrently)."""
+    start = time.time()
+    time.sleep(float(os.environ.get("JOB_STEP_DELAY", "0.002")))
+    with open(path, "a") as f:
+        f.write(f"{run_id} {step} {os.getpid()} {start} {time.time()}\n")
+    return [start, time.time()]
+
+
+def make_jobs(lease_ttl: float = 30.0) -> pitstop.Workflow:
+    wf = pitstop.Workflow("jobs", lease_ttl=lease_ttl)
+
+    def step(name: str) -> Any:
+        def run(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
+            ctx.effect("log", _log_step, state["log"], ctx.run_id, name)
+            return {name: state["n"] * len(name), "trail": [*state["trail"], name]}
+
+        return run
+
+    for name in ("fetch", "transform", "load"):
+        wf.step(name=name)(step(name))
+    return wf
+
+
+jobs = make_jobs()
+jobs_short_lease = make_jobs(lease_ttl=2.0)
+
+
+def jobs_expected(n: int, log: str) -> dict[str, Any]:
+    return {"n": n, "log": log, "trail": ["fetch", "transform", "load"],
+            "fetch": n * 5, "transform": n * 9, "load": n * 4}

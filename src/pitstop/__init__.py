@@ -47,8 +47,8 @@ __version__ = "0.1.0"
 # The runtime (and asyncio with it) is imported on first use, so tools that only read a store,
 # like `pitstop runs`, start fast.
 _RUNTIME = frozenset(
-    {"CheckpointPolicy", "Retry", "RunResult", "StepContext", "StepFailedError", "Workflow",
-     "finish", "goto", "send"}
+    {"CheckpointPolicy", "Retry", "RunResult", "StepContext", "StepFailedError", "Worker",
+     "Workflow", "finish", "goto", "send"}
 )
 
 if TYPE_CHECKING:
@@ -58,6 +58,7 @@ if TYPE_CHECKING:
         RunResult,
         StepContext,
         StepFailedError,
+        Worker,
         Workflow,
         finish,
         goto,
@@ -110,6 +111,7 @@ __all__ = [
     "TypeRegistry",
     "UnregisteredTypeError",
     "UnsupportedStoreError",
+    "Worker",
     "Workflow",
     "__version__",
     "finish",

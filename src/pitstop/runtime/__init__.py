@@ -3,6 +3,7 @@
 from .context import StepContext
 from .engine import RunResult, StepFailedError
 from .policies import CheckpointPolicy, Finish, Goto, Retry, WorkflowDurability, finish, goto
+from .worker import Worker, WorkerStats, run_until_idle
 from .workflow import Workflow, send
 
 __all__ = [
@@ -13,9 +14,12 @@ __all__ = [
     "RunResult",
     "StepContext",
     "StepFailedError",
+    "Worker",
+    "WorkerStats",
     "Workflow",
     "WorkflowDurability",
     "finish",
     "goto",
+    "run_until_idle",
     "send",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 import time
 import traceback
 from collections.abc import Callable, Generator, Mapping
@@ -194,6 +195,7 @@ class Execution:
         self.consumed: dict[str, str] = {}
         self.steps_since = 0
         self.checkpointed_at = time.monotonic()
+        self.stop: threading.Event | None = None
         self.step_start_fields: dict[str, Any] = {}
         self.step_start_changed: set[str] | None = set()
 
@@ -339,6 +341,11 @@ class Execution:
                 raise LeaseLostError(
                     self.run_id, owner=self.lease.owner, token=self.lease.token, current_token=None
                 )
+            if self.stop is not None and self.stop.is_set() and self.next is not None:
+                # A worker shutting down: make what ran durable and give the run back.
+                if self.steps_since or self.changed:
+                    yield from self.checkpoint(RunStatus.RUNNING, sync=True)
+                return self.result(RunStatus.RUNNING, step=self.next)
             if self.next is None:
                 if start_status is not RunStatus.COMPLETED or self.steps_since or self.changed:
                     yield from self.checkpoint(RunStatus.COMPLETED, sync=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -381,17 +382,21 @@ class Workflow:
         from_checkpoint: str | None = None,
         policy: CheckpointPolicy | None = None,
         lease: Lease | None = None,
+        stop: threading.Event | None = None,
     ) -> RunResult:
         """Continue a run from its latest checkpoint (or, on a new branch, from an earlier one).
 
         Waiting runs continue if their inputs arrived or their timer is due; failed runs
         retry the failed step; finished runs are returned as they are. Raises
-        :class:`~pitstop.RunBusyError` while another process owns the run.
+        :class:`~pitstop.RunBusyError` while another process owns the run. ``lease`` is one
+        already held (a worker's claim); once ``stop`` is set the run checkpoints after its
+        current step and returns as ``running``, releasing the run for another owner.
         """
         execution, done, status = self._resume(store, run_id, from_checkpoint, policy, lease)
         if execution is None:
             assert done is not None
             return done
+        execution.stop = stop
         return self._finish(store, drive_sync(execution.run(status)))
 
     def fork(

@@ -62,6 +62,7 @@ class AsyncStore:
     renew = _offload(Store.renew)
     release = _offload(Store.release)
     claim = _offload(Store.claim)
+    wait_for_work = _offload(Store.wait_for_work)
     send = _offload(Store.send)
     inputs = _offload(Store.inputs)
     get_effect = _offload(Store.get_effect)

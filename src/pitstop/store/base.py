@@ -395,6 +395,20 @@ class Store(ABC):
     ) -> PruneReport:
         """Apply a retention policy to one run or to all runs. See :class:`RetentionPolicy`."""
 
+    def delete_checkpoints(
+        self, run_id: str, checkpoint_ids: Iterable[str], *, dry_run: bool = False
+    ) -> PruneReport:
+        """Delete these checkpoints of ``run_id``, their effect records and the values only
+        they used; ids that are not the run's are ignored.
+
+        For frameworks that delete individual checkpoints (LangGraph's ``delete_for_runs``
+        removes the checkpoints one invocation wrote). Unlike :meth:`prune` this may delete
+        the head: the run then continues from its newest remaining checkpoint (it has no head
+        if none remain). Children of a deleted checkpoint keep its id as their parent, as
+        after a prune.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot delete single checkpoints")
+
     @abstractmethod
     def stats(self) -> StoreStats:
         """Counts and bytes held."""
@@ -444,6 +458,14 @@ class Store(ABC):
         with an expired lease (its owner died). Higher priority first, then oldest.
         Concurrent claimers never receive the same run.
         """
+
+    def wait_for_work(self, timeout: float) -> None:
+        """Block until a run may have become runnable (queued, sent an input, released) or
+        ``timeout`` seconds passed. Stores that can signal (PostgreSQL: LISTEN/NOTIFY) wake
+        workers at once; the others just sleep, and workers poll."""
+        import time
+
+        time.sleep(timeout)
 
     # -- inputs and effect records -------------------------------------------------------------
 

@@ -162,7 +162,8 @@ _CKPT = (
     "checksum"
 )
 _SUMMARY = (
-    "id, run_id, parent_id, step, created_at, schema_version, checksum, size, metadata, added"
+    "id, run_id, parent_id, step, created_at, schema_version, checksum, size, metadata, "
+    "added + LENGTH(fields) + LENGTH(metadata)"  # CheckpointRecord.footprint
 )
 _RUN = (
     "run_id, status, workflow, created_at, updated_at, metadata, head_id, step, waiting_for, "
@@ -416,6 +417,10 @@ class SqlStore(Store):
 
     def _file_bytes(self) -> int | None:
         return None
+
+    def _notify(self, tx: Tx, run_id: str) -> None:  # noqa: B027 - optional hook
+        """Called in a transaction that makes ``run_id`` runnable; sent at commit by stores
+        that can wake waiting workers (see :meth:`Store.wait_for_work`)."""
 
     # -- transactions ----------------------------------------------------------------------
 
@@ -675,6 +680,12 @@ class SqlStore(Store):
         if expected is not UNSET:
             where.append(f"head_id {self.dialect.is_} ?")
             params.append(expected)
+        if plan.follow_head and plan.expected_head not in (UNSET, expected):
+            # Following the head *and* expecting a given one: both must hold. They differ
+            # here, so nothing matches and the slow path says which (ConflictError, or the
+            # head moved and the save is prepared again on the new one).
+            where.append(f"head_id {self.dialect.is_} ?")
+            params.append(plan.expected_head)
         if plan.lease is not None:
             where.append("lease_owner = ? AND fence = ?")
             params += [plan.lease.owner, plan.lease.token]
@@ -953,6 +964,8 @@ class SqlStore(Store):
             ).rowcount
             if not created and not exist_ok:
                 raise RunExistsError(run_id)
+            if created and RunStatus(status) is RunStatus.QUEUED:
+                self._notify(tx, run_id)
             return tx.one(f"SELECT {_RUN} FROM pitstop_runs WHERE run_id = ?", (run_id,))
 
         return _row_to_run(self._tx(write, write=True))
@@ -1449,14 +1462,19 @@ class SqlStore(Store):
         return Lease(lease.run_id, lease.owner, lease.token, expires)
 
     def release(self, lease: Lease) -> None:
-        self._tx(
-            lambda tx: tx.run(
+        def write(tx: Tx) -> None:
+            released = tx.run(
                 "UPDATE pitstop_runs SET lease_owner = NULL, lease_expires = NULL "
                 "WHERE run_id = ? AND lease_owner = ? AND fence = ?",
                 (lease.run_id, lease.owner, lease.token),
-            ),
-            write=True,
-        )
+            ).rowcount
+            if released and tx.one(
+                "SELECT 1 FROM pitstop_runs WHERE run_id = ? AND status IN ('queued', 'running')",
+                (lease.run_id,),
+            ):
+                self._notify(tx, lease.run_id)  # given back unfinished: someone may take it
+
+        self._tx(write, write=True)
 
     def claim(
         self,
@@ -1547,6 +1565,7 @@ class SqlStore(Store):
                     "UPDATE pitstop_runs SET wake_at = ?, updated_at = ? WHERE run_id = ?",
                     (now, now, run_id),
                 )
+                self._notify(tx, run_id)
 
         self._tx(write, write=True)
         return Input(input_id, run_id, name, payload, utc(now))  # type: ignore[arg-type]
@@ -1639,7 +1658,10 @@ class SqlStore(Store):
         if checkpoint_id is not None:
             sql += " AND checkpoint_id = ?"
             params.append(checkpoint_id)
-        rows = self._tx(lambda tx: tx.all(sql + " ORDER BY key", params))
+        # Sorted here, not with ORDER BY key: that makes SQLite walk all of the run's records
+        # in key order (its primary key) instead of using the checkpoint index, which costs
+        # O(effects of the run) per call; and Python's order is the same on every backend.
+        rows = sorted(self._tx(lambda tx: tx.all(sql, params)), key=lambda r: str(r[0]))
         return {
             key: self._codec.decode_value(
                 bytes(data), bytes(h), run_id=run_id, field=f"effect:{key}"

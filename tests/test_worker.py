@@ -1,0 +1,227 @@
+"""Workers on a shared store: real worker processes, SIGKILL and SIGTERM, SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import pitstop
+from pitstop import RunStatus, Worker
+
+from conftest import BACKENDS, ROOT, drop_pg_schema, pg_schema_url
+
+SHARED = [b for b in BACKENDS if b != "memory"]
+
+WORKER = """
+import logging, sys
+sys.path.insert(0, "tests")
+import pitstop, workflows
+logging.basicConfig(level=logging.WARNING)
+url, variant, concurrency = sys.argv[1:4]
+wf = workflows.jobs if variant == "normal" else workflows.jobs_short_lease
+store = pitstop.open_store(url)
+stats = pitstop.Worker(store, [wf], concurrency=int(concurrency), poll_interval=0.2).run(
+    until_idle=len(sys.argv) > 4)
+print(stats.executed, dict(stats.by_status), flush=True)
+"""
+
+
+@pytest.fixture
+def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'workers.db'}"
+    else:
+        schema = f"w_{uuid.uuid4().hex[:10]}"
+        yield pg_schema_url(schema)
+        drop_pg_schema(schema)
+
+
+def _worker(url: str, variant: str = "normal", concurrency: int = 2, *,
+            until_idle: bool = True) -> subprocess.Popen[str]:
+    args = [sys.executable, "-c", WORKER, url, variant, str(concurrency)]
+    if until_idle:
+        args.append("idle")
+    return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "JOB_STEP_DELAY": "0.002"})
+
+
+def _log_lines(log: Path) -> list[tuple[str, str, int, float, float]]:
+    out = []
+    for line in log.read_text().splitlines():
+        run_id, step, pid, start, end = line.split()
+        out.append((run_id, step, int(pid), float(start), float(end)))
+    return out
+
+
+def _assert_exclusive_and_complete(store: pitstop.Store, runs: list[str], log: Path,
+                                   expect_once: bool = True) -> None:
+    lines = _log_lines(log)
+    by_run: dict[str, list[tuple[str, str, int, float, float]]] = defaultdict(list)
+    for entry in lines:
+        by_run[entry[0]].append(entry)
+    for run_id in runs:
+        run = store.get_run(run_id)
+        assert run.status is RunStatus.COMPLETED, run_id
+        final = store.latest(run_id)
+        assert final is not None
+        assert final.state == __import__("workflows").jobs_expected(final.state["n"], str(log))
+        # one linear history: no two checkpoints share a parent (no silent fork)
+        history = store.history(run_id, limit=None)
+        parents = [h.parent_id for h in history]
+        assert len(parents) == len(set(parents)), run_id
+        completions = [h for h in history if h.metadata.get("status") == "completed"]
+        assert len(completions) == 1, run_id
+        steps = sorted(by_run[run_id], key=lambda e: e[3])
+        if expect_once:
+            assert [e[1] for e in steps] == ["fetch", "transform", "load"], steps
+        # never two owners at once: executions of one run do not overlap in time
+        for a, b in zip(steps, steps[1:], strict=False):
+            assert a[4] <= b[3] + 1e-3 or a[2] == b[2], (run_id, a, b)
+
+
+def test_worker_in_process_runs_queued_waiting_and_due_runs(tmp_path: Path) -> None:
+    import workflows
+
+    with pitstop.open_store(f"sqlite:///{tmp_path / 'w.db'}") as store:
+        log = str(tmp_path / "log")
+        ids = [workflows.jobs.enqueue(store, {"n": i, "log": log, "trail": []}).id
+               for i in range(10)]
+        waiting = workflows.approval.start(store, {}).run_id
+        sleeper = pitstop.Workflow("sleeper")
+        sleeper.step(name="nap")(lambda state, ctx: ctx.sleep(0.2) or {"slept": True})
+        napping = sleeper.start(store, {}).run_id
+        worker = Worker(store, [workflows.jobs, workflows.approval, sleeper], concurrency=3,
+                        poll_interval=0.05)
+        stats = worker.run(until_idle=True, handle_signals=False)
+        assert stats.by_status["completed"] == 10
+        assert store.get_run(waiting).status is RunStatus.WAITING  # nothing to do yet
+        pitstop.send(store, waiting, "decision", {"approved": True, "by": "w"})
+        time.sleep(0.25)
+        worker.run(until_idle=True, handle_signals=False)
+        assert store.get_run(waiting).status is RunStatus.COMPLETED
+        assert store.get_run(napping).status is RunStatus.COMPLETED
+        _assert_exclusive_and_complete(store, ids, Path(log))
+
+
+def test_worker_limits_per_workflow(tmp_path: Path) -> None:
+    import workflows
+
+    with pitstop.open_store(f"sqlite:///{tmp_path / 'w.db'}") as store:
+        log = str(tmp_path / "log")
+        for i in range(6):
+            workflows.jobs.enqueue(store, {"n": i, "log": log, "trail": []})
+        worker = Worker(store, [workflows.jobs], concurrency=4, limits={"jobs": 1})
+        peak = 0
+        original = worker._execute
+
+        def watch(lease: Any, workflow: str) -> None:
+            nonlocal peak
+            peak = max(peak, len(worker._active))
+            original(lease, workflow)
+
+        worker._execute = watch  # type: ignore[method-assign]
+        assert worker.run(until_idle=True, handle_signals=False).executed == 6
+        assert peak == 1
+
+
+@pytest.mark.parametrize("shared_url", SHARED, indirect=True)
+def test_four_worker_processes_run_200_runs_exactly_once(shared_url: str, tmp_path: Path) -> None:
+    import workflows
+
+    log = tmp_path / "log"
+    with pitstop.open_store(shared_url) as store:
+        runs = [workflows.jobs.enqueue(store, {"n": i, "log": str(log), "trail": []},
+                                       priority=i % 3).id for i in range(200)]
+    workers = [_worker(shared_url) for _ in range(4)]
+    outputs = [w.communicate(timeout=240) for w in workers]
+    for w, (out, err) in zip(workers, outputs, strict=True):
+        assert w.returncode == 0, err
+    executed = [int(out.split()[0]) for out, _ in outputs]
+    assert sum(executed) == 200  # every run exactly once, none lost
+    assert sum(1 for e in executed if e) >= 2  # the work was actually shared
+    with pitstop.open_store(shared_url) as store:
+        _assert_exclusive_and_complete(store, runs, log)
+        assert store.verify() == []
+
+
+@pytest.mark.parametrize("shared_url", SHARED, indirect=True)
+def test_killed_worker_runs_are_taken_over_after_the_lease(shared_url: str,
+                                                            tmp_path: Path) -> None:
+    import workflows
+
+    log = tmp_path / "log"
+    with pitstop.open_store(shared_url) as store:
+        runs = [workflows.jobs_short_lease.enqueue(store, {"n": i, "log": str(log), "trail": []}).id
+                for i in range(12)]
+    env_slow = {"JOB_STEP_DELAY": "0.3"}
+    victim = subprocess.Popen(
+        [sys.executable, "-c", WORKER, shared_url, "short", "4"], cwd=ROOT, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **env_slow},
+    )
+    deadline = time.monotonic() + 60
+    with pitstop.open_store(shared_url) as store:
+        while not any(store.get_run(r).owner for r in runs):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    time.sleep(0.4)  # mid-step
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    with pitstop.open_store(shared_url) as store:
+        orphaned = [r for r in runs if store.get_run(r).owner]
+    assert orphaned  # it died holding runs
+    survivor = _worker(shared_url, "short", 4, until_idle=False)  # a long-running worker
+    deadline = time.monotonic() + 120
+    with pitstop.open_store(shared_url) as store:
+        while any(store.get_run(r).status is not RunStatus.COMPLETED for r in runs):
+            assert time.monotonic() < deadline, "orphaned runs were never taken over"
+            time.sleep(0.1)
+    survivor.send_signal(signal.SIGTERM)
+    out, err = survivor.communicate(timeout=60)
+    assert survivor.returncode == 0, err
+    with pitstop.open_store(shared_url) as store:
+        # each run ends with the uninterrupted state; an interrupted step may have run twice
+        # (its effect was not recorded before the kill) but never concurrently
+        _assert_exclusive_and_complete(store, runs, log, expect_once=False)
+
+
+@pytest.mark.parametrize("shared_url", SHARED, indirect=True)
+def test_sigterm_finishes_the_step_releases_and_exits_0(shared_url: str, tmp_path: Path) -> None:
+    import workflows
+
+    log = tmp_path / "log"
+    with pitstop.open_store(shared_url) as store:
+        runs = [workflows.jobs.enqueue(store, {"n": i, "log": str(log), "trail": []}).id
+                for i in range(4)]
+    worker = subprocess.Popen(
+        [sys.executable, "-c", WORKER, shared_url, "normal", "4"], cwd=ROOT, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, "JOB_STEP_DELAY": "0.5"},
+    )
+    deadline = time.monotonic() + 60
+    with pitstop.open_store(shared_url) as store:
+        while not any(store.get_run(r).owner for r in runs):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    time.sleep(0.2)
+    worker.send_signal(signal.SIGTERM)
+    out, err = worker.communicate(timeout=60)
+    assert worker.returncode == 0, err
+    with pitstop.open_store(shared_url) as store:
+        for run_id in runs:
+            run = store.get_run(run_id)
+            assert run.owner is None  # released, not left to expire
+            assert run.status in (RunStatus.RUNNING, RunStatus.QUEUED)
+    finisher = _worker(shared_url)
+    assert finisher.communicate(timeout=120)[0].split()[0] == "4"
+    with pitstop.open_store(shared_url) as store:
+        _assert_exclusive_and_complete(store, runs, log)
