@@ -110,8 +110,9 @@ class CheckpointSummary:
         self.schema_version = schema_version
         self.checksum = checksum
         self.size = size
-        #: Bytes of values this checkpoint stored that its parent did not reference (what the
-        #: step cost the store); ``size`` is the whole state. None if the store does not know.
+        #: Bytes this checkpoint added to the store: its record plus the values it stored that
+        #: its parent did not reference (what the step cost; a run's ``bytes`` counts the
+        #: same); ``size`` is the whole state. None if the store does not know.
         self.added = added
         self._metadata = metadata
         self._metadata_json = metadata_json

@@ -140,6 +140,13 @@ class CheckpointRecord:
                 f"unreadable field map ({exc})", checkpoint_id=self.id, run_id=self.run_id
             ) from exc
 
+    @property
+    def footprint(self) -> int:
+        """Bytes this checkpoint added to its store: the record itself (field map with the
+        small values inline, metadata) plus the values it stored that its parent did not
+        reference. A run's ``bytes`` counts the same."""
+        return self.added + len(self.metadata) + len(self.fields)
+
     def summary_kwargs(self) -> dict[str, Any]:
         return {
             "id": self.id,
@@ -150,7 +157,7 @@ class CheckpointRecord:
             "schema_version": self.schema_version,
             "checksum": self.checksum,
             "size": self.size,
-            "added": self.added,
+            "added": self.footprint,
             "metadata_json": self.metadata,
         }
 

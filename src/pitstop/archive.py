@@ -1,0 +1,460 @@
+"""Portable run archives: move a run between stores (SQLite <-> PostgreSQL) bit for bit.
+
+An archive holds one run exactly as its store keeps it: the run record, every checkpoint
+record (ids, parents, metadata and checksums unchanged), every value they reference (the
+stored bytes with their content hashes), the run's inputs and its effect records. Nothing is
+deserialised on the way, so an archive can carry values of classes the exporting or importing
+process does not know, and the imported checkpoints verify with their original checksums.
+
+File format, version 1::
+
+    MAGIC                  11 bytes, b"\\x89PITSTOP\\r\\n\\x1a\\n" (detects text-mode mangling)
+    zstd stream of frames  each frame: 4-byte big-endian length, then one msgpack map
+        {"t": "header", "format": "pitstop-archive", "version": 1, "created": ISO-8601,
+         "source": {"kind": "sqlite" | "postgresql" | ..., "pitstop": version}, "run_id": ...,
+         "counts": {"checkpoints": n, "values": n, "inputs": n, "effects": n}}
+        {"t": "run", ...the run's stored columns}
+        {"t": "value", "hash": bytes, "data": bytes}          one per referenced value
+        {"t": "checkpoint", ...the checkpoint's stored columns}   oldest first
+        {"t": "input", ...}  {"t": "effect", ...}
+        {"t": "end", "frames": n, "sha256": hex}    SHA-256 of every frame byte before it
+
+A reader refuses a file without the magic, an archive whose version is newer than it knows,
+a stream that ends before the ``end`` frame, and any checksum mismatch, before anything is
+written. Unknown keys in a frame are ignored, so a minor addition does not need a new version.
+
+Importing under a new run id (:func:`renamed`) copies a run into a store that may already
+hold it: checkpoint and input ids are unique keys in a store, so the copy gets fresh ones (in
+the original order, so history order and ancestry are kept) and new record checksums, after
+the original records were verified. Values are content-addressed and shared, not copied.
+Effect records keep their keys: like a fork, the copy is a new run, so steps it executes
+from here on record new effects under its own id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, fields
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any
+
+import ormsgpack
+import zstandard
+
+from pitstop.errors import PitstopError
+from pitstop.ids import new_id
+from pitstop.model import Run
+from pitstop.store.base import Progress, Store
+from pitstop.store.records import CheckpointRecord, encode_metadata
+from pitstop.store.transfer import EffectRecord, InputRecord, RunExport, RunRecord
+
+FORMAT = "pitstop-archive"
+VERSION = 1
+MAGIC = b"\x89PITSTOP\r\n\x1a\n"
+SUFFIX = ".pitstop"
+
+_LENGTH = struct.Struct(">I")
+_MAX_FRAME = 1 << 31
+
+
+class ArchiveError(PitstopError):
+    """A file is not a pitstop archive, is damaged, or is of a version this pitstop cannot read."""
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveInfo:
+    """What an archive says about itself (its header), plus what reading it found."""
+
+    run_id: str
+    version: int
+    created: str
+    source: Mapping[str, Any]
+    counts: Mapping[str, int]
+    sha256: str = ""
+    bytes: int = 0
+    """Size of the archive file (compressed)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class _Counter:
+    """Counts bytes passing through, for progress on streams of unknown length."""
+
+    done: int = 0
+    total: int | None = None
+    progress: Progress | None = None
+
+    def add(self, n: int) -> None:
+        self.done += n
+        if self.progress is not None:
+            self.progress(self.done, self.total)
+
+
+# -- writing -------------------------------------------------------------------------------------
+
+
+def write_archive(
+    store: Store, run_id: str, dest: str | os.PathLike[str] | IO[bytes], *,
+    progress: Progress | None = None,
+) -> ArchiveInfo:
+    """Export ``run_id`` from ``store`` into an archive file (or a binary stream).
+
+    The run is read in one snapshot and verified before a byte is written; a file target is
+    written to a temporary name and renamed into place, so a failed export leaves nothing.
+    """
+    data = store.export_run(run_id)
+    data.verify()
+    if isinstance(dest, str | os.PathLike):
+        path = Path(dest)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                info = _write(data, store, fh, progress)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return info
+    return _write(data, store, dest, progress)
+
+
+def _write(data: RunExport, store: Store, fh: IO[bytes], progress: Progress | None) -> ArchiveInfo:
+    counts = {
+        "checkpoints": len(data.checkpoints),
+        "values": len(data.blobs),
+        "inputs": len(data.inputs),
+        "effects": len(data.effects),
+    }
+    header: dict[str, Any] = {
+        "t": "header",
+        "format": FORMAT,
+        "version": VERSION,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "source": {"kind": store.url.split("://", 1)[0], "pitstop": _pitstop_version()},
+        "run_id": data.run.run_id,
+        "counts": counts,
+    }
+    total = 2 + sum(counts.values())
+    hasher = hashlib.sha256()
+    start = fh.tell() if fh.seekable() else 0
+    fh.write(MAGIC)
+    frames = 0
+    with zstandard.ZstdCompressor(level=3, write_checksum=True).stream_writer(
+        fh, closefd=False
+    ) as out:
+
+        def emit(kind: str, body: Mapping[str, Any]) -> None:
+            nonlocal frames
+            packed = ormsgpack.packb({"t": kind, **body})
+            framed = _LENGTH.pack(len(packed)) + packed
+            hasher.update(framed)
+            out.write(framed)
+            frames += 1
+            if progress is not None:
+                progress(frames, total)
+
+        emit("header", header)
+        emit("run", asdict(data.run))
+        for h, blob in data.blobs.items():
+            emit("value", {"hash": h, "data": blob})
+        for record in data.checkpoints:
+            emit("checkpoint", _record_fields(record))
+        for item in data.inputs:
+            emit("input", asdict(item))
+        for effect in data.effects:
+            emit("effect", asdict(effect))
+        digest = hasher.hexdigest()
+        end = ormsgpack.packb({"t": "end", "frames": frames, "sha256": digest})
+        out.write(_LENGTH.pack(len(end)) + end)
+    size = fh.tell() - start if fh.seekable() else 0
+    return ArchiveInfo(
+        run_id=data.run.run_id,
+        version=VERSION,
+        created=header["created"],
+        source=header["source"],
+        counts=counts,
+        sha256=digest,
+        bytes=size,
+    )
+
+
+def _record_fields(record: CheckpointRecord) -> dict[str, Any]:
+    return {f.name: getattr(record, f.name) for f in fields(record)}
+
+
+def _pitstop_version() -> str:
+    from pitstop import __version__
+
+    return __version__
+
+
+# -- reading -------------------------------------------------------------------------------------
+
+
+def read_archive(
+    src: str | os.PathLike[str] | IO[bytes], *, progress: Progress | None = None
+) -> tuple[ArchiveInfo, RunExport]:
+    """Read and fully verify an archive: its format, version, SHA-256 and every record.
+
+    Raises :class:`ArchiveError` (not an archive, newer version, truncated, checksum
+    mismatch) or :class:`~pitstop.CorruptCheckpointError` (a damaged record inside).
+    """
+    if isinstance(src, str | os.PathLike):
+        path = Path(src)
+        try:
+            fh: IO[bytes] = path.open("rb")
+        except OSError as exc:
+            raise ArchiveError(f"cannot read archive {str(path)!r}: {exc.strerror}") from None
+        with fh:
+            return _read(fh, str(path), path.stat().st_size, progress)
+    return _read(src, "<stdin>", None, progress)
+
+
+def _read(
+    fh: IO[bytes], name: str, size: int | None, progress: Progress | None
+) -> tuple[ArchiveInfo, RunExport]:
+    counter = _Counter(total=size, progress=progress)
+    magic = fh.read(len(MAGIC))
+    if magic != MAGIC:
+        raise ArchiveError(f"{name}: not a pitstop archive (no {FORMAT} signature)")
+    counter.add(len(magic))
+    hasher = hashlib.sha256()
+    frames = _frames(_CountingReader(fh, counter), name, hasher)
+    header = next(frames, None)
+    if header is None:
+        raise ArchiveError(f"{name}: the archive is truncated (it ends before its header)")
+    if header.get("t") != "header" or header.get("format") != FORMAT:
+        raise ArchiveError(f"{name}: not a pitstop archive (no header)")
+    version = header.get("version")
+    if not isinstance(version, int) or version > VERSION:
+        raise ArchiveError(
+            f"{name}: archive format version {version} is newer than this pitstop reads "
+            f"({VERSION}); upgrade pitstop to import it"
+        )
+    run: RunRecord | None = None
+    data: RunExport | None = None
+    blobs: dict[bytes, bytes] = {}
+    checkpoints: list[CheckpointRecord] = []
+    inputs: list[InputRecord] = []
+    effects: list[EffectRecord] = []
+    count = 1
+    for frame in frames:
+        kind = frame.get("t")
+        if kind == "end":
+            if frame.get("frames") != count or frame.get("sha256") != hasher.hexdigest():
+                raise ArchiveError(f"{name}: archive checksum mismatch (the file is damaged)")
+            if fh.read(1) or next(frames, None) is not None:
+                raise ArchiveError(f"{name}: unexpected data after the end of the archive")
+            if run is None:
+                raise ArchiveError(f"{name}: the archive holds no run")
+            data = RunExport(run, checkpoints, blobs, inputs, effects)
+            break
+        count += 1
+        try:
+            if kind == "run":
+                run = RunRecord(**_known(RunRecord, frame))
+            elif kind == "value":
+                blobs[bytes(frame["hash"])] = bytes(frame["data"])
+            elif kind == "checkpoint":
+                checkpoints.append(CheckpointRecord(**_known(CheckpointRecord, frame)))
+            elif kind == "input":
+                inputs.append(InputRecord(**_known(InputRecord, frame)))
+            elif kind == "effect":
+                effects.append(EffectRecord(**_known(EffectRecord, frame)))
+        except (KeyError, TypeError) as exc:
+            raise ArchiveError(f"{name}: malformed {kind} record ({exc})") from None
+    if data is None:
+        raise ArchiveError(f"{name}: the archive is truncated (no end marker)")
+    data.verify()
+    info = ArchiveInfo(
+        run_id=run.run_id if run else "",
+        version=version,
+        created=str(header.get("created", "")),
+        source=dict(header.get("source") or {}),
+        counts=dict(header.get("counts") or {}),
+        sha256=hasher.hexdigest(),
+        bytes=counter.done,
+    )
+    return info, data
+
+
+def _known(cls: type, frame: Mapping[str, Any]) -> dict[str, Any]:
+    """The frame's values for ``cls``'s fields (extra keys from a later minor version skipped)."""
+    return {f.name: frame[f.name] for f in fields(cls)}
+
+
+class _CountingReader:
+    __slots__ = ("_counter", "_fh")
+
+    def __init__(self, fh: IO[bytes], counter: _Counter) -> None:
+        self._fh = fh
+        self._counter = counter
+
+    def read(self, n: int = -1) -> bytes:
+        chunk = self._fh.read(n)
+        self._counter.add(len(chunk))
+        return chunk
+
+
+def _frames(raw: _CountingReader, name: str, hasher: Any) -> Iterator[dict[str, Any]]:
+    """Frames from the compressed stream; every frame but the end one goes into ``hasher``."""
+    try:
+        reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)  # type: ignore[arg-type]
+        while True:
+            head = _read_exact(reader, _LENGTH.size, name)
+            if not head:
+                return
+            (length,) = _LENGTH.unpack(head)
+            if length > _MAX_FRAME:
+                raise ArchiveError(f"{name}: damaged archive (frame of {length} bytes)")
+            body = _read_exact(reader, length, name)
+            if len(body) != length:
+                raise ArchiveError(f"{name}: the archive is truncated")
+            frame = ormsgpack.unpackb(body)
+            if not isinstance(frame, dict):
+                raise ArchiveError(f"{name}: damaged archive (a frame is not a map)")
+            if frame.get("t") != "end":
+                hasher.update(head)
+                hasher.update(body)
+            yield frame
+    except zstandard.ZstdError as exc:
+        raise ArchiveError(f"{name}: damaged archive ({exc})") from None
+    except ormsgpack.MsgpackDecodeError as exc:
+        raise ArchiveError(f"{name}: damaged archive ({exc})") from None
+
+
+def _read_exact(reader: Any, n: int, name: str) -> bytes:
+    parts = bytearray()
+    while len(parts) < n:
+        chunk = reader.read(n - len(parts))
+        if not chunk:
+            break
+        parts += chunk
+    if parts and len(parts) < n:
+        raise ArchiveError(f"{name}: the archive is truncated")
+    return bytes(parts)
+
+
+# -- importing -----------------------------------------------------------------------------------
+
+
+def import_archive(
+    store: Store,
+    data: RunExport,
+    *,
+    run_id: str | None = None,
+    progress: Progress | None = None,
+) -> Run:
+    """Write a verified archive's run into ``store``, as is or as a copy named ``run_id``."""
+    if run_id is not None and run_id != data.run.run_id:
+        data = renamed(data, run_id)
+    return store.import_run(data, progress=progress)
+
+
+def renamed(data: RunExport, run_id: str) -> RunExport:
+    """A copy of ``data`` as run ``run_id``, with fresh checkpoint and input ids.
+
+    ``data`` must have been verified: the copy's records get new checksums, which would
+    otherwise launder a damaged record into a valid-looking one.
+    """
+    old = data.run.run_id
+    ids: dict[str, str] = {}
+    for record in data.checkpoints:  # oldest first: fresh ids keep the order
+        ids[record.id] = new_id(after=ids.get(record.parent_id or ""))
+    input_ids = {item.id: new_id() for item in data.inputs}
+    checkpoints = []
+    for record in data.checkpoints:
+        copy = CheckpointRecord(
+            id=ids[record.id],
+            run_id=run_id,
+            parent_id=ids.get(record.parent_id or "", record.parent_id),
+            step=record.step,
+            created_at=record.created_at,
+            schema_version=record.schema_version,
+            metadata=_remap_metadata(record.metadata, ids, input_ids, run_id),
+            fields=record.fields,
+            size=record.size,
+            added=record.added,
+        )
+        copy.checksum = copy.compute_checksum()
+        checkpoints.append(copy)
+    run_meta = json.loads(data.run.metadata or "{}")
+    run_meta["copied_from"] = old
+    run = RunRecord(
+        **{
+            **asdict(data.run),
+            "run_id": run_id,
+            "head_id": ids.get(data.run.head_id or "", data.run.head_id),
+            "metadata": encode_metadata(run_meta, run_id),
+        }
+    )
+    return RunExport(
+        run,
+        checkpoints,
+        data.blobs,
+        [
+            InputRecord(
+                input_ids[i.id], run_id, i.name, i.payload, i.hash, i.created_at,
+                ids.get(i.consumed_by or "", i.consumed_by),
+            )
+            for i in data.inputs
+        ],
+        [
+            EffectRecord(
+                run_id, e.key, ids.get(e.checkpoint_id or "", e.checkpoint_id), e.result, e.hash,
+                e.created_at,
+            )
+            for e in data.effects
+        ],
+    )
+
+
+def _remap_metadata(
+    text: str, ids: Mapping[str, str], input_ids: Mapping[str, str], run_id: str
+) -> str:
+    """Checkpoint metadata with the ids it names (``resumed_from``, ``inputs``) remapped."""
+    meta = json.loads(text or "{}")
+    changed = False
+    if meta.get("resumed_from") in ids:
+        meta["resumed_from"] = ids[meta["resumed_from"]]
+        changed = True
+    consumed = meta.get("inputs")
+    if isinstance(consumed, dict):
+        mapped = {name: input_ids.get(i, i) for name, i in consumed.items()}
+        changed = changed or mapped != consumed
+        meta["inputs"] = mapped
+    return encode_metadata(meta, run_id) if changed else text
+
+
+# -- helpers for callers -------------------------------------------------------------------------
+
+
+def default_path(run_id: str) -> str:
+    """``<run id>.pitstop`` with characters unsafe in file names replaced."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id).lstrip(".")
+    return (safe or "run") + SUFFIX
+
+
+__all__ = [
+    "FORMAT",
+    "MAGIC",
+    "SUFFIX",
+    "VERSION",
+    "ArchiveError",
+    "ArchiveInfo",
+    "default_path",
+    "import_archive",
+    "read_archive",
+    "renamed",
+    "write_archive",
+]

@@ -1,0 +1,853 @@
+"""The ``pitstop`` commands: what each one asks the store and what it shows.
+
+Each command is a thin function: parse its arguments, make one or two store calls, describe
+the result to :class:`~pitstop.cli.render.Output`. Opening the store, printing for a terminal,
+a pipe or ``--json``, and turning every failure into one line and an exit status are shared
+(:func:`command`, :func:`run`), so all commands behave alike.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from pitstop.errors import CorruptCheckpointError, PitstopError, RunExistsError, StoreSchemaError
+from pitstop.model import CheckpointSummary, Run, RunStatus
+
+from .common import (
+    EXIT_INTERNAL,
+    EXIT_OK,
+    EXIT_PROBLEMS,
+    EXIT_USAGE,
+    CliError,
+    Session,
+    checkpoint_json,
+    connect,
+    find_in_run,
+    handling_broken_pipe,
+    load_checkpoint,
+    load_workflow,
+    parse_duration,
+    parse_json,
+    parse_since,
+    resolve,
+    short,
+)
+from .render import Column, age, error_line, human_bytes, local_time, status_cell, styled
+
+if TYPE_CHECKING:
+    from pitstop.runtime import RunResult
+    from pitstop.store.base import Progress
+
+STORE_HELP = "Store URL (default: $PITSTOP_STORE, else sqlite:///pitstop.db)."
+
+HELP = """Inspect, steer and maintain pitstop runs.
+
+Every command takes --store URL (or $PITSTOP_STORE; default sqlite:///pitstop.db):
+sqlite:///relative.db, sqlite:////absolute.db or postgresql://user@host/db?schema=NAME.
+Output is a table on a terminal, plain text when piped, and one JSON document with --json.
+
+\b
+Exit status:
+  0  ok
+  1  problems found: verify found damage, a command met a corrupt record,
+     or a resumed run failed
+  2  bad usage or input: unknown option, run or checkpoint, malformed JSON,
+     a workflow that does not import, an unusable store (nothing is written)
+  3  internal error (a bug: PITSTOP_DEBUG=1 shows the traceback)
+"""
+
+
+class _Ordered(click.Group):
+    """Lists commands in the order an operator meets them, not alphabetically."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.commands)
+
+
+def _version() -> str:
+    from pitstop import __version__
+
+    return __version__
+
+
+@click.group(
+    cls=_Ordered,
+    help=HELP,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog="\b\nExample:\n  PITSTOP_STORE=sqlite:///runs.db pitstop runs --status waiting",
+)
+@click.option("--store", "store_url", metavar="URL", help=STORE_HELP)
+@click.version_option(_version(), "--version", prog_name="pitstop")
+@click.pass_context
+def cli(ctx: click.Context, store_url: str | None) -> None:
+    ctx.obj = store_url
+
+
+def command(
+    name: str, *, examples: Sequence[str], **attrs: Any
+) -> Callable[[Callable[..., int | None]], click.Command]:
+    """Register a subcommand with what every command has: ``--store``, ``--json``, an
+    example in its help, a :class:`Session` (closed afterwards) as first argument."""
+
+    def decorate(fn: Callable[..., int | None]) -> click.Command:
+        @functools.wraps(fn)
+        def invoke(*, store_url: str | None, as_json: bool, **kwargs: Any) -> int:
+            root = click.get_current_context().find_root().obj
+            session = Session(store_url or root, as_json=as_json)
+            try:
+                with handling_broken_pipe():
+                    return fn(session, **kwargs) or EXIT_OK
+            finally:
+                session.close()
+
+        invoke = click.option("--json", "as_json", is_flag=True,
+                              help="Print one JSON document (for scripts).")(invoke)
+        invoke = click.option("--store", "store_url", metavar="URL", help=STORE_HELP)(invoke)
+        epilog = "\b\nExample" + ("s" if len(examples) > 1 else "") + ":\n" + "\n".join(
+            f"  {e}" for e in examples
+        )
+        return cli.command(name, epilog=epilog, **attrs)(invoke)
+
+    return decorate
+
+
+class _ParsedType(click.ParamType):  # type: ignore[type-arg]  # generic in click >= 8.2
+    """A click type from a parse function raising ValueError with a readable message."""
+
+    def __init__(self, name: str, parse: Callable[[str], Any]) -> None:
+        self.name = name
+        self._parse = parse
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):
+            return value
+        try:
+            return self._parse(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+SINCE = _ParsedType("since", parse_since)
+DURATION = _ParsedType("duration", parse_duration)
+STATUSES = [s.value for s in RunStatus]
+
+
+# -- runs ------------------------------------------------------------------------------------
+
+RUN_COLUMNS = [
+    Column("id", style="bold", max_width=40),
+    Column("status"),
+    Column("workflow", max_width=30),
+    Column("step", right=True),
+    Column("waiting for", max_width=30),
+    Column("age", right=True),
+    Column("size", right=True),
+    Column("checkpoints", right=True),
+]
+
+
+def _waiting(run: Run, now: datetime) -> str:
+    """What a waiting run needs: input names, and when its timer (a sleep, or the deadline
+    of the wait) wakes it."""
+    if run.status is not RunStatus.WAITING:
+        return "-"
+    parts = list(run.waiting_for)
+    if run.wake_at is not None:
+        parts.append("wake due" if run.wake_at <= now else "wakes " + age(run.wake_at, now))
+    return ", ".join(parts) or "-"
+
+
+def _run_json(run: Run) -> dict[str, Any]:
+    return {
+        "id": run.id,
+        "status": run.status.value,
+        "workflow": run.workflow,
+        "step": run.step,
+        "waiting_for": list(run.waiting_for),
+        "wake_at": run.wake_at,
+        "created_at": run.created_at,
+        "updated_at": run.updated_at,
+        "checkpoints": run.checkpoints,
+        "bytes": run.bytes,
+        "head_id": run.head_id,
+        "owner": run.owner,
+        "lease_expires_at": run.lease_expires_at,
+        "priority": run.priority,
+        "metadata": dict(run.metadata),
+    }
+
+
+@command("runs", examples=["pitstop runs --status waiting --since 2h",
+                           "pitstop runs --workflow vendor-approval --limit 20 --json"])
+@click.option("--status", "statuses", multiple=True, type=click.Choice(STATUSES),
+              help="Only runs with this status (repeatable).")
+@click.option("--workflow", metavar="NAME", help="Only runs of this workflow.")
+@click.option("--since", type=SINCE, metavar="WHEN",
+              help="Only runs created since WHEN: a duration back (30m, 2h, 7d) or an ISO date.")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True,
+              help="Show at most this many.")
+@click.option("--offset", type=click.IntRange(min=0), default=0, help="Skip this many (paging).")
+def runs(
+    s: Session, *, statuses: tuple[str, ...], workflow: str | None, since: datetime | None,
+    limit: int, offset: int,
+) -> None:
+    """List runs, newest first: status, position, what they wait for, size."""
+    found = s.store().runs(
+        status=statuses or None, workflow=workflow, since=since, limit=limit + 1, offset=offset
+    )
+    more = len(found) > limit
+    found = found[:limit]
+    if s.as_json:
+        s.out.json({"runs": [_run_json(r) for r in found], "more": more})
+        return
+    now = datetime.now(UTC)
+    rows = [
+        [
+            r.id,
+            status_cell(r.status.value),
+            r.workflow or "-",
+            "-" if r.step is None else str(r.step),
+            styled(_waiting(r, now), "yellow" if r.status is RunStatus.WAITING else ""),
+            age(r.created_at, now),
+            human_bytes(r.bytes),
+            str(r.checkpoints),
+        ]
+        for r in found
+    ]
+    s.out.table(RUN_COLUMNS, rows, empty="no runs match")
+    if more:
+        s.out.note(f"more runs: --offset {offset + limit} for the next page")
+
+
+# -- show ------------------------------------------------------------------------------------
+
+
+def _header(run: Run, ckpt: CheckpointSummary) -> list[tuple[str, Any]]:
+    meta = ckpt.metadata
+    name = meta.get("step_name")
+    head = " (head)" if ckpt.id == run.head_id else ""
+    waiting = meta.get("waiting_for") or ()
+    return [
+        ("run", f"{run.id} ({run.workflow or 'no workflow'})"),
+        ("run status", status_cell(run.status.value)),
+        ("checkpoint", ckpt.id + head),
+        ("step", f"{ckpt.step}" + (f" · {name}" if name else "")),
+        ("status", status_cell(meta.get("status"))),
+        ("source", ckpt.source or "-"),
+        ("time", f"{local_time(ckpt.created_at)} ({age(ckpt.created_at)} ago)"),
+        ("size", f"{human_bytes(ckpt.size)} state, +{human_bytes(ckpt.added)} stored"),
+        ("tags", ", ".join(ckpt.tags)),
+        ("waiting for", ", ".join(waiting)),
+        ("next", meta.get("next") or ""),
+    ]
+
+
+@command("show", examples=["pitstop show 7f3a9c", "pitstop show 7f3a9c --checkpoint 1b2c3d4e",
+                           "pitstop show 7f3a9c --field 'messages[-1].content'"])
+@click.argument("run_id", metavar="RUN")
+@click.option("--checkpoint", "-c", "ref", metavar="ID",
+              help="A checkpoint of the run (full id or the short id `history` shows). "
+                   "Default: the latest.")
+@click.option("--field", "-f", "path", metavar="PATH",
+              help="Show only this field: a name or a path like messages[3].content.")
+def show(s: Session, run_id: str, ref: str | None, path: str | None) -> None:
+    """Show a run's state (its latest checkpoint, or the one named) with its header."""
+    from pitstop.serde import to_jsonable
+
+    from .state import PathNotFound, lookup
+
+    store = s.store()
+    run = store.get_run(run_id)
+    if ref is not None:
+        ckpt = load_checkpoint(store, find_in_run(store, run_id, ref))
+    else:
+        latest = store.latest(run_id, strict=False)
+        if latest is None:
+            raise CliError(f"run {run_id!r} has no checkpoints yet")
+        ckpt = latest
+    view = to_jsonable(ckpt.state)
+    if path is not None:
+        try:
+            view = lookup(view, path)
+        except (PathNotFound, ValueError) as exc:
+            raise CliError(f"--field: {exc}") from None
+    if s.as_json:
+        doc: dict[str, Any] = {
+            "run": {"id": run.id, "status": run.status.value, "workflow": run.workflow},
+            "checkpoint": checkpoint_json(ckpt, head_id=run.head_id),
+        }
+        doc.update({"field": path, "value": view} if path is not None else {"state": view})
+        s.out.json(doc)
+        return
+    s.out.fields(_header(run, ckpt) + ([("field", path)] if path else []))
+    s.out.line()
+    s.out.value(view)
+
+
+# -- history ---------------------------------------------------------------------------------
+
+HISTORY_COLUMNS = [
+    Column(""),
+    Column("id", style="bold"),
+    Column("step", right=True),
+    Column("name", max_width=24),
+    Column("source"),
+    Column("status"),
+    Column("time"),
+    Column("size", right=True),
+    Column("added", right=True),
+    Column("tags", max_width=24),
+    Column("note", max_width=48),
+]
+
+
+def _forked_from(entry: CheckpointSummary) -> Mapping[str, Any] | None:
+    origin = entry.metadata.get("forked_from")
+    return origin if isinstance(origin, Mapping) else None
+
+
+def _ends_here(entry: CheckpointSummary) -> bool:
+    origin = _forked_from(entry)
+    return origin is not None and origin.get("checkpoint_id") == entry.parent_id
+
+
+def _note(entry: CheckpointSummary, head_id: str | None, branch_point: bool) -> str:
+    notes = []
+    if entry.id == head_id:
+        notes.append("head")
+    if branch_point:
+        notes.append("branch point")
+    resumed = entry.metadata.get("resumed_from")
+    if entry.source == "resume" and resumed:
+        notes.append(f"resumed from {short(resumed)}")
+    origin = _forked_from(entry)
+    if origin is not None and _ends_here(entry):
+        notes.append(f"forked from {origin.get('run_id')}@{short(origin.get('checkpoint_id'))}")
+    return ", ".join(notes)
+
+
+@command("history", examples=["pitstop history 7f3a9c", "pitstop history 7f3a9c --limit 0 --json"])
+@click.argument("run_id", metavar="RUN")
+@click.option("--limit", type=click.IntRange(min=0), default=50, show_default=True,
+              help="Show the newest N checkpoints (0: all).")
+def history(s: Session, run_id: str, limit: int) -> None:
+    """Show a run's checkpoint tree, newest first, with its branches.
+
+    Resuming from an earlier checkpoint starts a branch: the graph shows where branches
+    leave (a branch point) and a forked run's origin. Short ids are the last characters of
+    checkpoint ids; `show --checkpoint`, `resume --from` and RUN@ID references accept them.
+    """
+    from .graph import ASCII, UNICODE, layout
+
+    store = s.store()
+    run = store.get_run(run_id)
+    entries = store.history(run_id, limit=limit + 1 if limit else None)
+    more = bool(limit) and len(entries) > limit
+    entries = entries[:limit] if limit else entries
+    unicode = s.out.rich or (sys.stdout.encoding or "").lower().replace("-", "") == "utf8"
+    graph = layout(entries, head_id=run.head_id, ends_here=_ends_here,
+                   glyphs=UNICODE if unicode else ASCII)
+    if s.as_json:
+        s.out.json({
+            "run_id": run.id,
+            "status": run.status.value,
+            "head_id": run.head_id,
+            "forked_from": run.metadata.get("forked_from"),
+            "checkpoints": [
+                {**checkpoint_json(e, head_id=run.head_id), "branch_point": g.branch_point,
+                 "note": _note(e, run.head_id, g.branch_point)}
+                for e, g in zip(entries, graph, strict=True)
+            ],
+            "more": more,
+        })
+        return
+    rows = []
+    for entry, row in zip(entries, graph, strict=True):
+        meta = entry.metadata
+        rows.append([
+            styled(row.prefix, "magenta"),
+            styled(short(entry.id), "bold green" if entry.id == run.head_id else "bold"),
+            str(entry.step),
+            meta.get("step_name") or "-",
+            entry.source or "-",
+            status_cell(meta.get("status")),
+            local_time(entry.created_at),
+            human_bytes(entry.size),
+            "+" + human_bytes(entry.added),
+            ", ".join(entry.tags) or "-",
+            _note(entry, run.head_id, row.branch_point),
+        ])
+    origin = run.metadata.get("forked_from")
+    title = f"run {run.id} ({run.workflow or 'no workflow'}), {run.status.value}, " \
+            f"{run.checkpoints} checkpoints" + (f", forked from {origin}" if origin else "")
+    s.out.table(HISTORY_COLUMNS, rows, title=title, empty=f"run {run_id!r} has no checkpoints")
+    if more:
+        s.out.note(f"older checkpoints not shown: --limit {limit * 4} or --limit 0 for all")
+
+
+# -- diff ------------------------------------------------------------------------------------
+
+
+@command("diff", examples=["pitstop diff 7f3a9c@1b2c3d4e 7f3a9c",
+                           "pitstop diff 0193c1d2-...-9f1e 7f3a9c-fork --json"])
+@click.argument("a", metavar="A")
+@click.argument("b", metavar="B")
+@click.option("--exit-code", is_flag=True, help="Exit with status 1 if the states differ.")
+def diff(s: Session, a: str, b: str, exit_code: bool) -> int:
+    """Compare two checkpoints' states field by field (added, removed, changed).
+
+    A and B are checkpoint ids, run ids (their latest checkpoint), or RUN@ID with a short
+    id from `pitstop history RUN`. Nested paths look like messages[3].content.
+    """
+    from pitstop.serde import to_jsonable
+
+    from .state import compact
+    from .state import diff as state_diff
+
+    store = s.store()
+    old, new = (load_checkpoint(store, resolve(store, ref)) for ref in (a, b))
+    changes = state_diff(to_jsonable(old.state), to_jsonable(new.state))
+    counts = {op: sum(c.op == op for c in changes) for op in ("added", "removed", "changed")}
+    if s.as_json:
+        s.out.json({"a": checkpoint_json(old), "b": checkpoint_json(new),
+                    "changes": [c.to_json() for c in changes], **counts})
+    else:
+        for label, ckpt in (("a", old), ("b", new)):
+            name = ckpt.metadata.get("step_name")
+            s.out.line(f"{label}: {ckpt.id}  run {ckpt.run_id}  step {ckpt.step}"
+                       + (f" · {name}" if name else ""), "dim")
+        for c in changes:
+            if c.op == "added":
+                s.out.line(f"+ {c.path}: {compact(c.new)}", "green")
+            elif c.op == "removed":
+                s.out.line(f"- {c.path}: {compact(c.old)}", "red")
+            else:
+                s.out.line(f"~ {c.path}: {compact(c.old, 60)} → {compact(c.new, 60)}", "yellow")
+        summary = ", ".join(f"{n} {op}" for op, n in counts.items() if n)
+        s.out.line(f"{len(changes)} change{'s' if len(changes) != 1 else ''}"
+                   + (f": {summary}" if summary else " (identical states)"), "bold")
+    return EXIT_PROBLEMS if exit_code and changes else EXIT_OK
+
+
+# -- send, resume, fork, cancel ---------------------------------------------------------------
+
+
+@command("send", examples=["pitstop send 7f3a9c approval '{\"approved\": true}'",
+                           "pitstop send 7f3a9c review @review.json"])
+@click.argument("run_id", metavar="RUN")
+@click.argument("name")
+@click.argument("payload", metavar="JSON|@FILE")
+def send(s: Session, run_id: str, name: str, payload: str) -> None:
+    """Deliver input NAME to a waiting run (JSON inline, @file.json, or - for stdin).
+
+    The run continues when resumed (`pitstop resume`, or a worker). Refused, with nothing
+    stored, if the run does not wait for NAME or has finished.
+    """
+    value = parse_json(payload, f"the payload of input {name!r}")
+    store = s.store()
+    delivered = store.send(run_id, name, value)
+    run = store.get_run(run_id)
+    try:
+        pending = set(store.inputs(run_id))
+    except PitstopError:  # an undecodable earlier input: say what we know
+        pending = {name}
+    remaining = [w for w in run.waiting_for if w not in pending]
+    if s.as_json:
+        s.out.json({"run_id": run_id, "input_id": delivered.id, "name": name,
+                    "waiting_for": remaining, "ready": not remaining})
+        return
+    s.out.line(f"delivered input {name!r} to run {run_id} (input {delivered.id})", "green")
+    if remaining:
+        s.out.line(f"run {run_id} still waits for: {', '.join(remaining)}")
+    else:
+        s.out.line(f"run {run_id} waits for nothing more: it continues when resumed "
+                   f"(pitstop resume {run_id} --workflow MODULE:ATTR, or a worker)")
+
+
+def _result(s: Session, result: RunResult) -> int:
+    error = dict(result.error) if result.error else None
+    if s.as_json:
+        s.out.json({
+            "run_id": result.run_id,
+            "status": result.status.value,
+            "step": result.step,
+            "waiting_for": list(result.waiting_for),
+            "wake_at": result.wake_at,
+            "checkpoint_id": result.checkpoint_id,
+            "error": error,
+        })
+    else:
+        s.out.fields([
+            ("run", result.run_id),
+            ("status", status_cell(result.status.value)),
+            ("step", result.step or "-"),
+            ("waiting for", ", ".join(result.waiting_for)),
+            ("wake at", local_time(result.wake_at) if result.wake_at else ""),
+            ("checkpoint", result.checkpoint_id or "-"),
+            ("error", f"{error.get('type')}: {error.get('message')}" if error else ""),
+        ])
+    return EXIT_PROBLEMS if result.status is RunStatus.FAILED else EXIT_OK
+
+
+WORKFLOW_HELP = ("The workflow object, as module:attr (the current directory is importable). "
+                 "Default: $PITSTOP_WORKFLOW.")
+
+
+@command("resume", examples=["pitstop resume 7f3a9c --workflow flows:approval",
+                             "pitstop resume 7f3a9c --from 1b2c3d4e --workflow flows:approval"])
+@click.argument("run_id", metavar="RUN")
+@click.option("--from", "ref", metavar="ID",
+              help="Resume from this earlier checkpoint of the run, on a new branch.")
+@click.option("--workflow", "spec", metavar="MODULE:ATTR", required=True,
+              envvar="PITSTOP_WORKFLOW", help=WORKFLOW_HELP)
+def resume(s: Session, run_id: str, ref: str | None, spec: str) -> int:
+    """Continue a run in this process until it completes, waits or fails; print where it is.
+
+    Exits 1 if the run failed.
+    """
+    workflow = load_workflow(spec)
+    store = s.store()
+    store.get_run(run_id)
+    checkpoint_id = find_in_run(store, run_id, ref) if ref is not None else None
+    return _result(s, workflow.resume(store, run_id, from_checkpoint=checkpoint_id))
+
+
+def _updates(assignments: Sequence[str]) -> dict[str, Any]:
+    updates: dict[str, Any] = {}
+    for item in assignments:
+        name, sep, text = item.partition("=")
+        if not sep or not name:
+            raise CliError(f"--set {item!r} must look like field=JSON (e.g. --set 'count=3')")
+        updates[name] = parse_json(text, f"--set {name}")
+    return updates
+
+
+@command("fork", examples=["pitstop fork 7f3a9c@1b2c3d4e --set 'budget=5000' "
+                           "--workflow flows:approval",
+                           "pitstop fork 7f3a9c --workflow flows:approval --run-id 7f3a9c-retry"])
+@click.argument("ref", metavar="CHECKPOINT")
+@click.option("--set", "assignments", multiple=True, metavar="FIELD=JSON",
+              help="Replace a state field in the new run (repeatable).")
+@click.option("--workflow", "spec", metavar="MODULE:ATTR", required=True,
+              envvar="PITSTOP_WORKFLOW", help=WORKFLOW_HELP)
+@click.option("--run-id", "new_run_id", metavar="NEW", help="Id of the new run (default: new).")
+def fork(
+    s: Session, ref: str, assignments: tuple[str, ...], spec: str, new_run_id: str | None
+) -> int:
+    """Start a new run from a checkpoint (of any run), optionally with edited fields, and run it.
+
+    CHECKPOINT is a checkpoint id, a run id (its latest checkpoint) or RUN@ID. The source
+    run is not changed. Exits 1 if the new run failed.
+    """
+    updates = _updates(assignments)
+    workflow = load_workflow(spec)
+    store = s.store()
+    checkpoint_id = resolve(store, ref)
+    return _result(s, workflow.fork(store, checkpoint_id, update=updates, run_id=new_run_id))
+
+
+@command("cancel", examples=["pitstop cancel 7f3a9c"])
+@click.argument("run_id", metavar="RUN")
+def cancel(s: Session, run_id: str) -> None:
+    """Cancel a run: it will not be resumed or claimed by workers again.
+
+    Its current owner, if any, loses its lease and its next write is refused.
+    """
+    store = s.store()
+    run = store.get_run(run_id)
+    if run.status is RunStatus.COMPLETED:
+        raise CliError(f"run {run_id!r} has completed; there is nothing to cancel")
+    if run.status is not RunStatus.CANCELLED:
+        store.update_run(run_id, status=RunStatus.CANCELLED)
+    if s.as_json:
+        s.out.json({"run_id": run_id, "status": "cancelled", "previous": run.status.value})
+    elif run.status is RunStatus.CANCELLED:
+        s.out.line(f"run {run_id} was already cancelled")
+    else:
+        s.out.line(f"cancelled run {run_id} (was {run.status.value})", "yellow")
+
+
+# -- maintenance -------------------------------------------------------------------------------
+
+
+@command("stats", examples=["pitstop stats", "pitstop stats --store postgresql://db/pitstop"])
+def stats(s: Session) -> None:
+    """Show counts and bytes held by the store."""
+    st = s.store().stats()
+    if s.as_json:
+        s.out.json({"runs": st.runs, "runs_by_status": dict(st.runs_by_status),
+                    "checkpoints": st.checkpoints, "values": st.blobs, "bytes": st.bytes,
+                    "file_bytes": st.file_bytes})
+        return
+    by_status = ", ".join(f"{n} {k}" for k, n in sorted(st.runs_by_status.items()))
+    s.out.fields([
+        ("store", s.store().url),
+        ("runs", f"{st.runs}" + (f" ({by_status})" if by_status else "")),
+        ("checkpoints", str(st.checkpoints)),
+        ("values", str(st.blobs)),
+        ("bytes", f"{human_bytes(st.bytes)} ({st.bytes} bytes of records and values)"),
+        ("on disk", human_bytes(st.file_bytes) if st.file_bytes is not None else ""),
+    ])
+
+
+def _tracking(progress: Progress | None, seen: list[int]) -> Progress:
+    """Wrap a progress callback to remember the total the operation reported."""
+
+    def update(done: int, total: int | None) -> None:
+        seen[:] = [total if total is not None else done]
+        if progress is not None:
+            progress(done, total)
+
+    return update
+
+
+@command("verify", examples=["pitstop verify", "pitstop verify --json"])
+def verify(s: Session) -> int:
+    """Check every record's checksum and every reference; exit 1 and list each problem."""
+    store = s.store()
+    checked: list[int] = [0]
+    with s.out.progress("verifying") as bar:
+        problems = store.verify(progress=_tracking(bar, checked))
+    if s.as_json:
+        s.out.json({"ok": not problems, "checked": checked[0], "problems": [
+            {"kind": p.kind, "id": p.id, "run_id": p.run_id, "message": p.message}
+            for p in problems
+        ]})
+    else:
+        for p in problems:
+            s.out.line(f"problem: {p}", "red")
+        if problems:
+            s.out.line(f"{len(problems)} problem{'s' if len(problems) != 1 else ''} found "
+                       f"in {checked[0]} records", "bold red")
+        else:
+            s.out.line(f"ok: {checked[0]} records verified, no problems", "green")
+    return EXIT_PROBLEMS if problems else EXIT_OK
+
+
+@command("migrate", examples=["pitstop migrate --store postgresql://db/pitstop?schema=prod"])
+def migrate(s: Session) -> None:
+    """Create the store's tables, or upgrade them to this pitstop's schema version."""
+    try:
+        store = connect(s.url, create=True)
+        before = int(getattr(store, "schema_version", lambda: -1)())
+    except StoreSchemaError as exc:
+        if exc.found is None or exc.needed is None or exc.found > exc.needed:
+            raise
+        before = exc.found
+        store = connect(s.url, create=True, upgrade=True)
+    try:
+        after = store.migrate()
+    finally:
+        store.close()
+    if before < 0:
+        before = after
+    if s.as_json:
+        s.out.json({"store": store.url, "from": before, "to": after})
+    elif before == after:
+        s.out.line(f"schema version {after}: already up to date")
+    else:
+        s.out.line(f"schema version {before} → {after}", "green")
+
+
+_PRUNE_LISTED = 20
+PRUNE_COLUMNS = [Column("run", max_width=40), Column("id"), Column("step", right=True),
+                 Column("name", max_width=24), Column("time"), Column("tags", max_width=24)]
+
+
+@command("prune", examples=["pitstop prune --keep-last 20 --dry-run",
+                            "pitstop prune --finished-older-than 30d",
+                            "pitstop prune --run 7f3a9c --keep-last 5 --no-keep-milestones"])
+@click.option("--keep-last", type=click.IntRange(min=1), metavar="N",
+              help="Keep each run's newest N checkpoints.")
+@click.option("--keep-milestones/--no-keep-milestones", default=True, show_default=True,
+              help="Keep checkpoints tagged as milestones.")
+@click.option("--finished-older-than", type=DURATION, metavar="AGE",
+              help="Delete whole runs finished longer ago than AGE (30d, 12h).")
+@click.option("--run", "run_id", metavar="RUN", help="Only this run.")
+@click.option("--dry-run", is_flag=True, help="Show what would go; delete nothing.")
+def prune(
+    s: Session, *, keep_last: int | None, keep_milestones: bool,
+    finished_older_than: timedelta | None, run_id: str | None, dry_run: bool,
+) -> None:
+    """Delete old checkpoints and finished runs by a retention policy.
+
+    A run's head (what it resumes from) is never deleted, and a stored value is deleted only
+    when no remaining checkpoint refers to it.
+    """
+    from pitstop.store import RetentionPolicy
+
+    if keep_last is None and finished_older_than is None:
+        raise CliError("say what to prune: --keep-last N and/or --finished-older-than AGE")
+    policy = RetentionPolicy(keep_last=keep_last, keep_milestones=keep_milestones,
+                             finished_older_than=finished_older_than)
+    store = s.store()
+    if run_id is not None:
+        store.get_run(run_id)
+    with s.out.progress("pruning") as bar:
+        report = store.prune(policy, run_id=run_id, dry_run=dry_run, progress=bar)
+    if s.as_json:
+        s.out.json({"dry_run": dry_run, "runs": report.runs, "checkpoints": report.checkpoints,
+                    "values": report.blobs, "bytes_reclaimed": report.bytes_reclaimed})
+        return
+    verb = "would delete" if dry_run else "deleted"
+    s.out.line(
+        f"{verb} {len(report.checkpoints)} checkpoints ({len(report.runs)} whole runs) and "
+        f"{report.blobs} values: {human_bytes(report.bytes_reclaimed)} "
+        f"({report.bytes_reclaimed} bytes) {'would be ' if dry_run else ''}reclaimed",
+        "yellow" if dry_run else "green",
+    )
+    if report.runs:
+        s.out.line("whole runs: " + ", ".join(report.runs))
+    if dry_run and report.checkpoints:
+        # Still there: say what each one is, so the operator can judge before deleting.
+        shown = [store.summary(c) for c in report.checkpoints[:_PRUNE_LISTED]]
+        s.out.table(PRUNE_COLUMNS, [
+            [c.run_id, short(c.id), str(c.step), c.metadata.get("step_name") or "-",
+             local_time(c.created_at), ", ".join(c.tags) or "-"]
+            for c in shown
+        ])
+        rest = len(report.checkpoints) - len(shown)
+        if rest:
+            s.out.note(f"and {rest} more (--json lists them all)")
+    if dry_run:
+        s.out.note("dry run: nothing was deleted")
+
+
+# -- export and import ----------------------------------------------------------------------------
+
+
+@command("export", examples=["pitstop export 7f3a9c -o 7f3a9c.pitstop",
+                             "pitstop export 7f3a9c -o - | ssh ops@db pitstop import -"])
+@click.argument("run_id", metavar="RUN")
+@click.option("-o", "--output", metavar="FILE",
+              help="Archive to write ('-': stdout). Default: RUN.pitstop here.")
+@click.option("--force", is_flag=True, help="Overwrite FILE if it exists.")
+def export(s: Session, run_id: str, output: str | None, force: bool) -> None:
+    """Write a run (checkpoints, values, inputs, effect records) to a portable archive.
+
+    The archive is compressed and checksummed; `pitstop import` recreates the run bit for
+    bit in any store (SQLite, PostgreSQL).
+    """
+    from pitstop import archive
+
+    target = output or archive.default_path(run_id)
+    if target == "-":
+        if sys.stdout.isatty():
+            raise CliError("refusing to write an archive to a terminal; use -o FILE or a pipe")
+        dest: Any = sys.stdout.buffer
+    else:
+        if Path(target).exists() and not force:
+            raise CliError(f"{target!r} exists; use --force to overwrite it")
+        if not Path(target).parent.is_dir():
+            raise CliError(f"cannot write {target!r}: directory {str(Path(target).parent)!r} "
+                           "does not exist")
+        dest = target
+    store = s.store()
+    with s.out.progress("exporting") as bar:
+        info = archive.write_archive(store, run_id, dest, progress=bar)
+    if target == "-":
+        return
+    if s.as_json:
+        s.out.json({**info.to_json(), "file": target})
+        return
+    c = info.counts
+    s.out.line(f"exported run {run_id} to {target}: {c['checkpoints']} checkpoints, "
+               f"{c['values']} values, {c['inputs']} inputs, {c['effects']} effect records, "
+               f"{human_bytes(info.bytes)}", "green")
+    s.out.note(f"sha256 {info.sha256}")
+
+
+@command("import", examples=["pitstop import 7f3a9c.pitstop --store postgresql://db/pitstop",
+                             "pitstop import 7f3a9c.pitstop --run-id 7f3a9c-copy"])
+@click.argument("path", metavar="FILE")
+@click.option("--run-id", "new_run_id", metavar="NEW",
+              help="Import as a copy named NEW, with fresh checkpoint ids.")
+def import_(s: Session, path: str, new_run_id: str | None) -> None:
+    """Recreate a run from an archive written by `pitstop export` ('-': stdin).
+
+    Everything is verified before anything is written. Without --run-id the run keeps its
+    ids and checksums exactly; a store that already has the run refuses it. With --run-id
+    the copy gets fresh checkpoint and input ids (they are unique in a store) in the same
+    order, so it can live next to the original.
+    """
+    from pitstop import archive
+
+    with s.out.progress("reading") as bar:
+        info, data = archive.read_archive(sys.stdin.buffer if path == "-" else path,
+                                          progress=bar)
+    store = s.store(create=True, upgrade=True)
+    try:
+        with s.out.progress("importing") as bar:
+            run = archive.import_archive(store, data, run_id=new_run_id, progress=bar)
+    except RunExistsError as exc:
+        raise CliError(f"run {exc.run_id!r} already exists in this store; import a copy with "
+                       "--run-id NEW") from None
+    if s.as_json:
+        s.out.json({"run_id": run.id, "from_run_id": info.run_id, "checkpoints": run.checkpoints,
+                    "archive": info.to_json()})
+        return
+    copy = f" as {run.id}" if run.id != info.run_id else ""
+    s.out.line(f"imported run {info.run_id}{copy}: {run.checkpoints} checkpoints, "
+               f"{info.counts.get('values', 0)} values ({run.status.value}, from a "
+               f"{info.source.get('kind', '?')} store, exported {info.created})", "green")
+
+
+# -- entry point ---------------------------------------------------------------------------------
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit status. Every failure is one line on stderr."""
+    try:
+        return int(cli.main(args=argv, prog_name="pitstop", standalone_mode=False) or 0)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        exc.show()
+        return EXIT_USAGE
+    except click.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx is not None else "pitstop"
+        error_line(f"{exc.format_message()} (see `{where} --help`)")
+        return EXIT_USAGE
+    except click.Abort:
+        error_line("aborted")
+        return 130
+    except click.ClickException as exc:
+        error_line(exc.format_message())
+        return exc.exit_code
+    except CliError as exc:
+        error_line(str(exc))
+        return exc.code
+    except CorruptCheckpointError as exc:
+        error_line(f"{exc} (run `pitstop verify` for the whole store)")
+        return EXIT_PROBLEMS
+    except (PitstopError, ValueError, OSError) as exc:
+        # pitstop's own errors name what and why; ValueError is how the runtime rejects
+        # arguments (a checkpoint of another run, a run of another workflow); OSError is a
+        # file that cannot be read or written.
+        if os.environ.get("PITSTOP_DEBUG"):
+            traceback.print_exc()
+        error_line(_message(exc))
+        return EXIT_USAGE
+    except Exception as exc:
+        if os.environ.get("PITSTOP_DEBUG"):
+            raise
+        error_line(f"internal error: {type(exc).__name__}: {exc} "
+                   "(PITSTOP_DEBUG=1 shows the traceback; please report it)")
+        return EXIT_INTERNAL
+
+
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        name = exc.filename if exc.filename is not None else ""
+        return f"{name}: {exc.strerror}" if name else exc.strerror
+    return str(exc)
+
+
+__all__ = ["cli", "run"]

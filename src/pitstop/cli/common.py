@@ -1,0 +1,336 @@
+"""What every command shares: exit codes, the one-line errors, opening the store, parsing
+the values people type (durations, JSON, ``module:attr``, checkpoint references).
+
+Kept in one place so that every command fails the same way: a bad run id, a malformed JSON
+argument or an unreachable store is one ``error: ...`` line on stderr and exit status 2, with
+nothing written, whichever command met it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
+
+from pitstop.errors import CheckpointNotFoundError, RunNotFoundError
+from pitstop.store import DEFAULT_URL, ENV_VAR, Store, open_store
+
+from .render import Output
+
+if TYPE_CHECKING:
+    from pitstop.model import Checkpoint, CheckpointSummary
+    from pitstop.runtime import Workflow
+
+EXIT_OK = 0
+EXIT_PROBLEMS = 1
+"""``verify`` found damage, a command met a corrupt record, or a resumed run failed."""
+EXIT_USAGE = 2
+"""Bad usage or input: unknown option, run or checkpoint; malformed JSON; unusable store."""
+EXIT_INTERNAL = 3
+"""A bug in pitstop (set PITSTOP_DEBUG=1 to see the traceback)."""
+
+
+class CliError(Exception):
+    """A failure the user can fix, reported as one line (never with a traceback)."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        self.code = code
+        super().__init__(message)
+
+
+# -- the store -------------------------------------------------------------------------------
+
+
+def store_url(url: str | None) -> str:
+    return url or os.environ.get(ENV_VAR) or DEFAULT_URL
+
+
+def _sqlite_file(url: str) -> str | None:
+    """The file a SQLite URL (or a bare path) names, or None for other stores."""
+    if "://" not in url:
+        return None if url.startswith(("sqlite:", "memory:", "postgres")) else url
+    if not url.lower().startswith("sqlite:///"):
+        return None
+    path = unquote(url[len("sqlite:///") :].split("?", 1)[0])
+    return None if path in ("", ":memory:") else path
+
+
+def connect(url: str | None, *, create: bool = False, upgrade: bool = False) -> Store:
+    """Open the store for a command.
+
+    Only the commands that exist to create or change a store (``import``, ``migrate``) may
+    create a SQLite file (``create``) or upgrade the store's tables (``upgrade``). Every
+    other command refuses a missing SQLite file, because a typo in ``--store`` must not leave
+    an empty database behind, and a store whose tables are older than this pitstop (the error
+    says to run ``pitstop migrate``), because reading must not change a store.
+    """
+    given = url
+    url = store_url(url)
+    path = _sqlite_file(url)
+    if path is not None and not create and not Path(path).exists():
+        origin = "--store" if given else (f"${ENV_VAR}" if os.environ.get(ENV_VAR) else
+                                          "the default store")
+        raise CliError(f"no store at {path!r} (from {origin}); check --store or ${ENV_VAR}")
+    import sqlite3
+
+    try:
+        return open_store(url, auto_migrate=upgrade)
+    except sqlite3.DatabaseError as exc:  # e.g. the path names a file that is not SQLite
+        raise CliError(f"cannot open store {url!r}: {exc}") from None
+
+
+class Session:
+    """One command's store connection and output, closed when the command ends."""
+
+    def __init__(self, url: str | None, *, as_json: bool) -> None:
+        self.url = url
+        self.out = Output(as_json=as_json)
+        self._store: Store | None = None
+
+    @property
+    def as_json(self) -> bool:
+        return self.out.as_json
+
+    def store(self, *, create: bool = False, upgrade: bool = False) -> Store:
+        if self._store is None:
+            self._store = connect(self.url, create=create, upgrade=upgrade)
+        return self._store
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+
+# -- parsing what people type ------------------------------------------------------------------
+
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d|w)?\s*\Z", re.IGNORECASE)
+_UNIT = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> timedelta:
+    """``30s``, ``15m``, ``2h``, ``7d``, ``1w`` (a bare number is seconds)."""
+    match = _DURATION.match(text)
+    if match is None:
+        raise ValueError(f"{text!r} is not a duration like 30m, 2h or 7d")
+    return timedelta(seconds=float(match[1]) * _UNIT[(match[2] or "s").lower()])
+
+
+def parse_since(text: str, now: datetime | None = None) -> datetime:
+    """A duration back from now (``2h``) or an ISO date/time (local time unless it says)."""
+    try:
+        return (now or datetime.now(UTC)) - parse_duration(text)
+    except ValueError:
+        pass
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is neither a duration (30m, 2h, 7d) nor an ISO date (2026-11-28)"
+        ) from None
+    return when if when.tzinfo else when.astimezone()
+
+
+def parse_json(text: str, what: str) -> Any:
+    """A JSON argument: inline, ``@file.json``, or ``@-`` / ``-`` for stdin."""
+    source = what
+    if text in ("-", "@-"):
+        text, source = sys.stdin.read(), f"{what} (stdin)"
+    elif text.startswith("@"):
+        path = text[1:]
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise CliError(f"cannot read {what} from {path!r}: {exc.strerror}") from None
+        source = f"{what} in {path!r}"
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CliError(
+            f"{source} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
+            "strings need quotes, e.g. '\"yes\"'"
+        ) from None
+
+
+def load_workflow(spec: str) -> Workflow:
+    """The :class:`~pitstop.Workflow` named by ``module:attr`` (``attr`` may be dotted).
+
+    The current directory is put on ``sys.path`` first, as ``python -m`` does, so a
+    workflow file next to the operator's shell is found without installing anything.
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise CliError(f"--workflow {spec!r} must look like module:attr (e.g. myapp.flows:wf)")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, "")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise CliError(
+                f"cannot import workflow module {module_name!r}: no such module "
+                f"(looked in the current directory and on sys.path)"
+            ) from None
+        raise CliError(
+            f"workflow module {module_name!r} failed to import: {_describe(exc)}"
+        ) from None
+    except (Exception, SystemExit) as exc:
+        raise CliError(
+            f"workflow module {module_name!r} failed to import: {_describe(exc)}"
+        ) from None
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise CliError(f"module {module_name!r} has no attribute {attr!r}") from None
+    from pitstop.runtime import Workflow
+
+    if not isinstance(obj, Workflow):
+        raise CliError(
+            f"{spec!r} is a {type(obj).__name__}, not a pitstop.Workflow"
+        )
+    return obj
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, SyntaxError):
+        return f"SyntaxError: {exc.msg} ({exc.filename}, line {exc.lineno})"
+    return f"{type(exc).__name__}: {exc}"
+
+
+# -- naming checkpoints ------------------------------------------------------------------------
+
+SHORT = 8
+"""Characters of a checkpoint id shown in listings: the end of the id, which is random (the
+start of a UUIDv7 is its timestamp, shared by checkpoints written in the same millisecond)."""
+
+
+def short(checkpoint_id: str | None) -> str:
+    return "-" if checkpoint_id is None else checkpoint_id[-SHORT:]
+
+
+def find_in_run(store: Store, run_id: str, ref: str) -> str:
+    """The id of the checkpoint of ``run_id`` that ``ref`` names: its full id, or a unique
+    short form (the end of the id as ``pitstop history`` prints it, or its beginning)."""
+    try:
+        summary = store.summary(ref)
+    except CheckpointNotFoundError:
+        summary = None
+    if summary is not None:
+        if summary.run_id != run_id:
+            raise CliError(
+                f"checkpoint {ref} belongs to run {summary.run_id!r}, not {run_id!r}"
+            )
+        return summary.id
+    if len(ref) < 4:
+        raise CliError(f"checkpoint reference {ref!r} is too short (give at least 4 characters)")
+    matches = [
+        s.id
+        for s in store.history(run_id, limit=None)
+        if s.id.endswith(ref) or s.id.startswith(ref)
+    ]
+    if not matches:
+        raise CliError(f"no checkpoint {ref!r} in run {run_id!r} (see `pitstop history {run_id}`)")
+    if len(matches) > 1:
+        raise CliError(
+            f"checkpoint reference {ref!r} is ambiguous in run {run_id!r} ({len(matches)} "
+            "matches); give more characters or the full id"
+        )
+    return matches[0]
+
+
+def resolve(store: Store, ref: str) -> str:
+    """A checkpoint id from what a user typed: a checkpoint id, a run id (its head), or
+    ``RUN@ID`` with ID as ``pitstop history RUN`` shows it."""
+    try:
+        return store.summary(ref).id
+    except CheckpointNotFoundError:
+        pass
+    try:
+        run = store.get_run(ref)
+    except RunNotFoundError:
+        run = None
+    if run is not None:
+        if run.head_id is None:
+            raise CliError(f"run {ref!r} has no checkpoints yet")
+        return run.head_id
+    if "@" in ref:
+        run_id, _, part = ref.rpartition("@")
+        try:
+            store.get_run(run_id)
+        except RunNotFoundError:
+            raise CliError(f"no run {run_id!r} in this store (from {ref!r})") from None
+        return find_in_run(store, run_id, part)
+    raise CliError(
+        f"no checkpoint or run {ref!r} in this store; give a checkpoint id, a run id (for "
+        "its latest checkpoint) or RUN@ID with an id from `pitstop history RUN`"
+    )
+
+
+def load_checkpoint(store: Store, checkpoint_id: str) -> Checkpoint:
+    """A checkpoint with its state, values of unknown classes kept as placeholders."""
+    return store.get(checkpoint_id, strict=False)
+
+
+def checkpoint_json(summary: CheckpointSummary, *, head_id: str | None = None) -> dict[str, Any]:
+    """The JSON shape of a checkpoint's record, shared by ``show``, ``history`` and ``diff``."""
+    meta = summary.metadata
+    out: dict[str, Any] = {
+        "id": summary.id,
+        "run_id": summary.run_id,
+        "parent_id": summary.parent_id,
+        "step": summary.step,
+        "step_name": meta.get("step_name"),
+        "source": summary.source,
+        "status": meta.get("status"),
+        "created_at": summary.created_at,
+        "size": summary.size,
+        "added": summary.added,
+        "tags": list(summary.tags),
+        "checksum": summary.checksum,
+        "schema_version": summary.schema_version,
+    }
+    if head_id is not None:
+        out["head"] = summary.id == head_id
+    return out
+
+
+@contextmanager
+def handling_broken_pipe() -> Iterator[None]:
+    """``pitstop runs | head`` must end quietly when ``head`` stops reading."""
+    try:
+        yield
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        raise SystemExit(EXIT_OK) from None
+
+
+__all__ = [
+    "EXIT_INTERNAL",
+    "EXIT_OK",
+    "EXIT_PROBLEMS",
+    "EXIT_USAGE",
+    "CliError",
+    "Session",
+    "checkpoint_json",
+    "connect",
+    "find_in_run",
+    "load_checkpoint",
+    "load_workflow",
+    "parse_duration",
+    "parse_json",
+    "parse_since",
+    "resolve",
+    "short",
+]

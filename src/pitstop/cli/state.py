@@ -1,0 +1,139 @@
+"""Checkpoint state as people read it: field paths, field lookup and field-level diffs.
+
+Everything here works on the JSON view of a state (:func:`pitstop.serde.to_jsonable`), not on
+the live objects: the CLI loads states with ``strict=False``, so values of classes this
+process does not know arrive as placeholders, and the view shows and compares those the same
+way as everything else. Paths use one syntax everywhere (``messages[3].content``,
+``meta["odd key"]``), printed by ``diff`` and accepted by ``show --field``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_TOKEN = re.compile(r"""\.?([A-Za-z_][A-Za-z0-9_]*)|\[(-?\d+)\]|\[("(?:[^"\\]|\\.)*")\]""")
+
+
+def key_path(parent: str, key: str) -> str:
+    if _IDENT.match(key):
+        return f"{parent}.{key}" if parent else key
+    return f"{parent}[{json.dumps(key, ensure_ascii=False)}]"
+
+
+def index_path(parent: str, index: int) -> str:
+    return f"{parent}[{index}]"
+
+
+def parse_path(path: str) -> list[str | int]:
+    """``messages[3].content`` -> ``["messages", 3, "content"]``; ValueError if malformed."""
+    parts: list[str | int] = []
+    pos = 0
+    while pos < len(path):
+        match = _TOKEN.match(path, pos)
+        if match is None or (pos == 0 and path.startswith(".")):
+            raise ValueError(f"malformed field path {path!r} at {path[pos:]!r}")
+        name, index, quoted = match.groups()
+        if name is not None:
+            parts.append(name)
+        elif index is not None:
+            parts.append(int(index))
+        else:
+            parts.append(json.loads(quoted))
+        pos = match.end()
+    if not parts:
+        raise ValueError("empty field path")
+    return parts
+
+
+class PathNotFound(LookupError):
+    def __init__(self, path: str, available: list[str]) -> None:
+        self.path = path
+        self.available = available
+        hint = f" (there: {', '.join(available[:12])}{', ...' if len(available) > 12 else ''})"
+        super().__init__(f"no {path!r} in this state" + (hint if available else ""))
+
+
+def lookup(view: Any, path: str) -> Any:
+    """The value at ``path`` in a JSON view; :class:`PathNotFound` naming what is there."""
+    current = view
+    walked = ""
+    for part in parse_path(path):
+        if isinstance(part, int) and isinstance(current, list):
+            if not -len(current) <= part < len(current):
+                raise PathNotFound(index_path(walked, part), [f"{len(current)} items"])
+            current = current[part]
+            walked = index_path(walked, part)
+        elif isinstance(part, str) and isinstance(current, Mapping):
+            if part not in current:
+                raise PathNotFound(key_path(walked, part), sorted(map(str, current)))
+            current = current[part]
+            walked = key_path(walked, part)
+        else:
+            here = walked or "the state"
+            raise PathNotFound(path, [f"{here} is a {type(current).__name__}"])
+    return current
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    op: Literal["added", "removed", "changed"]
+    path: str
+    old: Any = None
+    new: Any = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"op": self.op, "path": self.path}
+        if self.op != "added":
+            out["old"] = self.old
+        if self.op != "removed":
+            out["new"] = self.new
+        return out
+
+
+def diff(old: Any, new: Any, path: str = "") -> list[Change]:
+    """Field-level differences between two JSON views, deepest paths first reported.
+
+    Mappings are compared key by key and lists index by index (an appended message shows as
+    one added ``messages[4]``); anything else, or a change of type, is one ``changed`` entry.
+    """
+    changes: list[Change] = []
+    _diff(old, new, path, changes)
+    return changes
+
+
+def _diff(old: Any, new: Any, path: str, out: list[Change]) -> None:
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        for key in old:
+            if key not in new:
+                out.append(Change("removed", key_path(path, key), old=old[key]))
+            else:
+                _diff(old[key], new[key], key_path(path, key), out)
+        for key in new:
+            if key not in old:
+                out.append(Change("added", key_path(path, key), new=new[key]))
+        return
+    if isinstance(old, list) and isinstance(new, list):
+        for i in range(min(len(old), len(new))):
+            _diff(old[i], new[i], index_path(path, i), out)
+        for i in range(len(new), len(old)):
+            out.append(Change("removed", index_path(path, i), old=old[i]))
+        for i in range(len(old), len(new)):
+            out.append(Change("added", index_path(path, i), new=new[i]))
+        return
+    if type(old) is not type(new) or old != new:
+        out.append(Change("changed", path or "(state)", old=old, new=new))
+
+
+def compact(value: Any, width: int = 100) -> str:
+    """One-line JSON for a diff line, shortened to ``width``."""
+    text = json.dumps(value, ensure_ascii=False, default=str, separators=(", ", ": "))
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+__all__ = ["Change", "PathNotFound", "compact", "diff", "index_path", "key_path", "lookup",
+           "parse_path"]
