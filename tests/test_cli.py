@@ -696,6 +696,27 @@ def test_resume_and_fork_with_a_workflow_module(url: str, store: Store, tmp_path
     assert store.get_run(acme).status is RunStatus.WAITING
 
 
+def test_worker_command_executes_queued_and_released_runs(
+    url: str, store: Store, tmp_path: Path
+) -> None:
+    (tmp_path / "flows.py").write_text(FLOWS)
+    queued = [approval.enqueue(store, {"vendor": f"v{i}"}).id for i in range(3)]
+    first = subprocess_cli("worker", "--workflow", "flows:approval", "--until-idle",
+                           "--concurrency", "2", "--json", store=url, cwd=tmp_path)
+    assert first.code == 0, first.err
+    assert first.json == {"executed": 3, "by_status": {"waiting": 3}, "errors": 0}
+    for run_id in queued:
+        pitstop.send(store, run_id, "approval", {"approved": True})
+    second = subprocess_cli("worker", "--workflow", "flows:approval", "--until-idle",
+                            "--limit", "vendor-approval=1", store=url, cwd=tmp_path)
+    assert second.code == 0, second.err
+    assert "executed 3 run(s): 3 completed" in second.out
+    assert all(store.get_run(r).status is RunStatus.COMPLETED for r in queued)
+    bad = subprocess_cli("worker", "--workflow", "flows:approval", "--limit", "oops",
+                         store=url, cwd=tmp_path)
+    assert bad.code == 2 and "--limit" in bad.err
+
+
 def test_a_failed_run_exits_1(url: str, store: Store, tmp_path: Path) -> None:
     (tmp_path / "failing.py").write_text(
         "import pitstop\nwf = pitstop.Workflow('failing')\n"

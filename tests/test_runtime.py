@@ -550,3 +550,30 @@ def test_workflow_definition_errors() -> None:
         wf.step(lambda: None)
     with pytest.raises(ValueError, match="durability"):
         Workflow("x", durability="sometimes")  # type: ignore[arg-type]
+
+
+def test_milestone_before_a_wait_is_checkpointed_and_tagged(store: Store) -> None:
+    wf = Workflow("milestone-wait")
+
+    @wf.step(milestone=True)
+    def reviewed(state: dict[str, Any]) -> dict[str, Any]:
+        return {"reviewed": True}
+
+    @wf.step(wait_for="go")
+    def go(state: dict[str, Any]) -> dict[str, Any]:
+        return {"went": True}
+
+    @wf.step(tags=["shipped"])
+    def ship(state: dict[str, Any]) -> dict[str, Any]:
+        return {"shipped": True}
+
+    first = wf.start(store, {})
+    tagged = [h for h in store.history(first.run_id) if h.tags]
+    assert [(h.tags, h.metadata["step_name"]) for h in tagged] == [(("reviewed",), "reviewed")]
+    pitstop.send(store, first.run_id, "go", 1)
+    wf.resume(store, first.run_id)
+    final = store.latest(first.run_id)
+    assert final is not None and final.tags == ("shipped",)
+    kept = store.prune(pitstop.RetentionPolicy(keep_last=1), run_id=first.run_id)
+    assert {h.metadata["step_name"] for h in store.history(first.run_id)} == {"reviewed", "ship"}
+    assert kept.checkpoints

@@ -555,6 +555,50 @@ def fork(
     return _result(s, workflow.fork(store, checkpoint_id, update=updates, run_id=new_run_id))
 
 
+@command("worker", examples=[
+    "pitstop worker --workflow flows:approval --concurrency 8",
+    "pitstop worker --store postgresql://db/app --workflow a:wf --workflow b:wf --until-idle"])
+@click.option("--workflow", "specs", metavar="MODULE:ATTR", multiple=True, required=True,
+              help="A workflow to run (repeatable). " + WORKFLOW_HELP)
+@click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Runs executed at once by this process (threads).")
+@click.option("--limit", "limits", multiple=True, metavar="WORKFLOW=N",
+              help="At most N runs of WORKFLOW at once in this process (repeatable).")
+@click.option("--poll", type=click.FloatRange(min=0.01), default=1.0, show_default=True,
+              help="Seconds between looks for work when the store cannot notify.")
+@click.option("--until-idle", is_flag=True, help="Exit once nothing is runnable or running.")
+def worker(s: Session, specs: tuple[str, ...], concurrency: int, limits: tuple[str, ...],
+           poll: float, until_idle: bool) -> None:
+    """Claim and execute runnable runs of the given workflows until stopped.
+
+    Runnable: queued (``wf.enqueue``), waiting with their inputs delivered or their timer
+    due, or owned by a worker whose lease expired (it died). Start as many workers as you
+    like on every machine that shares the store. SIGTERM or Ctrl-C: each run finishes its
+    current step, checkpoints and is handed back; then the worker exits 0.
+    """
+    import logging
+
+    from ..runtime import Worker
+
+    caps: dict[str, int] = {}
+    for item in limits:
+        name, sep, count = item.partition("=")
+        if not sep or not count.isdigit():
+            raise CliError(f"--limit {item!r} must look like WORKFLOW=N (e.g. --limit approval=2)")
+        caps[name] = int(count)
+    workflows = [load_workflow(spec) for spec in specs]
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    stats = Worker(s.store(), workflows, concurrency=concurrency, poll_interval=poll,
+                   limits=caps).run(until_idle=until_idle)
+    summary = {"executed": stats.executed, "by_status": dict(stats.by_status),
+               "errors": stats.errors}
+    if s.as_json:
+        s.out.json(summary)
+    else:
+        done = ", ".join(f"{n} {k}" for k, n in sorted(stats.by_status.items())) or "nothing"
+        s.out.line(f"executed {stats.executed} run(s): {done}")
+
+
 @command("cancel", examples=["pitstop cancel 7f3a9c"])
 @click.argument("run_id", metavar="RUN")
 def cancel(s: Session, run_id: str) -> None:

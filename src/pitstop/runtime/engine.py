@@ -196,6 +196,7 @@ class Execution:
         self.steps_since = 0
         self.checkpointed_at = time.monotonic()
         self.stop: threading.Event | None = None
+        self.tags: list[str] = []
         self.step_start_fields: dict[str, Any] = {}
         self.step_start_changed: set[str] | None = set()
 
@@ -218,6 +219,8 @@ class Execution:
             meta["deadlines"] = self.deadlines
         if self.consumed:
             meta["inputs"] = self.consumed
+        if self.tags:
+            meta["tags"] = self.tags
         meta.update(extra)
         return meta
 
@@ -253,6 +256,7 @@ class Execution:
             yield _Io(self.store.commit, prepared)
         self.parent_id = prepared.checkpoint_id
         self.consumed = {}
+        self.tags = []
         self.steps_since = 0
         self.checkpointed_at = time.monotonic()
         return prepared.checkpoint_id
@@ -430,21 +434,25 @@ class Execution:
                     {"type": "UnknownStep", "message": f"step {spec.name!r} routed to "
                      f"{route!r}, which is not a step of {wf.name!r}"}, step=spec.name
                 ))
+            tags = list(spec.options.tags) or ([spec.name] if spec.options.milestone else [])
+            if tags:
+                self.tags = tags
             if route is None:
                 continue  # the completion checkpoint is written at the top of the loop
-            upcoming = wf.steps[route]
-            if upcoming.options.wait_for:
-                continue  # the wait writes the checkpoint (or the step runs at once)
             due = spec.options.checkpoint
             if due is None:
-                due = bool(self.consumed) or self.policy.due(
-                    steps_since=self.steps_since,
-                    seconds_since=time.monotonic() - self.checkpointed_at,
-                    milestone=spec.options.milestone,
-                )
+                if spec.options.milestone:
+                    due = True
+                elif wf.steps[route].options.wait_for:
+                    continue  # the wait writes the checkpoint (or the step runs at once)
+                else:
+                    due = bool(self.consumed) or self.policy.due(
+                        steps_since=self.steps_since,
+                        seconds_since=time.monotonic() - self.checkpointed_at,
+                        milestone=False,
+                    )
             if due:
-                tags = list(spec.options.tags) or ([spec.name] if spec.options.milestone else [])
-                yield from self.checkpoint(RunStatus.RUNNING, **({"tags": tags} if tags else {}))
+                yield from self.checkpoint(RunStatus.RUNNING)
 
     def _clear_step_state(self, step: str) -> None:
         """Forget the finished step's timers and input deadlines."""
