@@ -12,6 +12,7 @@ Or drive it by hand:
     python examples/vendor_approval.py approve RUN_ID dana    # delivers the decision; exits
     python examples/vendor_approval.py resume RUN_ID          # continues to completion
     python examples/vendor_approval.py fork CHECKPOINT_ID risk=high
+    python examples/vendor_approval.py rewind RUN_ID CHECKPOINT_ID   # a branch of RUN_ID
 
 The store is ``$PITSTOP_STORE`` or ``sqlite:///pitstop.db``; e-mails "sent" by the notify
 step are appended to ``outbox.txt`` next to it (the outside world the workflow talks to).
@@ -105,6 +106,8 @@ def main(argv: list[str]) -> int:
     elif command == "fork":
         update = dict(item.split("=", 1) for item in args[1:])
         _print_result(wf.fork(store, args[0], update=update))
+    elif command == "rewind":  # continue RUN from an earlier checkpoint, on a new branch
+        _print_result(wf.resume(store, args[0], from_checkpoint=args[1]))
     else:
         print(f"unknown command {command!r}", file=sys.stderr)
         return 2
@@ -158,19 +161,21 @@ def demo() -> int:
     sent = [line for line in OUTBOX.read_text().splitlines() if second in line]
     print(f"   e-mails sent for {second}: {len(sent)} (the effect was recorded, not repeated)")
 
-    print("\n== 5. time travel: fork the first run from its security-review checkpoint,")
-    print("      with edited state; the original run is untouched")
+    print("\n== 5. time travel: fork the first run from its security-review milestone,")
+    print("      with edited state, as a new run; the original run is untouched")
     with pitstop.open_store(store_url) as store:
-        checkpoint = next(
-            c for c in store.history(run_id) if c.metadata.get("step_name") == "security_review"
-        )
+        checkpoint = next(c for c in store.history(run_id) if "security_review" in c.tags)
     out = _run("fork", checkpoint.id, "vendor=Acme Corp (EU entity)", "risk=high")
     fork_id = out.split()[1].rstrip(":")
     with pitstop.open_store(store_url) as store:
         fork_head = store.get_run(fork_id).head_id or ""
+    _cli("diff", checkpoint.id, fork_head)
+
+    print("\n== 6. rewind: continue the first run itself from that checkpoint, on a new branch;")
+    print("      nothing is overwritten, and the history shows both branches")
+    _run("rewind", run_id, checkpoint.id)
     _cli("history", run_id)
     _cli("history", fork_id)
-    _cli("diff", checkpoint.id, fork_head)
     print("\nDone. Inspect more with `pitstop runs`, `pitstop show RUN`, `pitstop history RUN`.")
     return 0
 

@@ -1,0 +1,44 @@
+"""The README's promises: its two commands, and the demo they run."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import ROOT
+
+
+def _readme_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"```bash\n(.*?)```", text, re.S)
+    assert block, "the README opens with a bash block of commands"
+    return [line for line in block.group(1).splitlines() if line and not line.startswith("#")]
+
+
+def test_readme_opens_with_the_demo_and_the_test_command() -> None:
+    demo, tests = _readme_commands()
+    assert "examples/vendor_approval.py demo" in demo
+    assert tests.endswith("pytest")
+    # CI runs exactly the README's test command
+    assert tests in (ROOT / ".ci" / "run").read_text()
+
+
+def test_the_demo_runs_end_to_end(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PITSTOP_STORE"}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "vendor_approval.py"), "demo"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "waiting, waiting for finance_decision" in out
+    assert "process killed with SIGKILL" in out
+    assert ": 1 (the effect was recorded, not repeated)" in out
+    assert out.count(": completed") >= 2
+    assert "forked" in out.lower() or "fork" in out
+    assert (tmp_path / "pitstop.db").exists()
+    outbox = (tmp_path / "outbox.txt").read_text().splitlines()
+    assert len(outbox) == 2  # one e-mail per approved vendor, none repeated by the crash
