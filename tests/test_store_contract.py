@@ -606,3 +606,26 @@ def test_takeover_of_a_named_dead_owner(store: Store) -> None:
     assert taken.token > dead.token and store.get_run("r").owner == "w2"
     with pytest.raises(LeaseLostError):
         store.save("r", {"a": 1}, lease=dead)
+
+
+def test_expected_head_holds_when_following_the_head(store: Store) -> None:
+    first = store.save("r", {"a": 1})
+    store.save("r", {"a": 2})
+    with pytest.raises(ConflictError):
+        store.save("r", {"a": 3}, expected_head=first.id)  # parent defaults to the head
+    assert len(store.history("r")) == 2
+
+
+def test_a_branch_from_a_pruned_away_value_is_refused_not_dangling(
+    store_url: str, open_store: Callable[..., Store]
+) -> None:
+    if store_url == "memory://":
+        pytest.skip("needs two handles on one store")
+    writer, pruner = open_store(), open_store()
+    old = writer.save("r", {"doc": "old value " * 10})
+    for i in range(3):
+        writer.save("r", {"doc": f"newer value {i} " * 10})
+    pruner.prune(RetentionPolicy(keep_last=1))  # `writer` still has `old` cached
+    with pytest.raises(CheckpointNotFoundError):
+        writer.save("r", {"doc": "old value " * 10, "x": 1}, parent_id=old.id, changed=["x"])
+    assert writer.verify() == []

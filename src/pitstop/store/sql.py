@@ -586,8 +586,11 @@ class SqlStore(Store):
         )
         record.checksum = record.compute_checksum()
         hashes = stored_hashes(fields)
-        if parent is not None and parent.run_id == run_id:
-            # The run already references its parent's values; only new ones need a ref.
+        if parent is not None and parent.run_id == run_id and self._heads.get(run_id) == parent_id:
+            # Continuing from the head this process wrote: the run already references the
+            # parent's values (a head is never pruned), so only new ones need a reference.
+            # Any other parent (a branch point, a stale cache) may have lost its values to a
+            # prune: reference them all, and the write checks that they still exist.
             hashes.difference_update(stored_hashes(parent.fields))
         plan = _WritePlan(
             record=record,

@@ -1,0 +1,650 @@
+"""PostgreSQL: the shared store for many processes on many machines (psycopg 3 + psycopg_pool).
+
+Everything the store does is the shared SQL of :class:`~pitstop.store.sql.SqlStore`; this
+module only supplies connections, the dialect and the few PostgreSQL-specific decisions:
+
+* **Connections.** A ``psycopg_pool`` pool per store. Every pooled connection is set up once
+  (``search_path`` to the store's schema, ``statement_timeout``, durability) by the pool's
+  ``configure`` callback, so nothing of that is paid per transaction, and no health-check
+  query is run per transaction either: a connection found dead on use is replaced by the pool
+  and the transaction retried (below).
+* **Round trips.** Transactions are pipelined (libpq pipeline mode): statements are sent
+  without waiting for each other, and the client waits only where it reads a result. A save
+  is three round trips however many statements it runs: ``BEGIN`` with the conditional
+  ``UPDATE`` that moves the run's head; all its inserts, confirmed by a Sync; ``COMMIT``.
+* **Isolation.** Writes run in READ COMMITTED and serialise on the run's row (the head
+  ``UPDATE``, or ``SELECT ... FOR UPDATE``), like SQLite's single writer but per run. Reads
+  run in REPEATABLE READ READ ONLY so a read of several statements (a checkpoint and then its
+  values) sees one snapshot, as on SQLite: a prune committing in between can never make an
+  intact checkpoint look corrupt.
+* **Retries.** Serialisation failures, deadlocks, lock timeouts and the one unique-key race
+  that is an expected outcome of concurrency (two first saves of one run both inserting its
+  ``pitstop_runs`` row) retry the whole transaction. So does a lost connection, but only when
+  the transaction cannot have committed: several writes (``save`` following the head,
+  ``create_run``, ``send``, ``claim``, ``delete_run``) are neither idempotent nor safely
+  conditional, so replaying one whose COMMIT may have reached the server could write twice or
+  report a failure for a write that happened. A connection lost *during* COMMIT of a write
+  therefore raises :class:`~pitstop.StoreError` saying the outcome is unknown.
+* **Durability.** ``normal`` (the default, as for SQLite): ``synchronous_commit = off``, so a
+  save does not wait for the server's WAL flush; a committed checkpoint survives any crash of
+  the client, and a crash of the server (or its machine) loses at most its last fraction of a
+  second of commits, never tearing one. ``full``: the server's own setting (normally ``on``): a save
+  returns once its commit is on the server's disk. ``durability=`` of one save overrides it.
+* **Unreachable server.** Opening, or waiting for a connection, gives up after
+  ``connect_timeout`` with a one-line :class:`~pitstop.StoreError` naming the server (password
+  redacted); established connections use TCP keepalives so a vanished server is noticed.
+* **Garbage collection.** Unlike SQLite, saves run concurrently with prune/delete here; the
+  ``_lock_values``/``_lock_gc`` advisory locks (see there) keep a value from being deleted
+  while a concurrent save starts referencing it.
+
+URL: ``postgresql://user:password@host:port/db?schema=name&pool_max=10``. Query options read
+(and removed before connecting) by pitstop: ``schema``, ``pool_min``, ``pool_max``,
+``statement_timeout`` and ``connect_timeout`` (seconds), ``application_name``,
+``durability``, ``busy_timeout``, ``compress_threshold``; every other query parameter goes
+to libpq.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+from psycopg import errors as pgerrors
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
+
+from pitstop.errors import StoreError, UnsupportedStoreError
+from pitstop.serde import Serializer
+from pitstop.store.base import UNSET, Durability, _Unset
+from pitstop.store.sql import Dialect, SqlStore, Tx
+
+T = TypeVar("T")
+
+
+class PostgresDialect(Dialect):
+    def json_equals(self, column: str, key: str, value: Any) -> tuple[str, list[Any]]:
+        """Compare as ``jsonb``: ``None`` matches a present JSON null (not a missing key), like
+        SQLite's ``json_type = 'null'``; numbers compare numerically (``2 == 2.0``); dicts
+        and lists compare by value. The key and value travel as parameters."""
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"unsupported metadata key {key!r}")
+        try:
+            encoded = json.dumps(value)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"metadata filter {key!r}: value is not JSON ({exc})") from None
+        return f"({column}::jsonb -> ?::text) = ?::jsonb", [key, encoded]
+
+
+POSTGRES = PostgresDialect(
+    name="postgresql",
+    blob="BYTEA",
+    real="DOUBLE PRECISION",
+    bigint="BIGINT",
+    placeholder="%s",
+    lock_row=" FOR UPDATE",
+    skip_locked=" FOR UPDATE SKIP LOCKED",
+)
+
+# pitstop's own URL query options and how to read them; anything else is libpq's.
+_URL_OPTIONS: dict[str, Callable[[str], Any]] = {
+    "schema": str,
+    "pool_min": int,
+    "pool_max": int,
+    "statement_timeout": float,
+    "connect_timeout": float,
+    "application_name": str,
+    "durability": str,
+    "busy_timeout": float,
+    "compress_threshold": lambda v: None if v.lower() in ("none", "off", "") else int(v),
+}
+
+
+def _tcp_defaults(connect_timeout: float) -> dict[str, str]:
+    """libpq settings used unless the URL sets them, so a server that vanishes from the
+    network (no RST, no FIN) is noticed in about ``connect_timeout`` instead of the many
+    minutes TCP would wait by default: unacknowledged data gives up after it
+    (``tcp_user_timeout``), and an idle or waiting connection is probed from then on."""
+    seconds = max(1, math.ceil(connect_timeout))
+    return {
+        "keepalives": "1",
+        "keepalives_idle": str(seconds),
+        "keepalives_interval": str(max(1, seconds // 3)),
+        "keepalives_count": "3",
+        "tcp_user_timeout": str(seconds * 1000),
+    }
+
+
+# The only unique violation that is an expected race rather than a bug: two first saves of
+# one run both inserting its row. The loser retries and then sees the winner's head.
+_RUNS_PKEY = "pitstop_runs_pkey"
+_CHECKPOINT_ID_KEY = "pitstop_checkpoints_id"
+
+_RETRY_ALWAYS = (
+    pgerrors.SerializationFailure,
+    pgerrors.DeadlockDetected,
+    pgerrors.LockNotAvailable,
+)
+
+_IDLE = psycopg.pq.TransactionStatus.IDLE
+
+_SECRET_PARAM = re.compile(r"((?:^|[\s&?])(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)")
+
+
+def _advisory_key(purpose: str, schema: str) -> int:
+    """A fixed signed 64-bit advisory-lock key for ``purpose`` in ``schema``.
+
+    Advisory locks are per database, so the schema is part of the key: stores in different
+    schemas of one database never wait for each other.
+    """
+    digest = hashlib.blake2b(f"pitstop-{purpose}\0{schema}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def redact(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (userinfo and ``password=`` options)."""
+    if "://" in url:
+        parts = urlsplit(url)
+        if parts.password is not None:
+            userinfo, _, hosts = parts.netloc.rpartition("@")
+            user = userinfo.split(":", 1)[0]
+            url = urlunsplit(parts._replace(netloc=f"{user}:***@{hosts}"))
+    return _SECRET_PARAM.sub(r"\1***", url)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+class _PipelinedCursor:
+    """A cursor in pipeline mode, as SqlStore's ``Tx`` uses one: ``execute`` sends without
+    waiting, a fetch waits for the results up to its own, and ``rowcount`` (known only once
+    the result arrived) syncs first."""
+
+    __slots__ = ("_cur", "_pipeline")
+
+    def __init__(self, cur: psycopg.Cursor[Any], pipeline: psycopg.Pipeline) -> None:
+        self._cur = cur
+        self._pipeline = pipeline
+
+    def execute(self, query: str, params: Any = ()) -> _PipelinedCursor:
+        self._cur.execute(query, params)
+        return self
+
+    def executemany(self, query: str, rows: Any) -> None:
+        self._cur.executemany(query, rows)
+
+    def fetchone(self) -> Any:
+        return self._cur.fetchone()
+
+    def fetchall(self) -> list[Any]:
+        return self._cur.fetchall()
+
+    @property
+    def rowcount(self) -> int:
+        self._pipeline.sync()
+        return self._cur.rowcount
+
+
+class _Disconnected(StoreError):
+    """The connection died before the transaction could commit: safe to run it again."""
+
+
+class PostgresStore(SqlStore):
+    """A store in a PostgreSQL database (one schema of it), shared by any number of processes.
+
+    Options given as keywords override the same options in the URL; ``None`` means "as in
+    the URL, else the default". Defaults: ``pool_min=1``, ``pool_max=10``,
+    ``statement_timeout=30.0`` seconds (0 disables it), ``connect_timeout=10.0`` seconds,
+    ``schema``: the connection's current schema (normally ``public``),
+    ``application_name="pitstop"``.
+    """
+
+    dialect = POSTGRES
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        serializer: Serializer | None = None,
+        compress_threshold: int | _Unset | None = UNSET,
+        durability: Durability | None = None,
+        busy_timeout: float | None = None,
+        auto_migrate: bool = True,
+        pool_min: int | None = None,
+        pool_max: int | None = None,
+        statement_timeout: float | None = None,
+        connect_timeout: float | None = None,
+        schema: str | None = None,
+        application_name: str | None = None,
+    ) -> None:
+        safe_url = redact(url)
+        conninfo, options = _split_url(url, safe_url)
+        given = {
+            "pool_min": pool_min,
+            "pool_max": pool_max,
+            "statement_timeout": statement_timeout,
+            "connect_timeout": connect_timeout,
+            "schema": schema,
+            "application_name": application_name,
+            "busy_timeout": busy_timeout,
+            "durability": durability,
+        }
+        options.update({k: v for k, v in given.items() if v is not None})
+        if compress_threshold is not UNSET:
+            options["compress_threshold"] = compress_threshold
+        super().__init__(
+            safe_url,
+            serializer=serializer,
+            compress_threshold=options.get("compress_threshold", 4096),
+        )
+        self.durability: Durability = options.get("durability", "normal")
+        if self.durability not in ("full", "normal"):
+            raise UnsupportedStoreError(
+                f"{safe_url}: durability must be 'full' or 'normal', not {self.durability!r}"
+            )
+
+        self.busy_timeout = float(options.get("busy_timeout", 60.0))
+        self.pool_min = int(options.get("pool_min", 1))
+        self.pool_max = int(options.get("pool_max", 10))
+        self.statement_timeout = float(options.get("statement_timeout", 30.0))
+        self.connect_timeout = float(options.get("connect_timeout", 10.0))
+        if self.pool_min < 0 or self.pool_max < max(1, self.pool_min):
+            raise UnsupportedStoreError(
+                f"{safe_url}: need 0 <= pool_min <= pool_max and pool_max >= 1 "
+                f"(got pool_min={self.pool_min}, pool_max={self.pool_max})"
+            )
+        if self.statement_timeout < 0 or self.connect_timeout <= 0:
+            raise UnsupportedStoreError(
+                f"{safe_url}: statement_timeout must be >= 0 and connect_timeout > 0"
+            )
+
+        self._conninfo = conninfo
+        params = _conninfo_params(conninfo, safe_url)
+        password = params.get("password")
+        self._password = re.compile(rf"(?<!\w){re.escape(password)}(?!\w)") if password else None
+        self._target = _describe_target(params)
+        self._connect_kwargs: dict[str, Any] = {
+            "autocommit": True,  # _transaction sends BEGIN/COMMIT itself, pipelined
+            # libpq counts whole seconds and treats anything under 2 as 2.
+            "connect_timeout": max(2, math.ceil(self.connect_timeout)),
+            "application_name": str(options.get("application_name", "pitstop")),
+            **{
+                k: v for k, v in _tcp_defaults(self.connect_timeout).items() if k not in params
+            },
+        }
+        self._lock = threading.Lock()
+        self._pool: ConnectionPool | None = None
+        self._pid = os.getpid()
+        self._closed = False
+        self._abandoned: list[ConnectionPool] = []
+        self._in_use = 0
+
+        # One direct connection first: it fails fast with libpq's own reason (refused, bad
+        # password, no such database) where a pool would only time out, and it resolves the
+        # schema name and its quoting.
+        self.schema, self._schema_sql = self._resolve_schema(options.get("schema"))
+        self._schema_table = f"{self._schema_sql}.pitstop_schema"
+        self._migrate_key = _advisory_key("migrate", self.schema)
+        self._gc_key = _advisory_key("gc", self.schema)
+        self._channel = f"pitstop_{_advisory_key('work', self.schema) & (1 << 64) - 1:016x}"
+        self._listening = threading.Lock()
+        self._listen_conn: psycopg.Connection[Any] | None = None
+        self._listen_pid = 0
+        self._pool = self._open_pool()
+        try:
+            self._ensure_schema(auto_migrate)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- connections -------------------------------------------------------------------------
+
+    def _clean(self, exc: BaseException) -> str:
+        """One line describing ``exc``, with the password removed should it appear."""
+        text = _one_line(exc)
+        if self._password is not None:
+            text = self._password.sub("***", text)
+        return redact(text)
+
+    def _cannot_connect(self, exc: BaseException) -> StoreError:
+        reason = self._clean(exc)
+        # libpq prefixes errors the server sent back with FATAL (bad password, no such
+        # database, too many clients); anything else never reached a server.
+        verdict = "rejected the connection" if "FATAL" in reason else "is unreachable"
+        return StoreError(f"{self.url}: PostgreSQL server {self._target} {verdict}: {reason}")
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        try:
+            return psycopg.connect(self._conninfo, **self._connect_kwargs)
+        except psycopg.Error as exc:
+            raise self._cannot_connect(exc) from None
+
+    def _resolve_schema(self, schema: str | None) -> tuple[str, str]:
+        with self._connect() as conn:
+            try:
+                if schema is None:
+                    schema = conn.execute("SELECT current_schema()").fetchone()[0]  # type: ignore[index]
+                    if schema is None:
+                        raise StoreError(
+                            f"{self.url}: no schema to use (search_path names none that "
+                            "exists); add ?schema=NAME to the URL"
+                        )
+                return schema, sql.Identifier(schema).as_string(conn)
+            except psycopg.Error as exc:
+                raise StoreError(f"{self.url}: {self._clean(exc)}") from exc
+
+    def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        """Run once per new pooled connection (never per transaction): the schema, the
+        statement timeout and the store's default durability ("full" keeps the server's
+        own ``synchronous_commit``, normally ``on``)."""
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
+        conn.execute(
+            "SELECT set_config('statement_timeout', %s, false)",
+            (str(round(self.statement_timeout * 1000)),),
+        )
+        if self.durability == "normal":
+            conn.execute("SET synchronous_commit TO off")
+
+    def _open_pool(self) -> ConnectionPool:
+        pool: ConnectionPool = ConnectionPool(
+            self._conninfo,
+            kwargs=self._connect_kwargs,
+            min_size=self.pool_min,
+            max_size=self.pool_max,
+            configure=self._configure,
+            timeout=self.connect_timeout,
+            name=f"pitstop:{self.schema}",
+            open=False,
+        )
+        try:
+            pool.open(wait=self.pool_min > 0, timeout=self.connect_timeout)
+        except PoolTimeout as exc:
+            pool.close(timeout=0)
+            raise self._unavailable(exc) from None
+        return pool
+
+    def _live_pool(self) -> ConnectionPool:
+        pool = self._pool
+        if pool is None or self._closed:
+            raise StoreError(f"{self.url}: store is closed")
+        if self._pid != os.getpid():
+            # After fork() the parent's connections must not be used (or closed) here.
+            with self._lock:
+                if self._pid != os.getpid() and self._pool is not None:
+                    self._abandoned.append(self._pool)
+                    self._pool = self._open_pool()
+                    self._pid = os.getpid()
+                pool = self._pool
+            if pool is None:
+                raise StoreError(f"{self.url}: store is closed")
+        return pool
+
+    def _unavailable(self, exc: BaseException) -> StoreError:
+        """Why no connection came within ``connect_timeout``: a direct attempt tells."""
+        try:
+            conn = psycopg.connect(self._conninfo, **{**self._connect_kwargs, "connect_timeout": 2})
+        except psycopg.Error as probe:
+            return self._cannot_connect(probe)
+        conn.close()
+        return StoreError(
+            f"{self.url}: no connection to PostgreSQL server {self._target} within "
+            f"{self.connect_timeout:g}s ({self._clean(exc)})"
+        )
+
+    def _getconn(self, pool: ConnectionPool) -> psycopg.Connection[Any]:
+        """A pooled connection; waiting up to ``connect_timeout`` for the server, or up to
+        ``busy_timeout`` while every connection is simply in use by this store."""
+        deadline = time.monotonic() + self.busy_timeout
+        while True:
+            try:
+                conn = pool.getconn(timeout=self.connect_timeout)
+            except PoolTimeout as exc:
+                saturated = self._in_use >= self.pool_max
+                if saturated and time.monotonic() < deadline:
+                    continue
+                if saturated:
+                    raise StoreError(
+                        f"{self.url}: all {self.pool_max} pooled connections stayed busy for "
+                        f"{self.busy_timeout:g}s; raise pool_max"
+                    ) from None
+                raise self._unavailable(exc) from None
+            except PoolClosed:
+                raise StoreError(f"{self.url}: store is closed") from None
+            with self._lock:
+                self._in_use += 1
+            return conn
+
+    def _putconn(self, pool: ConnectionPool, conn: psycopg.Connection[Any]) -> None:
+        with self._lock:
+            self._in_use -= 1
+        pool.putconn(conn)
+
+    @contextmanager
+    def _transaction(self, write: bool, durability: Durability | None = None) -> Iterator[Any]:
+        """One transaction on a pooled connection, pipelined to save round trips.
+
+        Statements go out without waiting for each other's results; the client waits only
+        where SqlStore reads a result (a row count, existence probes, queries). The
+        connection is in autocommit mode and BEGIN/COMMIT are plain pipelined statements, so
+        a save costs three round trips: BEGIN with the head UPDATE; every other write,
+        confirmed by a Sync before COMMIT is even sent; COMMIT. A failure before that last
+        step is therefore known not to have committed, and is safe to retry.
+        """
+        pool = self._live_pool()
+        conn = self._getconn(pool)
+        committing = False
+        try:
+            with conn.pipeline() as pipeline:
+                cur = _PipelinedCursor(conn.cursor(), pipeline)
+                # Reads see one snapshot across their statements; writes lock rows instead.
+                cur.execute("BEGIN" if write else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                if write and durability is not None and durability != self.durability:
+                    # This commit only; DEFAULT is the server's own setting (full).
+                    cur.execute(
+                        "SET LOCAL synchronous_commit TO "
+                        + ("off" if durability == "normal" else "DEFAULT")
+                    )
+                try:
+                    yield cur
+                    if write:
+                        pipeline.sync()
+                except BaseException as exc:
+                    # Never hide the error that got us here behind one from the cleanup.
+                    if isinstance(exc, psycopg.Error) and not conn.closed:
+                        with suppress(psycopg.Error):
+                            pipeline.sync()  # collect what the error left behind, quietly
+                    if not conn.closed:
+                        with suppress(psycopg.Error):
+                            cur.execute("ROLLBACK")
+                    raise
+                committing = write
+                cur.execute("COMMIT")
+        except Exception as exc:
+            if not conn.closed:
+                raise
+            with suppress(Exception):  # the server may have restarted: drop dead idle ones too
+                pool.check()
+            if committing:
+                raise StoreError(
+                    f"{self.url}: the connection to {self._target} was lost while "
+                    "committing; the write may or may not have been applied "
+                    f"({self._clean(exc)})"
+                ) from exc
+            raise _Disconnected(
+                f"{self.url}: connection to {self._target} lost ({self._clean(exc)})"
+            ) from exc
+        finally:
+            if not conn.closed and conn.info.transaction_status != _IDLE:
+                with suppress(psycopg.Error):  # a failure left the transaction open: end it
+                    conn.execute("ROLLBACK")
+            self._putconn(pool, conn)
+
+    def _retryable(self, exc: BaseException) -> bool:
+        if isinstance(exc, (*_RETRY_ALWAYS, _Disconnected)):
+            return True
+        if isinstance(exc, pgerrors.UniqueViolation):
+            # Two first saves of one run, or two saves choosing one checkpoint id: the retry
+            # sees the winner's row and reports a ConflictError, as SQLite does.
+            return exc.diag.constraint_name in (_RUNS_PKEY, _CHECKPOINT_ID_KEY)
+        return False
+
+    def _retrying(self, fn: Callable[[], T]) -> T:
+        """The shared retry loop, with any database error left over made a StoreError."""
+        try:
+            return super()._retrying(fn)
+        except psycopg.Error as exc:
+            raise StoreError(f"{self.url}: {self._clean(exc)}") from exc
+
+    # -- schema --------------------------------------------------------------------------------
+
+    def _read_schema_version(self, tx: Tx) -> int:
+        if not tx.one("SELECT to_regclass(?) IS NOT NULL", (self._schema_table,))[0]:
+            return 0
+        return int(tx.one("SELECT MAX(version) FROM pitstop_schema")[0] or 0)
+
+    def _prepare_migration(self, tx: Tx) -> None:
+        """Serialise migrations of this schema (processes opening a new database at once) on
+        a transaction-scoped advisory lock, then create the schema if it is missing."""
+        tx.run("SELECT pg_advisory_xact_lock(?)", (self._migrate_key,))
+        if tx.one("SELECT 1 FROM pg_namespace WHERE nspname = ?", (self.schema,)) is None:
+            tx.run(f"CREATE SCHEMA {self._schema_sql}")
+
+    # -- garbage collection ----------------------------------------------------------------------
+    #
+    # A save that references values (new ones, or existing ones shared with another run) takes
+    # the shared lock, after its run's row lock and before inserting values or references; a
+    # prune or delete takes the exclusive lock after deciding what to delete and before
+    # deleting anything; both hold it until commit. Either order is safe:
+    # * save first: the prune waits for the save's commit, then re-checks under its lock
+    #   (``_delete_blobs``: delete only values no reference points to, a statement that sees
+    #   the committed save in READ COMMITTED) and keeps the value;
+    # * prune first: the save waits for the prune's commit, then inserts its new values with
+    #   ON CONFLICT DO NOTHING (a value deleted meanwhile is simply inserted again) and checks
+    #   that the existing values it reuses without sending (a fork's) are still there.
+    # Saves only share the lock with each other, so they never wait for one another on it.
+
+    def _lock_values(self, tx: Tx) -> None:
+        tx.run("SELECT pg_advisory_xact_lock_shared(?)", (self._gc_key,))
+
+    def _lock_gc(self, tx: Tx) -> None:
+        tx.run("SELECT pg_advisory_xact_lock(?)", (self._gc_key,))
+
+    # -- waking workers --------------------------------------------------------------------------
+
+    def _notify(self, tx: Tx, run_id: str) -> None:
+        """Wake workers blocked in :meth:`wait_for_work`, in every process: PostgreSQL
+        delivers the notification at commit, and never for a transaction rolled back."""
+        tx.run("SELECT pg_notify(?, ?)", (self._channel, run_id))
+
+    def wait_for_work(self, timeout: float) -> None:
+        """Block until some transaction makes a run runnable (NOTIFY) or ``timeout`` passes.
+
+        Listens on a connection of its own, outside the pool: a pooled connection would miss
+        notifications while lent out. Without it (server away) this just sleeps, and workers
+        fall back to polling, as on SQLite.
+        """
+        deadline = time.monotonic() + timeout
+        if not self._listening.acquire(timeout=max(0.0, timeout)):
+            return  # another thread of this store is listening; it will poll again
+        try:
+            conn = self._listener()
+            remaining = deadline - time.monotonic()
+            if remaining > 0:
+                for _ in conn.notifies(timeout=remaining, stop_after=1):
+                    pass
+        except (psycopg.Error, StoreError):
+            self._drop_listener()
+            time.sleep(max(0.0, deadline - time.monotonic()))
+        finally:
+            self._listening.release()
+
+    def _listener(self) -> psycopg.Connection[Any]:
+        conn = self._listen_conn
+        if conn is None or conn.closed or self._listen_pid != os.getpid():
+            self._live_pool()  # refuses a closed store
+            conn = self._connect()
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+            self._listen_conn, self._listen_pid = conn, os.getpid()
+        return conn
+
+    def _drop_listener(self) -> None:
+        conn, self._listen_conn = self._listen_conn, None
+        if conn is not None and self._listen_pid == os.getpid():
+            with suppress(Exception):
+                conn.close()
+
+    # -- maintenance -----------------------------------------------------------------------------
+
+    def _file_bytes(self) -> int | None:
+        """Disk used by pitstop's tables in this schema, with their indexes and TOAST."""
+        return self._tx(
+            lambda tx: int(
+                tx.one(
+                    "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+                    "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = ? "
+                    "AND c.relkind = 'r' AND starts_with(c.relname, 'pitstop_')",
+                    (self.schema,),
+                )[0]
+            )
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+            self._closed = True
+        self._drop_listener()
+        if pool is not None and self._pid == os.getpid():
+            pool.close()
+
+
+def _split_url(url: str, safe_url: str) -> tuple[str, dict[str, Any]]:
+    """The libpq conninfo (our options removed) and pitstop's options read from the URL."""
+    if "://" not in url:
+        return url, {}  # a key=value conninfo string: options come as keywords only
+    parts = urlsplit(url)
+    if parts.scheme.lower() not in ("postgresql", "postgres"):
+        raise UnsupportedStoreError(f"{safe_url}: not a postgresql:// URL")
+    kept: list[tuple[str, str]] = []
+    options: dict[str, Any] = {}
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key not in _URL_OPTIONS:
+            kept.append((key, value))
+            continue
+        try:
+            options[key] = _URL_OPTIONS[key](value)
+        except ValueError:
+            raise UnsupportedStoreError(
+                f"{safe_url}: bad value {value!r} for option {key!r}"
+            ) from None
+    return urlunsplit(parts._replace(query=urlencode(kept))), options
+
+
+def _conninfo_params(conninfo: str, safe_url: str) -> dict[str, Any]:
+    try:
+        return conninfo_to_dict(conninfo)
+    except psycopg.Error as exc:
+        raise UnsupportedStoreError(f"{safe_url}: {redact(_one_line(exc))}") from None
+
+
+def _describe_target(params: dict[str, Any]) -> str:
+    """``host:port/db`` for messages, with libpq's defaults filled in."""
+    host = params.get("host") or params.get("hostaddr") or os.environ.get("PGHOST") or "localhost"
+    port = params.get("port") or os.environ.get("PGPORT") or "5432"
+    user = params.get("user") or os.environ.get("PGUSER") or ""
+    db = params.get("dbname") or os.environ.get("PGDATABASE") or user
+    where = f"{host}:{port}" if not str(host).startswith("/") else f"{host} (socket, port {port})"
+    return f"{where}/{db}"
+
+
+__all__ = ["POSTGRES", "PostgresDialect", "PostgresStore", "redact"]
