@@ -28,9 +28,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import fmt_time, save_results, table  # noqa: E402
+from _common import fmt_time, save_results, table
 
-import pitstop  # noqa: E402
+import pitstop
 
 ROOT = Path(__file__).resolve().parent.parent
 

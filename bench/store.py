@@ -23,9 +23,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import fmt_bytes, fmt_time, median_time, save_results, table  # noqa: E402
+from _common import fmt_bytes, fmt_time, median_time, save_results, table
 
-import pitstop  # noqa: E402
+import pitstop
 
 MiB = 1 << 20
 

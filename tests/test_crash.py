@@ -19,9 +19,8 @@ from typing import Any
 import pytest
 
 import pitstop
+from conftest import BACKENDS, ROOT, drop_pg_schema, pg_schema_url
 from pitstop import RunStatus
-
-from conftest import BACKENDS, ROOT, pg_schema_url, drop_pg_schema
 
 pytestmark = pytest.mark.slow
 
@@ -90,7 +89,7 @@ def test_killed_saver_never_leaves_a_torn_checkpoint(tmp_path: Path, durability:
         assert store.verify() == []
 
 
-# -- the runtime: 100 steps, killed at random points, resumed until done -----------------------------
+# -- the runtime: 100 steps, killed at random points, resumed until done --------------------------
 
 RUNNER = """
 import os, signal, sys, threading
@@ -181,7 +180,7 @@ def test_sigkill_at_random_points_then_resume(
     assert kills >= min_kills
 
 
-# -- waiting across processes and lease races -------------------------------------------------------
+# -- waiting across processes and lease races -----------------------------------------------------
 
 APPROVAL = """
 import sys

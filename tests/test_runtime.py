@@ -161,7 +161,7 @@ async def _async_double(x: int) -> int:
     return x * 2
 
 
-# -- checkpoint policies ------------------------------------------------------------------------------
+# -- checkpoint policies --------------------------------------------------------------------------
 
 
 def _many(n: int, **options: Any) -> Workflow:
@@ -243,7 +243,7 @@ def test_unchanged_fields_are_not_written_again(store: Store) -> None:
     assert grown < 200_000  # 1 MiB of 'z' compresses; 52 checkpoints add only small records
 
 
-# -- failures and retries -----------------------------------------------------------------------------
+# -- failures and retries -------------------------------------------------------------------------
 
 
 def test_failed_step_keeps_prior_state_and_resume_retries(store: Store) -> None:
@@ -266,7 +266,7 @@ def test_failed_step_keeps_prior_state_and_resume_retries(store: Store) -> None:
     assert result.state == {"first": True}
     assert result.error is not None and result.error["type"] == "ValueError"
     assert "upstream said no" in result.error["traceback"]
-    with pytest.raises(StepFailedError, match="second.*upstream said no"):
+    with pytest.raises(StepFailedError, match=r"second.*upstream said no"):
         result.raise_for_status()
     head = store.latest("f")
     assert head is not None and head.metadata["error"]["message"] == "upstream said no"
@@ -306,7 +306,7 @@ def test_retry_policy_counts_attempts_in_checkpoints(store: Store) -> None:
     assert store.latest(failed.run_id).metadata["attempts"] == {"broken": 2}  # type: ignore[union-attr]
 
 
-# -- waiting for input ----------------------------------------------------------------------------------
+# -- waiting for input ----------------------------------------------------------------------------
 
 
 def test_wait_send_resume(store: Store) -> None:
@@ -371,7 +371,7 @@ def test_durable_sleep(store: Store) -> None:
     assert len(runs) == 3
 
 
-# -- effects ----------------------------------------------------------------------------------------------
+# -- effects --------------------------------------------------------------------------------------
 
 
 def test_effect_runs_once_across_re_execution(store: Store) -> None:
@@ -412,7 +412,7 @@ def test_effect_names_must_be_unique_in_a_step(store: Store) -> None:
     assert result.status is RunStatus.FAILED and "used twice" in result.error["message"]  # type: ignore[index]
 
 
-# -- time travel ------------------------------------------------------------------------------------------
+# -- time travel ----------------------------------------------------------------------------------
 
 
 def test_resume_from_an_earlier_checkpoint_makes_a_branch(store: Store) -> None:
@@ -443,7 +443,7 @@ def test_fork_with_edited_state(store: Store) -> None:
     assert first.metadata["forked_from"]["checkpoint_id"] == after_two.id
 
 
-# -- ownership and versions -------------------------------------------------------------------------------
+# -- ownership and versions -----------------------------------------------------------------------
 
 
 def test_a_running_run_cannot_be_resumed_twice(store: Store) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -261,7 +262,7 @@ def test_delete_run_frees_only_unshared_values(store: Store) -> None:
     assert store.verify() == []
 
 
-# -- retention --------------------------------------------------------------------------------------
+# -- retention ------------------------------------------------------------------------------------
 
 
 def test_prune_keep_last_keeps_head_and_milestones(store: Store) -> None:
@@ -564,7 +565,7 @@ def test_many_threads_one_store(store: Store) -> None:
     # follow-the-head saves form one chain: every checkpoint but the first has its
     # predecessor as parent
     chain = store.history("common", limit=None)
-    assert all(a.parent_id == b.id for a, b in zip(chain, chain[1:], strict=False))
+    assert all(a.parent_id == b.id for a, b in itertools.pairwise(chain))
     assert store.verify() == []
 
 

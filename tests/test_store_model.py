@@ -21,11 +21,10 @@ from hypothesis.stateful import (
 )
 
 import pitstop
+from conftest import BACKENDS, drop_pg_schema, pg_schema_url
 from pitstop import RetentionPolicy
 from pitstop.serde import MsgpackSerializer, digest
 from pitstop.store.records import INLINE_MAX
-
-from conftest import BACKENDS, drop_pg_schema, pg_schema_url
 
 RUNS = ["a", "b", "c"]
 FIELDS = ["messages", "plan", "count", "blob"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -16,9 +17,8 @@ from typing import Any
 import pytest
 
 import pitstop
-from pitstop import RunStatus, Worker
-
 from conftest import BACKENDS, ROOT, drop_pg_schema, pg_schema_url
+from pitstop import RunStatus, Worker
 
 SHARED = [b for b in BACKENDS if b != "memory"]
 
@@ -85,7 +85,7 @@ def _assert_exclusive_and_complete(store: pitstop.Store, runs: list[str], log: P
         if expect_once:
             assert [e[1] for e in steps] == ["fetch", "transform", "load"], steps
         # never two owners at once: executions of one run do not overlap in time
-        for a, b in zip(steps, steps[1:], strict=False):
+        for a, b in itertools.pairwise(steps):
             assert a[4] <= b[3] + 1e-3 or a[2] == b[2], (run_id, a, b)
 
 
@@ -144,7 +144,7 @@ def test_four_worker_processes_run_200_runs_exactly_once(shared_url: str, tmp_pa
                                        priority=i % 3).id for i in range(200)]
     workers = [_worker(shared_url) for _ in range(4)]
     outputs = [w.communicate(timeout=240) for w in workers]
-    for w, (out, err) in zip(workers, outputs, strict=True):
+    for w, (_out, err) in zip(workers, outputs, strict=True):
         assert w.returncode == 0, err
     executed = [int(out.split()[0]) for out, _ in outputs]
     assert sum(executed) == 200  # every run exactly once, none lost
@@ -186,7 +186,7 @@ def test_killed_worker_runs_are_taken_over_after_the_lease(shared_url: str,
             assert time.monotonic() < deadline, "orphaned runs were never taken over"
             time.sleep(0.1)
     survivor.send_signal(signal.SIGTERM)
-    out, err = survivor.communicate(timeout=60)
+    _out, err = survivor.communicate(timeout=60)
     assert survivor.returncode == 0, err
     with pitstop.open_store(shared_url) as store:
         # each run ends with the uninterrupted state; an interrupted step may have run twice
@@ -214,7 +214,7 @@ def test_sigterm_finishes_the_step_releases_and_exits_0(shared_url: str, tmp_pat
             time.sleep(0.05)
     time.sleep(0.2)
     worker.send_signal(signal.SIGTERM)
-    out, err = worker.communicate(timeout=60)
+    _out, err = worker.communicate(timeout=60)
     assert worker.returncode == 0, err
     with pitstop.open_store(shared_url) as store:
         for run_id in runs:

@@ -66,7 +66,7 @@ def counter_input(log: str) -> dict[str, Any]:
     return {"n": 0, "total": 0, "nonces": [], "log": log, "finished": False}
 
 
-# -- an approval flow with a human in the loop ------------------------------------------------------
+# -- an approval flow with a human in the loop ----------------------------------------------------
 
 approval = pitstop.Workflow("approval")
 
@@ -88,7 +88,7 @@ def notify(state: dict[str, Any]) -> dict[str, Any]:
     return {"notified": True}
 
 
-# -- short jobs for the worker tests ------------------------------------------------------------------
+# -- short jobs for the worker tests --------------------------------------------------------------
 
 
 def _log_step(path: str, run_id: str, step: str, *, idempotency_key: str) -> list[float]:

@@ -38,7 +38,7 @@ def _compose(ms_seq: int, rand: int) -> int:
 
 def new_id(after: str | None = None) -> str:
     """A new UUIDv7 string, greater than every id this process made before, and than ``after``."""
-    global _last
+    global _last  # noqa: PLW0603 - the process-wide sequence is the point
     now = time.time_ns() // 1_000_000 << 12
     floor = 0
     if after is not None:

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("pitstop.step")
 
 
-class Suspend(BaseException):  # noqa: N818 - control flow, not an error
+class Suspend(BaseException):
     """Raised by ``ctx.sleep*`` to park the run until a time. A BaseException so that a
     step's own ``except Exception`` does not swallow it."""
 
@@ -129,7 +129,7 @@ class StepContext:
             store.record_effect, self._x.run_id, key, result, checkpoint_id=self._x.parent_id
         )
 
-    # -- checkpoints and timers ----------------------------------------------------------------------
+    # -- checkpoints and timers -------------------------------------------------------------------
 
     def checkpoint(self, *, tag: str | None = None) -> str:
         """Write a checkpoint now, before something risky: the state as it was when this step

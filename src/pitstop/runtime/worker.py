@@ -10,6 +10,7 @@ on SQLite (one machine) the same semantics come from SQLite's write lock, and wo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
@@ -115,10 +116,8 @@ class Worker:
             log.exception("run %s (%s) crashed the worker thread", lease.run_id, workflow)
             with self._lock:
                 self.stats.errors += 1
-            try:
+            with contextlib.suppress(PitstopError):
                 self.store.release(lease)
-            except PitstopError:
-                pass
             return
         with self._lock:
             self.stats.executed += 1

@@ -182,7 +182,7 @@ class Store(ABC):
         schema_version: int = 0,
         workflow: str | None = None,
         status: RunStatus | None = None,
-        expected_head: str | None | _Unset = UNSET,
+        expected_head: str | _Unset | None = UNSET,
         lease: Lease | None = None,
         consumed_inputs: Iterable[str] = (),
         durability: Durability | None = None,
@@ -234,7 +234,7 @@ class Store(ABC):
         schema_version: int = 0,
         workflow: str | None = None,
         status: RunStatus | None = None,
-        expected_head: str | None | _Unset = UNSET,
+        expected_head: str | _Unset | None = UNSET,
         lease: Lease | None = None,
         consumed_inputs: Iterable[str] = (),
         durability: Durability | None = None,
@@ -294,7 +294,7 @@ class Store(ABC):
         new_run_id: str | None = None,
         update: Mapping[str, Any] | None = None,
         metadata: Mapping[str, Any] | None = None,
-        workflow: str | None | _Unset = UNSET,
+        workflow: str | _Unset | None = UNSET,
         status: RunStatus = RunStatus.RUNNING,
     ) -> Checkpoint:
         """A new run whose first checkpoint is a copy of ``checkpoint_id``, optionally edited.

@@ -41,9 +41,9 @@ from .base import (
     Durability,
     Input,
     Lease,
+    PreparedSave,
     Problem,
     Progress,
-    PreparedSave,
     PruneReport,
     RetentionPolicy,
     Store,
@@ -275,7 +275,7 @@ class _WritePlan:
     new: dict[bytes, NewBlob]
     refs: list[bytes]
     follow_head: bool
-    expected_head: str | None | _Unset
+    expected_head: str | _Unset | None
     lease: Lease | None
     workflow: str | None
     status: RunStatus | None
@@ -407,10 +407,10 @@ class SqlStore(Store):
     def _retryable(self, exc: BaseException) -> bool:
         """Whether ``exc`` means "busy, try the whole transaction again"."""
 
-    def _lock_values(self, tx: Tx) -> None:  # noqa: B027 - optional hook
+    def _lock_values(self, tx: Tx) -> None:
         """Called before a write adds references to existing values (see :meth:`_lock_gc`)."""
 
-    def _lock_gc(self, tx: Tx) -> None:  # noqa: B027 - optional hook
+    def _lock_gc(self, tx: Tx) -> None:
         """Called before values are deleted. Backends whose writers run concurrently make
         this exclude :meth:`_lock_values`, so a value is never deleted while a concurrent
         write starts referencing it."""
@@ -418,7 +418,7 @@ class SqlStore(Store):
     def _file_bytes(self) -> int | None:
         return None
 
-    def _notify(self, tx: Tx, run_id: str) -> None:  # noqa: B027 - optional hook
+    def _notify(self, tx: Tx, run_id: str) -> None:
         """Called in a transaction that makes ``run_id`` runnable; sent at commit by stores
         that can wake waiting workers (see :meth:`Store.wait_for_work`)."""
 
@@ -465,7 +465,7 @@ class SqlStore(Store):
     def _read_schema_version(self, tx: Tx) -> int:
         raise NotImplementedError
 
-    def _prepare_migration(self, tx: Tx) -> None:  # noqa: B027 - optional hook
+    def _prepare_migration(self, tx: Tx) -> None:
         """Take whatever lock makes concurrent migrations safe (SQLite: the write lock)."""
 
     def migrate(self, *, target: int | None = None) -> int:
@@ -554,7 +554,7 @@ class SqlStore(Store):
         schema_version: int = 0,
         workflow: str | None = None,
         status: RunStatus | None = None,
-        expected_head: str | None | _Unset = UNSET,
+        expected_head: str | _Unset | None = UNSET,
         lease: Lease | None = None,
         consumed_inputs: Iterable[str] = (),
         durability: Durability | None = None,
@@ -1360,8 +1360,8 @@ class SqlStore(Store):
             )
             if not rows:
                 break
-            for h, data in rows:
-                h = bytes(h)
+            for raw_hash, data in rows:
+                h = bytes(raw_hash)
                 seen.add(h)
                 try:
                     self._codec.decode_value(bytes(data), h, strict=False)
