@@ -92,6 +92,9 @@ _PASSTHROUGH: Final = (
     | ormsgpack.OPT_PASSTHROUGH_ENUM
     | ormsgpack.OPT_PASSTHROUGH_UUID
 )
+# Types packed natively, exactly, when nothing inside them needs the hook.
+_PLAIN: Final = frozenset({dict, list, str, int, float, bool, type(None), bytes})
+_CONTAINERS: Final = frozenset({dict, list})
 _INT_MIN: Final = -(2**63)
 _INT_MAX: Final = 2**64 - 1
 
@@ -965,6 +968,21 @@ class MsgpackSerializer:
         self.registry = default_registry if registry is None else registry
 
     def dumps(self, value: object) -> bytes:
+        cls = type(value)
+        if cls in _PLAIN:
+            # Plain data (the common case) in one call into ormsgpack, with no hook: anything
+            # it cannot pack natively with exact types raises TypeError and takes the full
+            # path below, which knows every supported type.
+            try:
+                out = ormsgpack.packb(value, option=_PASSTHROUGH)
+            except TypeError:
+                pass
+            else:
+                if cls not in _CONTAINERS or not (
+                    (b"\xc4" in out or b"\xc5" in out or b"\xc6" in out)
+                    and _holds_raw_buffer([value])
+                ):
+                    return out
         fast = _FastEncoder(self.registry)
         try:
             out = fast.dumps(value)

@@ -200,14 +200,17 @@ class Codec:
         self._readers: dict[int, Serializer] = {safe.format_id: safe}
         self._readers[self.serializer.format_id] = self.serializer
 
-    def _dumps(self, value: Any, run_id: str, path: str) -> bytes:
+    def _dumps(self, value: Any, run_id: str, path: str, field: str | None = None) -> bytes:
+        """Serialise; errors name ``path`` (or the state field ``field``, built only then)."""
         try:
             return self.serializer.dumps(value)
         except SerializationError as exc:
-            raise exc.located(run_id=run_id, path=path + (exc.path or "")) from None
+            where = field_path(field) if field is not None else path
+            raise exc.located(run_id=run_id, path=where + (exc.path or "")) from None
         except Exception as exc:  # a user encode hook failed: still name where
+            where = field_path(field) if field is not None else path
             raise SerializationError(
-                f"{type(exc).__name__}: {exc}", run_id=run_id, path=path
+                f"{type(exc).__name__}: {exc}", run_id=run_id, path=where
             ) from exc
 
     def encode_value(self, value: Any, *, run_id: str, path: str) -> NewBlob:
@@ -235,16 +238,16 @@ class Codec:
         reuse = set() if changed is None else set(parent).difference(changed)
         fields: FieldMap = {}
         new: dict[bytes, NewBlob] = {}
+        fmt = self.serializer.format_id
         for name, value in state.items():
-            if not isinstance(name, str):
-                raise SerializationError(
-                    "state field names must be str", run_id=run_id, path=f"state[{name!r}]"
-                )
             if name in reuse:
                 fields[name] = parent[name]
                 continue
-            raw = self._dumps(value, run_id, field_path(name))
-            fmt = self.serializer.format_id
+            if type(name) is not str:
+                raise SerializationError(
+                    "state field names must be str", run_id=run_id, path=f"state[{name!r}]"
+                )
+            raw = self._dumps(value, run_id, "", name)
             if len(raw) < INLINE_MAX:
                 ref = FieldRef(b"", len(raw) + 1, frame(raw, fmt, compress_threshold=None))
             else:
