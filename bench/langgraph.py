@@ -1,0 +1,342 @@
+"""LangGraph checkpointers side by side: LangGraph's own savers vs PitstopSaver.
+
+    python bench/langgraph.py [--steps 200] [--repeats 5] [--pg URL] [--no-pg] [--durability sync]
+
+One graph: a node increments a counter and routes back to itself until it reaches ``--steps``
+(one checkpoint per step). Three variants of its state:
+
+* ``small``: just the counter;
+* ``str 1MiB``: plus a 1 MiB string that no step changes (base64 of random bytes, so that
+  compression cannot hide the difference: it shrinks to ~3/4 at best);
+* ``list 1MiB``: plus a 1 MiB list of 64-character strings that no step changes.
+
+Savers, each on a fresh database (a new file, or a new PostgreSQL schema):
+
+* ``SqliteSaver`` as its docs create it (WAL, SQLite's default ``synchronous=FULL``: an fsync
+  per commit) and ``SqliteSaver NORMAL`` (``synchronous=NORMAL``, no fsync per commit);
+* ``PitstopSaver sqlite full`` (``?durability=full``: an fsync per commit, like SqliteSaver's
+  default) and ``PitstopSaver sqlite`` (pitstop's default ``normal``, like SQLite NORMAL);
+* ``PostgresSaver`` (``setup()`` in a fresh schema) and ``PitstopSaver postgres``.
+
+Measured:
+
+* **ms/step**: wall time of one ``invoke`` of the whole graph on a new thread divided by the
+  steps, median of ``--repeats``; also the time spent inside the saver's ``put``,
+  ``put_writes`` and ``get_tuple`` per step (also a median), which is what a checkpointer
+  can change. LangGraph runs with ``durability="sync"`` by default here so each step waits
+  for its checkpoint; with ``"async"`` puts overlap the next step.
+* **bytes**: after one invocation (one thread) on its own fresh database. SQLite: the file
+  size after ``wal_checkpoint(TRUNCATE)`` (page_count * page_size), for both savers; pitstop's
+  logical ``store.stats().bytes`` (records + stored values) is shown in brackets.
+  PostgreSQL: ``pg_total_relation_size`` (table + indexes + TOAST) summed over the saver's
+  tables in its schema, for both savers.
+
+Ratios compare each PitstopSaver row with the LangGraph saver on the same database and with
+the same durability: ``speed`` = their ms/step / ours, ``bytes`` = their bytes / ours.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any, TypedDict
+
+# Run as a script, this file's directory comes first on sys.path and its name would shadow
+# the langgraph package.
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    del sys.path[0]
+
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.graph import END, START, StateGraph
+
+import pitstop
+from pitstop.integrations.langgraph import PitstopSaver
+
+PG_URL = os.environ.get("PITSTOP_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+MiB = 1024 * 1024
+
+
+class State(TypedDict, total=False):
+    counter: int
+    big: Any
+
+
+def build_graph(steps: int) -> StateGraph[State]:
+    def step(state: State) -> State:
+        return {"counter": state["counter"] + 1}
+
+    def route(state: State) -> str:
+        return "step" if state["counter"] < steps else END
+
+    builder = StateGraph(State)
+    builder.add_node("step", step)
+    builder.add_edge(START, "step")
+    builder.add_conditional_edges("step", route)
+    return builder
+
+
+def payloads() -> dict[str, Any]:
+    text = base64.b64encode(os.urandom(MiB * 3 // 4)).decode()
+    items = [base64.b64encode(os.urandom(48)).decode() for _ in range(MiB // 64)]
+    return {"small": None, "str 1MiB": text, "list 1MiB": items}
+
+
+# -- savers on fresh databases ------------------------------------------------------------------
+
+
+@dataclass
+class Opened:
+    saver: BaseCheckpointSaver[Any]
+    size: Callable[[], tuple[int, int | None]]
+    """(bytes as measured for the table, pitstop's logical bytes or None)."""
+
+
+Factory = Callable[[], AbstractContextManager[Opened]]
+
+
+def _sqlite_file_size(path: str) -> int:
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+        return int(pages * page_size)
+    finally:
+        conn.close()
+
+
+@contextmanager
+def sqlite_saver(synchronous: str | None) -> Iterator[Opened]:
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    with tempfile.TemporaryDirectory(prefix="bench-lg-") as tmp:
+        path = os.path.join(tmp, "langgraph.db")
+        with SqliteSaver.from_conn_string(path) as saver:
+            saver.setup()
+            if synchronous:
+                saver.conn.execute(f"PRAGMA synchronous={synchronous}")
+            yield Opened(saver, lambda: (_sqlite_file_size(path), None))
+
+
+@contextmanager
+def pitstop_sqlite(durability: str) -> Iterator[Opened]:
+    with tempfile.TemporaryDirectory(prefix="bench-pitstop-") as tmp:
+        path = os.path.join(tmp, "pitstop.db")
+        store = pitstop.open_store(f"sqlite:///{path}?durability={durability}")
+        try:
+            yield Opened(
+                PitstopSaver(store), lambda: (_sqlite_file_size(path), store.stats().bytes)
+            )
+        finally:
+            store.close()
+
+
+def _schema_url(schema: str) -> str:
+    sep = "&" if "?" in PG_URL else "?"
+    return f"{PG_URL}{sep}schema={schema}"
+
+
+def _pg_size(schema: str) -> int:
+    import psycopg
+
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND c.relkind = 'r'",
+            (schema,),
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+
+def _drop_schema(schema: str) -> None:
+    import psycopg
+
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@contextmanager
+def postgres_saver() -> Iterator[Opened]:
+    import psycopg
+    from langgraph.checkpoint.postgres import PostgresSaver
+
+    schema = f"bench_lg_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    sep = "&" if "?" in PG_URL else "?"
+    try:
+        with PostgresSaver.from_conn_string(
+            f"{PG_URL}{sep}options=-csearch_path%3D{schema}"
+        ) as saver:
+            saver.setup()
+            yield Opened(saver, lambda: (_pg_size(schema), None))
+    finally:
+        _drop_schema(schema)
+
+
+@contextmanager
+def pitstop_postgres() -> Iterator[Opened]:
+    schema = f"bench_ps_{uuid.uuid4().hex[:10]}"
+    store = pitstop.open_store(_schema_url(schema))
+    try:
+        yield Opened(PitstopSaver(store), lambda: (_pg_size(schema), store.stats().bytes))
+    finally:
+        store.close()
+        _drop_schema(schema)
+
+
+# -- measuring -----------------------------------------------------------------------------------
+
+
+class SaverClock:
+    """Adds up the time spent in a saver's hot methods (from any thread)."""
+
+    def __init__(self, saver: BaseCheckpointSaver[Any]) -> None:
+        self.seconds = 0.0
+        for name in ("put", "put_writes", "get_tuple"):
+            method = getattr(saver, name)
+
+            def timed(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
+                start = time.perf_counter()
+                try:
+                    return _method(*args, **kwargs)
+                finally:
+                    self.seconds += time.perf_counter() - start
+
+            setattr(saver, name, timed)
+
+
+def invoke(
+    saver: BaseCheckpointSaver[Any], steps: int, big: Any, durability: str
+) -> tuple[float, float]:
+    """One invocation on a new thread: (wall ms/step, in-saver ms/step)."""
+    graph = build_graph(steps).compile(checkpointer=saver)
+    clock = SaverClock(saver)
+    state: State = {"counter": 0} if big is None else {"counter": 0, "big": big}
+    config: Any = {
+        "configurable": {"thread_id": uuid.uuid4().hex},
+        "recursion_limit": steps + 10,
+    }
+    start = time.perf_counter()
+    result = graph.invoke(state, config, durability=durability)  # type: ignore[arg-type]
+    wall = time.perf_counter() - start
+    assert result["counter"] == steps
+    return wall / steps * 1000, clock.seconds / steps * 1000
+
+
+@dataclass
+class Row:
+    database: str
+    saver: str
+    variant: str
+    ms: float
+    saver_ms: float
+    bytes: int
+    logical: int | None
+    baseline: str | None
+
+
+def measure(
+    savers: list[tuple[str, str, Factory, str | None]],
+    variant: str,
+    big: Any,
+    args: argparse.Namespace,
+) -> list[Row]:
+    """Bytes: one thread per saver on a fresh database. Time: every saver on another fresh
+    database, warmed up by one run, then the repeats taken in turns (saver A, B, C, A, B...)
+    so that a noisy moment on the machine hits them all alike."""
+    sizes = {}
+    for _, name, factory, _ in savers:
+        with factory() as opened:
+            invoke(opened.saver, args.steps, big, args.durability)
+            sizes[name] = opened.size()
+    times: dict[str, list[tuple[float, float]]] = {name: [] for _, name, _, _ in savers}
+    with ExitStack() as stack:
+        opened_all = [(name, stack.enter_context(factory())) for _, name, factory, _ in savers]
+        for _, opened in opened_all:
+            invoke(opened.saver, args.steps, big, args.durability)
+        for _ in range(args.repeats):
+            for name, opened in opened_all:
+                times[name].append(invoke(opened.saver, args.steps, big, args.durability))
+    return [
+        Row(
+            database, name, variant,
+            statistics.median(t[0] for t in times[name]),
+            statistics.median(t[1] for t in times[name]),
+            sizes[name][0], sizes[name][1], baseline,
+        )
+        for database, name, _, baseline in savers
+    ]
+
+
+def _mib(n: int) -> str:
+    return f"{n / MiB:8.2f} MiB" if n >= 100 * 1024 else f"{n / 1024:8.1f} KiB"
+
+
+def report(rows: list[Row]) -> None:
+    by_key = {(r.database, r.saver, r.variant): r for r in rows}
+    header = (
+        f"{'database':9} {'variant':10} {'saver':26} {'ms/step':>8} {'in saver':>9} "
+        f"{'stored':>13} {'(logical)':>13} {'speed':>7} {'in-saver':>9} {'bytes':>8}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        ratios = ""
+        if r.baseline:
+            base = by_key[(r.database, r.baseline, r.variant)]
+            ratios = (
+                f"{base.ms / r.ms:6.1f}x {base.saver_ms / r.saver_ms:8.1f}x "
+                f"{base.bytes / r.bytes:7.1f}x"
+            )
+        logical = f"({_mib(r.logical).strip()})" if r.logical is not None else ""
+        print(
+            f"{r.database:9} {r.variant:10} {r.saver:26} {r.ms:8.3f} {r.saver_ms:9.3f} "
+            f"{_mib(r.bytes):>13} {logical:>13} {ratios}"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--durability", choices=["sync", "async", "exit"], default="sync",
+                        help="LangGraph's durability mode for every invocation")
+    parser.add_argument("--no-pg", action="store_true", help="skip PostgreSQL")
+    parser.add_argument("--variants", default="small,str 1MiB,list 1MiB")
+    args = parser.parse_args(argv)
+    data = payloads()
+    variants = [v.strip() for v in args.variants.split(",")]
+    savers: list[tuple[str, str, Factory, str | None]] = [
+        ("sqlite", "SqliteSaver", lambda: sqlite_saver(None), None),
+        ("sqlite", "PitstopSaver sqlite full", lambda: pitstop_sqlite("full"), "SqliteSaver"),
+        ("sqlite", "SqliteSaver NORMAL", lambda: sqlite_saver("NORMAL"), None),
+        ("sqlite", "PitstopSaver sqlite", lambda: pitstop_sqlite("normal"), "SqliteSaver NORMAL"),
+    ]
+    if not args.no_pg:
+        savers += [
+            ("postgres", "PostgresSaver", postgres_saver, None),
+            ("postgres", "PitstopSaver postgres", pitstop_postgres, "PostgresSaver"),
+        ]
+    print(
+        f"{args.steps} steps, median of {args.repeats}, LangGraph durability={args.durability}, "
+        f"python {sys.version.split()[0]}\n"
+    )
+    rows = [row for variant in variants for row in measure(savers, variant, data[variant], args)]
+    report(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

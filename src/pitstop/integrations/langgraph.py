@@ -1,0 +1,813 @@
+"""A LangGraph checkpointer on any pitstop store: ``PitstopSaver(store)``.
+
+::
+
+    from pitstop import open_store
+    from pitstop.integrations.langgraph import PitstopSaver
+
+    graph = builder.compile(checkpointer=PitstopSaver(open_store("sqlite:///runs.db")))
+
+One class serves sync and async graphs (``invoke`` and ``ainvoke``) on SQLite, memory and
+PostgreSQL stores. How LangGraph's model maps onto pitstop's:
+
+* **Threads are runs.** Each (``thread_id``, ``checkpoint_ns``) is one pitstop run, with
+  workflow ``"langgraph"`` and run metadata ``{"thread_id", "checkpoint_ns"}``: its id is the
+  thread id for the root namespace and ``"<thread_id>::<checkpoint_ns>"`` for a subgraph's.
+  ``pitstop runs``, ``history``, ``prune`` and ``verify`` therefore work on LangGraph threads.
+* **Checkpoint ids.** A LangGraph checkpoint ``X`` of a run is pitstop checkpoint
+  ``"X~<12 hex digits naming the run>"``. Pitstop ids are unique in a store while one LangGraph
+  id can live in several threads (``copy_thread`` keeps ids), hence the suffix; ids of one run
+  share it, so they sort as LangGraph's do. The checkpoint's parent is the config's
+  ``checkpoint_id``, as in every LangGraph saver.
+* **Each channel is one state field**, stored as ``serde.dumps_typed(value)`` -- the
+  ``(type, bytes)`` pair LangGraph's own serializer makes, so any value LangGraph can
+  checkpoint works (messages included) and nothing is unpickled. pitstop content-addresses
+  each field. A channel whose version did not move since the parent (and is not in
+  ``new_versions``) is neither serialised nor stored again: its field points at the parent's
+  value, whatever its type. That is why a 1 MiB list that never changes costs its bytes once,
+  not once per step as in ``SqliteSaver`` (which rewrites the whole checkpoint) or
+  ``PostgresSaver`` (which inlines strings and numbers in every checkpoint row).
+* **Everything else is JSON metadata** of the pitstop checkpoint: ``source``, ``step_name`` (the
+  nodes that ran in the step, for the CLI) and ``langgraph`` = ``{"metadata": <LangGraph
+  metadata>, "checkpoint": <the checkpoint without id and channel values: v, ts,
+  channel_versions, versions_seen, updated_channels...>}``. Like ``PostgresSaver`` and
+  ``SqliteSaver``, metadata goes through JSON (a tuple comes back as a list); a part that is
+  not JSON at all is stored with LangGraph's serializer instead, base64-encoded.
+* **Pending writes** are pitstop effect records of the run, attached to the checkpoint (so
+  pruning it drops them), keyed ``"<checkpoint id>/<task id>/<idx>"`` and holding
+  ``(task_id, channel, type, bytes, task_path, idx)``. Special writes (errors, interrupts,
+  resumes...) overwrite, others are kept once, as in LangGraph's savers; ``get_tuple`` returns
+  them in ``(task_path, task_id, idx)`` order. An interrupt marks the run ``waiting``.
+* **Channel versions** are integers (``get_next_version``): pitstop deduplicates values by
+  content, so versions need no random part to keep branches' values apart.
+
+**No silent forks.** Two workers continuing one thread from the same checkpoint would each
+write a child of it -- two diverging histories, one of them invisible (LangGraph issue 8796).
+Here a checkpoint that *continues* a thread is written only if its parent is still the run's
+head (pitstop's compare-and-set ``expected_head``); the loser gets
+:class:`ThreadConflictError`. What continues a thread: every ``loop`` checkpoint; an
+``input`` or ``update`` checkpoint written on top of the checkpoint its writer read as the
+thread's latest (``get_tuple`` and ``list`` tag the configs they return with what was read,
+under the private key ``__pitstop_read__``); a thread's first checkpoint (``input`` at step -1
+or ``update`` at step 0 without a parent). Legitimate branches stay allowed: ``update_state``
+or a new input on an earlier checkpoint named by ``checkpoint_id``, time travel (``fork``
+checkpoints), ``update_state(..., as_node="__copy__")``.
+
+Differences from ``SqliteSaver``/``PostgresSaver``: latest means the run's head, the last
+checkpoint written, which is the newest one unless ids were made out of order by hand;
+``prune(strategy="keep_latest")`` keeps the latest checkpoint of every namespace (and refuses
+threads that use a ``DeltaChannel``, like ``PostgresSaver``); ``delete_for_runs`` scans the
+metadata of every LangGraph checkpoint in the store (nothing indexes LangGraph run ids).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import builtins
+import contextlib
+import hashlib
+import heapq
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Final, Generic, TypeVar, cast
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_id,
+    get_serializable_checkpoint_metadata,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.types import INTERRUPT
+
+from ..errors import (
+    CheckpointNotFoundError,
+    ConflictError,
+    RunNotFoundError,
+    SerializationError,
+)
+from ..model import Checkpoint as StoredCheckpoint
+from ..model import CheckpointSummary, Run, RunStatus
+from ..store import RetentionPolicy, Store, open_store
+from ..store.base import UNSET, _Unset
+
+T = TypeVar("T")
+
+WORKFLOW: Final = "langgraph"
+"""The workflow name of every run that holds a LangGraph thread."""
+
+READ_KEY: Final = "__pitstop_read__"
+"""Configurable key of configs returned by ``get_tuple``/``list``: which checkpoint was read
+and whether it was the thread's latest then (see "No silent forks" in the module docs)."""
+
+_NS_SEP: Final = "::"
+_ID_SEP: Final = "~"
+_TYPED: Final = "__pitstop_typed__"
+_PAGE: Final = 64
+_FIRST_CHECKPOINT: Final = frozenset({("input", -1), ("update", 0)})
+"""(source, step) of the first checkpoint LangGraph writes on a thread it found empty."""
+
+
+class ThreadConflictError(ConflictError):
+    """Another writer moved the thread on since this one read it: writing would fork it.
+
+    Raised by ``put`` for a checkpoint that continues the thread from a checkpoint that is no
+    longer its latest. Nothing was written; load the thread again (``get_state``) and retry.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class _Known:
+    """What ``put`` needs of a parent to skip unchanged channels: its fields and versions."""
+
+    fields: frozenset[str]
+    versions: dict[str, Any]
+    seen: dict[str, Any]
+
+
+class _LRU(Generic[T]):
+    """A small thread-safe LRU map (LangGraph saves in background threads)."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._data: OrderedDict[str, T] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str | None) -> T | None:
+        if key is None:
+            return None
+        with self._lock:
+            value = self._data.get(key)
+            if value is not None:
+                self._data.move_to_end(key)
+            return value
+
+    def put(self, key: str, value: T) -> None:
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            if len(self._data) > self._size:
+                self._data.popitem(last=False)
+
+
+@lru_cache(maxsize=4096)
+def _run_tag(run_id: str) -> str:
+    return hashlib.blake2b(run_id.encode(), digest_size=6).hexdigest()
+
+
+def run_id_for(thread_id: str, checkpoint_ns: str = "") -> str:
+    """The pitstop run that holds a LangGraph thread's namespace."""
+    return f"{thread_id}{_NS_SEP}{checkpoint_ns}" if checkpoint_ns else thread_id
+
+
+def stored_id(checkpoint_id: str, run_id: str) -> str:
+    """The pitstop checkpoint id of LangGraph checkpoint ``checkpoint_id`` in ``run_id``."""
+    return f"{checkpoint_id}{_ID_SEP}{_run_tag(run_id)}"
+
+
+def langgraph_id(stored: str) -> str:
+    """The LangGraph checkpoint id of a pitstop checkpoint id made by :func:`stored_id`."""
+    return stored.rpartition(_ID_SEP)[0] or stored
+
+
+def _plain(value: Any) -> bool:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _contains(value: Any, query: Any) -> bool:
+    """JSON containment, as PostgreSQL's ``jsonb @>`` (what ``PostgresSaver`` filters with)."""
+    if isinstance(query, Mapping):
+        return isinstance(value, Mapping) and all(
+            k in value and _contains(value[k], v) for k, v in query.items()
+        )
+    if isinstance(query, list | tuple):
+        return isinstance(value, list | tuple) and all(
+            any(_contains(item, q) for item in value) for q in query
+        )
+    if isinstance(query, bool) or isinstance(value, bool):
+        return value is query  # JSON true is not 1
+    return bool(value == query)
+
+
+def _config(thread_id: str, ns: str, checkpoint_id: str) -> RunnableConfig:
+    return {
+        "configurable": {
+            "thread_id": thread_id,
+            "checkpoint_ns": ns,
+            "checkpoint_id": checkpoint_id,
+        }
+    }
+
+
+def _where(config: RunnableConfig) -> tuple[str, str, str]:
+    conf = config["configurable"]
+    thread_id = str(conf["thread_id"])
+    ns = conf.get("checkpoint_ns") or ""
+    return thread_id, ns, run_id_for(thread_id, ns)
+
+
+class PitstopSaver(BaseCheckpointSaver[int]):
+    """LangGraph's ``BaseCheckpointSaver`` (sync and async) on a pitstop :class:`~pitstop.Store`.
+
+    ``store`` is a store or a store URL (then the saver opens it and :meth:`close` closes it).
+    ``serde`` is LangGraph's serializer for channel values and writes (default: LangGraph's
+    ``JsonPlusSerializer``). See the module documentation for how threads are stored.
+    """
+
+    def __init__(self, store: Store | str, *, serde: SerializerProtocol | None = None) -> None:
+        super().__init__(serde=serde)
+        self._owns_store = isinstance(store, str)
+        self.store: Store = open_store(store) if isinstance(store, str) else store
+        self._known: _LRU[_Known] = _LRU(2048)
+        # Checkpoints this process recorded an interrupt on. LangGraph saves a checkpoint and
+        # the writes made on it concurrently, so its put may land after the interrupt: it
+        # must not mark the run running again.
+        self._interrupted: _LRU[bool] = _LRU(1024)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the store if this saver opened it from a URL."""
+        if self._owns_store:
+            self.store.close()
+
+    def __enter__(self) -> PitstopSaver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """The checkpoint named by ``config`` (or the thread's latest) with its pending writes."""
+        thread_id, ns, run_id = _where(config)
+        wanted = get_checkpoint_id(config)
+        if wanted:
+            try:
+                stored = self.store.get(stored_id(wanted, run_id))
+            except CheckpointNotFoundError:
+                return None
+            if stored.run_id != run_id:
+                return None
+            try:
+                head = self.store.get_run(run_id).head_id
+            except RunNotFoundError:
+                head = None
+        else:
+            found = self.store.latest(run_id)
+            if found is None:
+                return None
+            stored, head = found, found.id
+        return self._tuple(stored, thread_id, ns, stored.id == head, self._writes(stored))
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        """Checkpoints newest first: of a thread (one namespace if the config names one, else
+        all), or of every LangGraph thread with ``config=None``.
+
+        ``filter`` matches LangGraph metadata by JSON containment (as ``PostgresSaver``),
+        ``before`` keeps ids below its ``checkpoint_id``, and a ``checkpoint_id`` in ``config``
+        keeps only that one. Metadata is filtered before any state is read.
+        """
+        if limit is not None and limit <= 0:
+            return
+        wanted = get_checkpoint_id(config) if config else None
+        before_id = get_checkpoint_id(before) if before else None
+        runs = self._runs(config)
+        streams = [self._summaries(run_id, before_id) for run_id, _, _ in runs]
+        merged: Iterable[CheckpointSummary] = (
+            streams[0]
+            if len(streams) == 1
+            else heapq.merge(*streams, key=lambda s: langgraph_id(s.id), reverse=True)
+        )
+        where = {run_id: (thread_id, ns) for run_id, thread_id, ns in runs}
+        heads: dict[str, str | None] = {}
+        count = 0
+        for summary in merged:
+            if wanted and langgraph_id(summary.id) != wanted:
+                continue
+            if filter and not _contains(self._lg_metadata(summary), filter):
+                continue
+            try:
+                stored = self.store.get(summary.id)
+            except CheckpointNotFoundError:  # pruned meanwhile
+                continue
+            if summary.run_id not in heads:
+                heads[summary.run_id] = self._head(summary.run_id)
+            thread_id, ns = where[summary.run_id]
+            yield self._tuple(
+                stored, thread_id, ns, heads[summary.run_id] == stored.id, self._writes(stored)
+            )
+            count += 1
+            if limit is not None and count >= limit:
+                return
+
+    def _head(self, run_id: str) -> str | None:
+        try:
+            return self.store.get_run(run_id).head_id
+        except RunNotFoundError:
+            return None
+
+    def _runs(self, config: RunnableConfig | None) -> builtins.list[tuple[str, str, str]]:
+        """(run id, thread id, namespace) of the runs a ``list`` config covers."""
+        if config is None:
+            found = self.store.runs(workflow=WORKFLOW, limit=None)
+        else:
+            conf = config["configurable"]
+            thread_id = str(conf["thread_id"])
+            ns = conf.get("checkpoint_ns")
+            if ns is not None:
+                return [(run_id_for(thread_id, ns), thread_id, ns)]
+            found = self._thread_runs(thread_id)
+        return [
+            (
+                run.id,
+                str(run.metadata.get("thread_id", run.id)),
+                str(run.metadata.get("checkpoint_ns", "")),
+            )
+            for run in found
+        ]
+
+    def _thread_runs(self, thread_id: str) -> builtins.list[Run]:
+        return self.store.runs(workflow=WORKFLOW, metadata={"thread_id": thread_id}, limit=None)
+
+    def _summaries(self, run_id: str, before: str | None) -> Iterator[CheckpointSummary]:
+        """A run's checkpoint records newest first, page by page, without their state."""
+        cursor = stored_id(before, run_id) if before else None
+        while True:
+            try:
+                page = self.store.history(run_id, limit=_PAGE, before=cursor)
+            except RunNotFoundError:
+                return
+            yield from page
+            if len(page) < _PAGE:
+                return
+            cursor = page[-1].id
+
+    def _writes(self, stored: CheckpointSummary) -> builtins.list[tuple[str, str, Any]]:
+        records = self.store.effects(stored.run_id, checkpoint_id=stored.id)
+        rows = sorted(
+            (r for r in records.values() if isinstance(r, tuple) and len(r) == 6),
+            key=lambda r: (r[4], r[0], r[5]),
+        )
+        return [
+            (task_id, channel, self.serde.loads_typed((type_, data)))
+            for task_id, channel, type_, data, _, _ in rows
+        ]
+
+    def _unpack(self, part: Any) -> Any:
+        if isinstance(part, dict) and len(part) == 1 and _TYPED in part:
+            type_, data = part[_TYPED]
+            return self.serde.loads_typed((type_, base64.b64decode(data)))
+        return part
+
+    def _lg_metadata(self, summary: CheckpointSummary) -> Any:
+        return self._unpack(summary.metadata.get("langgraph", {}).get("metadata", {}))
+
+    def _tuple(
+        self,
+        stored: StoredCheckpoint,
+        thread_id: str,
+        ns: str,
+        was_head: bool,
+        writes: builtins.list[tuple[str, str, Any]],
+    ) -> CheckpointTuple:
+        lg = stored.metadata.get("langgraph", {})
+        frame = self._unpack(lg.get("checkpoint", {}))
+        checkpoint_id = langgraph_id(stored.id)
+        values = {name: self.serde.loads_typed(value) for name, value in stored.state.items()}
+        checkpoint = cast(Checkpoint, {**frame, "id": checkpoint_id, "channel_values": values})
+        self._remember(stored.id, stored.state, frame)
+        if "parent" in lg:
+            parent = lg["parent"]
+        else:
+            parent = langgraph_id(stored.parent_id) if stored.parent_id else None
+        config = _config(thread_id, ns, checkpoint_id)
+        config["configurable"][READ_KEY] = {"checkpoint_id": checkpoint_id, "head": was_head}
+        return CheckpointTuple(
+            config=config,
+            checkpoint=checkpoint,
+            metadata=self._unpack(lg.get("metadata", {})),
+            parent_config=_config(thread_id, ns, parent) if parent else None,
+            pending_writes=writes,
+        )
+
+    def _remember(self, stored: str, fields: Iterable[str], frame: Mapping[str, Any]) -> None:
+        versions = frame.get("channel_versions") or {}
+        seen = frame.get("versions_seen") or {}
+        self._known.put(
+            stored,
+            _Known(frozenset(fields), dict(versions), {k: dict(v) for k, v in seen.items()}),
+        )
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Write a checkpoint as a child of the config's ``checkpoint_id``.
+
+        Only channels that changed since the parent are serialised; raises
+        :class:`ThreadConflictError` rather than fork a thread another writer moved on.
+        """
+        conf = config["configurable"]
+        thread_id, ns, run_id = _where(config)
+        checkpoint_id = checkpoint["id"]
+        parent = conf.get("checkpoint_id") or None
+        lg_meta = get_serializable_checkpoint_metadata(config, metadata)
+        values = checkpoint["channel_values"]
+        versions = checkpoint["channel_versions"]
+        frame = {k: v for k, v in checkpoint.items() if k not in ("id", "channel_values")}
+        source = lg_meta.get("source")
+        step = lg_meta.get("step")
+        step = step if type(step) is int else None
+        parent_id = stored_id(parent, run_id) if parent else None
+        known = self._known.get(parent_id)
+        lg: dict[str, Any] = {"metadata": lg_meta, "checkpoint": frame}
+        if parent is None:
+            # The store chains a parentless checkpoint onto the run's head: say it has none.
+            lg["parent"] = None
+        seen = checkpoint.get("versions_seen") or {}
+        meta: dict[str, Any] = {
+            "source": source,
+            "step_name": _ran(seen, known) if source != "input" else None,
+            "langgraph": lg,
+        }
+        if known is None:
+            changed: builtins.list[str] | None = None
+            state: dict[str, Any] = {
+                name: self.serde.dumps_typed(value) for name, value in values.items()
+            }
+        else:
+            # Unchanged: same version as the parent's, not in new_versions, a field there.
+            # Its field keeps pointing at the parent's value; it is not even serialised.
+            old = known.versions
+            changed = [
+                name
+                for name in values
+                if name in new_versions
+                or name not in known.fields
+                or name not in versions
+                or versions[name] != old.get(name)
+            ]
+            state = dict.fromkeys(values)
+            for name in changed:
+                state[name] = self.serde.dumps_typed(values[name])
+        if parent is None:
+            self._create_run(run_id, thread_id, ns)
+        expected = self._expected_head(conf, parent, parent_id, source, step)
+        stored = stored_id(checkpoint_id, run_id)
+        try:
+            self._save(
+                run_id=run_id, stored=stored, state=state, parent_id=parent_id, step=step,
+                meta=meta, changed=changed, expected=expected,
+            )
+        except CheckpointNotFoundError:
+            if parent_id is None:
+                raise
+            # The parent was deleted (delete_for_runs, prune): keep LangGraph's link in
+            # metadata and store the checkpoint whole, on the run's head.
+            lg["parent"] = parent
+            self._create_run(run_id, thread_id, ns)
+            state = {name: self.serde.dumps_typed(value) for name, value in values.items()}
+            self._save(
+                run_id=run_id, stored=stored, state=state, parent_id=None, step=step,
+                meta=meta, changed=None, expected=UNSET,
+            )
+        if self._interrupted.get(stored):
+            # An interrupt was recorded on this checkpoint while it was being written: the
+            # save may have committed "running" after the interrupt said "waiting".
+            self._mark_waiting(run_id)
+        self._remember(stored, values, frame)
+        return _config(thread_id, ns, checkpoint_id)
+
+    def _create_run(self, run_id: str, thread_id: str, ns: str) -> None:
+        self.store.create_run(
+            run_id,
+            workflow=WORKFLOW,
+            metadata={"thread_id": thread_id, "checkpoint_ns": ns},
+            exist_ok=True,
+        )
+
+    @staticmethod
+    def _expected_head(
+        conf: Mapping[str, Any],
+        parent: str | None,
+        parent_id: str | None,
+        source: Any,
+        step: int | None,
+    ) -> str | _Unset | None:
+        """The head the run must have for this checkpoint to be written (UNSET: any).
+
+        A checkpoint that continues the thread needs its parent to still be the head; one
+        that deliberately branches from an earlier checkpoint does not.
+        """
+        if parent_id is None:
+            return None if (source, step) in _FIRST_CHECKPOINT else UNSET
+        read = conf.get(READ_KEY)
+        if isinstance(read, Mapping) and read.get("checkpoint_id") == parent:
+            # Written on top of what this writer read: a continuation only if it read the
+            # latest checkpoint; an earlier one was named on purpose (time travel, edits).
+            return parent_id if read.get("head") else UNSET
+        if read is None and source != "loop":
+            # A config made by hand (or __copy__'s parent config): an explicit branch.
+            return UNSET
+        # A loop step, or a checkpoint on top of one this writer wrote itself.
+        return parent_id
+
+    def _save(
+        self,
+        *,
+        run_id: str,
+        stored: str,
+        state: Mapping[str, Any],
+        parent_id: str | None,
+        step: int | None,
+        meta: dict[str, Any],
+        changed: builtins.list[str] | None,
+        expected: str | _Unset | None,
+    ) -> None:
+        def save() -> None:
+            self.store.save(
+                run_id,
+                state,
+                parent_id=parent_id,
+                step=step,
+                metadata=meta,
+                changed=changed,
+                workflow=WORKFLOW,
+                status=None if self._interrupted.get(stored) else RunStatus.RUNNING,
+                expected_head=expected,
+                checkpoint_id=stored,
+            )
+
+        try:
+            try:
+                save()
+            except SerializationError as exc:
+                if not (exc.path or "").startswith("metadata"):
+                    raise
+                # LangGraph metadata (or checkpoint frame) that is not JSON: keep that part
+                # in LangGraph's own serialised form instead.
+                lg = meta["langgraph"]
+                for key in ("metadata", "checkpoint"):
+                    if not _plain(lg[key]):
+                        type_, data = self.serde.dumps_typed(lg[key])
+                        lg[key] = {_TYPED: [type_, base64.b64encode(data).decode()]}
+                save()
+        except ConflictError as exc:
+            if exc.actual == stored:
+                return  # this very checkpoint is already there: a repeated put
+            if isinstance(expected, _Unset) or exc.expected != expected:
+                raise
+            raise ThreadConflictError(
+                "another writer moved this LangGraph thread on since its parent "
+                f"{langgraph_id(expected) if expected else None!r} was read; writing "
+                f"{langgraph_id(stored)!r} would fork it",
+                run_id=run_id,
+                expected=expected,
+                actual=exc.actual,
+            ) from None
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Record a task's writes on the config's checkpoint, in one transaction.
+
+        Special writes (``WRITES_IDX_MAP``) replace a previous write of the same task and
+        index; regular writes are kept once (a repeated call changes nothing).
+        """
+        _, _, run_id = _where(config)
+        checkpoint_id = config["configurable"]["checkpoint_id"]
+        records: dict[str, tuple[str, str, str, bytes, str, int]] = {}
+        for idx, (channel, value) in enumerate(writes):
+            index = WRITES_IDX_MAP.get(channel, idx)
+            type_, data = self.serde.dumps_typed(value)
+            records[f"{checkpoint_id}/{task_id}/{index}"] = (
+                task_id,
+                channel,
+                type_,
+                bytes(data),
+                task_path,
+                index,
+            )
+        if not records:
+            return
+        stored = stored_id(checkpoint_id, run_id)
+        interrupted = any(channel == INTERRUPT for channel, _ in writes)
+        if interrupted:
+            self._interrupted.put(stored, True)  # before the put of `stored` may look
+        self.store.record_effects(
+            run_id,
+            records,
+            checkpoint_id=stored,
+            replace=all(channel in WRITES_IDX_MAP for channel, _ in writes),
+        )
+        if interrupted:
+            self._mark_waiting(run_id)
+
+    def _mark_waiting(self, run_id: str) -> None:
+        """Show the run as waiting (for a human) in pitstop's tools until it continues."""
+        with contextlib.suppress(RunNotFoundError):
+            self.store.update_run(run_id, status=RunStatus.WAITING)
+
+    def get_next_version(self, current: int | None, channel: None) -> int:
+        """Integer versions: 1, 2, 3... (values are deduplicated by content, not version)."""
+        if current is None:
+            return 1
+        if isinstance(current, str):
+            # A thread copied from a saver with "<n>.<hash>" versions continues its numbering.
+            return int(current.split(".", 1)[0]) + 1
+        return int(current) + 1
+
+    # -- maintenance -------------------------------------------------------------------------
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Delete every namespace of the thread: checkpoints, writes and unshared values."""
+        for run in self._thread_runs(str(thread_id)):
+            with contextlib.suppress(RunNotFoundError):
+                self.store.delete_run(run.id)
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Delete the checkpoints (and their writes) that these LangGraph runs wrote."""
+        doomed_runs = {str(r) for r in run_ids}
+        if not doomed_runs:
+            return
+        for run in self.store.runs(workflow=WORKFLOW, limit=None):
+            doomed = [
+                s.id
+                for s in self._summaries(run.id, None)
+                if isinstance(meta := self._lg_metadata(s), Mapping)
+                and meta.get("run_id") in doomed_runs
+            ]
+            if doomed:
+                self.store.delete_checkpoints(run.id, doomed)
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every namespace of a thread, with the same checkpoint ids, parents, metadata
+        and pending writes. Values are shared with the source, not stored twice."""
+        source, target = str(source_thread_id), str(target_thread_id)
+        for run in self._thread_runs(source):
+            ns = str(run.metadata.get("checkpoint_ns", ""))
+            target_run = run_id_for(target, ns)
+            self._create_run(target_run, target, ns)
+            copies: dict[str, str] = {}
+            for summary in reversed(list(self._summaries(run.id, None))):
+                stored = self.store.get(summary.id)
+                meta = dict(stored.metadata)
+                lg = dict(meta.get("langgraph", {}))
+                parent = copies.get(stored.parent_id or "")
+                if parent is None and "parent" not in lg:
+                    lg["parent"] = langgraph_id(stored.parent_id) if stored.parent_id else None
+                meta["langgraph"] = lg
+                meta["copied_from"] = stored.id
+                copy = stored_id(langgraph_id(stored.id), target_run)
+                self.store.save(
+                    target_run,
+                    stored.state,
+                    parent_id=parent,
+                    step=stored.step,
+                    metadata=meta,
+                    workflow=WORKFLOW,
+                    checkpoint_id=copy,
+                )
+                copies[stored.id] = copy
+                writes = self.store.effects(run.id, checkpoint_id=stored.id)
+                if writes:
+                    self.store.record_effects(target_run, writes, checkpoint_id=copy)
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """``keep_latest``: keep each namespace's latest checkpoint (with its writes and
+        values); ``delete``: delete the threads. See the module documentation."""
+        if isinstance(thread_ids, str):
+            raise TypeError("thread_ids must be a sequence of thread IDs, not a str")
+        if strategy not in ("keep_latest", "delete"):
+            raise ValueError(f"Unknown prune strategy: {strategy!r}")
+        threads = [str(t) for t in thread_ids]
+        if strategy == "delete":
+            for thread_id in threads:
+                self.delete_thread(thread_id)
+            return
+        runs = {thread_id: self._thread_runs(thread_id) for thread_id in threads}
+        delta = sorted(
+            thread_id
+            for thread_id, found in runs.items()
+            if any(self._uses_delta_channel(run.id) for run in found)
+        )
+        if delta:
+            raise NotImplementedError(
+                f"keep_latest can't prune threads that use a DeltaChannel: {', '.join(delta)}"
+            )
+        policy = RetentionPolicy(keep_last=1, keep_milestones=False)
+        for found in runs.values():
+            for run in found:
+                self.store.prune(policy, run_id=run.id)
+
+    def _uses_delta_channel(self, run_id: str) -> bool:
+        """Whether a checkpoint of the run counts delta-channel writes: its latest value is
+        rebuilt from older checkpoints, which keep_latest would delete."""
+        return any(
+            isinstance(meta := self._lg_metadata(s), Mapping)
+            and "counters_since_delta_snapshot" in meta
+            for s in self._summaries(run_id, None)
+        )
+
+    # -- async: the same methods in a worker thread ------------------------------------------
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return await asyncio.to_thread(self.get_tuple, config)
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        items = self.list(config, filter=filter, before=before, limit=limit)
+        while (item := await asyncio.to_thread(next, items, None)) is not None:
+            yield item
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        await asyncio.to_thread(self.delete_thread, thread_id)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        await asyncio.to_thread(self.delete_for_runs, run_ids)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        await asyncio.to_thread(self.prune, thread_ids, strategy=strategy)
+
+
+def _ran(seen: Mapping[str, Any], parent: _Known | None) -> str | None:
+    """The nodes that ran in the step that made a checkpoint: those whose versions_seen moved
+    since the parent (None if the parent is not known here)."""
+    if parent is None:
+        return None
+    ran = sorted(
+        node
+        for node, versions in seen.items()
+        if node != INTERRUPT and parent.seen.get(node) != versions
+    )
+    return ",".join(ran) or None
+
+
+__all__ = [
+    "READ_KEY",
+    "WORKFLOW",
+    "PitstopSaver",
+    "ThreadConflictError",
+    "langgraph_id",
+    "run_id_for",
+    "stored_id",
+]
