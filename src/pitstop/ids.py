@@ -17,6 +17,7 @@ import time
 
 _lock = threading.Lock()
 _last = 0  # last (unix_ms << 12 | seq) handed out by this process
+_last_id = ""  # and the id made from it
 
 _MAX_SEQ = 0xFFF
 
@@ -38,10 +39,10 @@ def _compose(ms_seq: int, rand: int) -> int:
 
 def new_id(after: str | None = None) -> str:
     """A new UUIDv7 string, greater than every id this process made before, and than ``after``."""
-    global _last  # noqa: PLW0603 - the process-wide sequence is the point
+    global _last, _last_id  # noqa: PLW0603 - the process-wide sequence is the point
     now = time.time_ns() // 1_000_000 << 12
     floor = 0
-    if after is not None:
+    if after is not None and after != _last_id:  # our own last id needs no parsing
         try:
             value = _parse(after)
         except ValueError:
@@ -52,8 +53,9 @@ def new_id(after: str | None = None) -> str:
     with _lock:
         ms_seq = max(now, _last + 1, floor + 1)
         _last = ms_seq
-    # random's generator is seeded from the OS and reseeded in a forked child.
-    return _format(_compose(ms_seq, random.getrandbits(62)))
+        # random's generator is seeded from the OS and reseeded in a forked child.
+        _last_id = _format(_compose(ms_seq, random.getrandbits(62)))
+        return _last_id
 
 
 def id_time(uuid_str: str) -> float:

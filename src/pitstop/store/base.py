@@ -57,7 +57,7 @@ class Lease:
     expires_at: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PreparedSave:
     """A checkpoint serialised and checked, not yet written: :meth:`Store.commit` writes it.
 

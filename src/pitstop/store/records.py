@@ -18,7 +18,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import ormsgpack
 
@@ -41,8 +41,12 @@ instead of in a separate content-addressed row: a reference (32-byte hash plus s
 as big as the value, and every extra row costs index pages on each write."""
 
 
-@dataclass(frozen=True, slots=True)
-class FieldRef:
+class FieldRef(NamedTuple):
+    """Where one field's value is: a stored value by hash, or the value itself inline.
+
+    A named tuple, not a dataclass: one is made per field per checkpoint, on the hot path.
+    """
+
     hash: bytes
     """Content hash of a separately stored value (empty for an inline value)."""
     size: int
@@ -163,6 +167,25 @@ class CheckpointRecord:
 
     def summary(self) -> CheckpointSummary:
         return CheckpointSummary(**self.summary_kwargs())
+
+    def checkpoint(self, state: dict[str, Any]) -> Checkpoint:
+        """This record as a :class:`Checkpoint` holding ``state`` (no keyword plumbing: it is
+        built on every save)."""
+        ckpt = Checkpoint._from_row(
+            self.id,
+            self.run_id,
+            self.parent_id,
+            self.step,
+            self.created_at,
+            self.schema_version,
+            self.checksum,
+            self.size,
+            self.metadata,
+            self.footprint,
+        )
+        ckpt.state = state
+        ckpt.skipped = ()
+        return ckpt
 
 
 def encode_metadata(metadata: Mapping[str, Any] | None, run_id: str) -> str:
@@ -325,7 +348,7 @@ class Codec:
             )
             for name, ref in record.field_map().items()
         }
-        return Checkpoint(state=state, **record.summary_kwargs())
+        return record.checkpoint(state)
 
 
 __all__ = [

@@ -13,7 +13,6 @@ import logging
 import threading
 import time
 from abc import abstractmethod
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -249,6 +248,25 @@ class Tx:
             self.run(sql.format(**{"in": _marks(len(part))}), [*prefix, *part])
 
 
+class QmarkTx(Tx):
+    """:class:`Tx` for drivers that take ``?`` placeholders as written (SQLite)."""
+
+    __slots__ = ()
+
+    def run(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        return self.cur.execute(sql, params)
+
+    def one(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        return self.cur.execute(sql, params).fetchone()
+
+    def all(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        return list(self.cur.execute(sql, params).fetchall())
+
+    def many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        if rows:
+            self.cur.executemany(sql, rows)
+
+
 def _marks(n: int) -> str:
     return ", ".join("?" * n)
 
@@ -287,30 +305,30 @@ class _WritePlan:
 
 
 class _LRU:
-    """A small thread-safe LRU map (field maps of recent checkpoints, known run heads)."""
+    """A small bounded map (field maps of recent checkpoints, known run heads).
+
+    Lock-free: single dict operations are atomic in CPython, and a racing eviction at worst
+    drops an entry early, which only costs a query. Oldest inserted entries go first.
+    """
 
     def __init__(self, size: int) -> None:
         self._size = size
-        self._data: OrderedDict[str, Any] = OrderedDict()
-        self._lock = threading.Lock()
+        self._data: dict[str, Any] = {}
 
     def get(self, key: str) -> Any:
-        with self._lock:
-            value = self._data.get(key)
-            if value is not None:
-                self._data.move_to_end(key)
-            return value
+        return self._data.get(key)
 
     def put(self, key: str, value: Any) -> None:
-        with self._lock:
-            self._data[key] = value
-            self._data.move_to_end(key)
-            if len(self._data) > self._size:
-                self._data.popitem(last=False)
+        data = self._data
+        data[key] = value
+        if len(data) > self._size:
+            try:
+                data.pop(next(iter(data)), None)
+            except (StopIteration, RuntimeError):  # emptied or resized by another thread
+                pass
 
     def drop(self, key: str) -> None:
-        with self._lock:
-            self._data.pop(key, None)
+        self._data.pop(key, None)
 
 
 def _ts(value: datetime | float | None) -> float | None:
@@ -572,6 +590,9 @@ class SqlStore(Store):
         )
         if checkpoint_id is not None:
             _check_id("checkpoint_id", checkpoint_id)
+        size = 0
+        for ref in fields.values():
+            size += ref.size
         record = CheckpointRecord(
             id=checkpoint_id or new_id(after=parent_id),
             run_id=run_id,
@@ -581,8 +602,8 @@ class SqlStore(Store):
             schema_version=schema_version,
             metadata=meta_json,
             fields=encode_field_map(fields),
-            size=sum(ref.size for ref in fields.values()),
-            added=sum(blob.size for blob in new.values()),
+            size=size,
+            added=sum(blob.size for blob in new.values()) if new else 0,
         )
         record.checksum = record.compute_checksum()
         hashes = stored_hashes(fields)
@@ -633,7 +654,7 @@ class SqlStore(Store):
             self._fields.drop(plan.record.id)
             raise
         self._heads.put(prepared.run_id, plan.record.id)
-        return Checkpoint(state=dict(prepared.state), **plan.record.summary_kwargs())
+        return plan.record.checkpoint(dict(prepared.state))
 
     def save(
         self,

@@ -19,14 +19,15 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from ..errors import StoreError
 from ..serde import Serializer
 from .base import Durability
-from .sql import Dialect, SqlStore, Tx
+from .sql import Dialect, QmarkTx, SqlStore, T, Tx
 
 
 class SQLiteDialect(Dialect):
@@ -127,6 +128,50 @@ class SQLiteStore(SqlStore):
             self._conn = self._open()
             self._pid = pid
         return self._conn
+
+    def _tx(
+        self,
+        fn: Callable[[Tx], T],
+        *,
+        write: bool = False,
+        durability: Durability | None = None,
+    ) -> T:
+        """One transaction, retried while SQLite reports the database busy.
+
+        The same contract as :meth:`SqlStore._tx`, written out flat: it runs on every
+        checkpoint, and its layers of closures and context managers cost more than the SQL.
+        """
+        delay = 0.002
+        deadline = 0.0
+        while True:
+            with self._lock:
+                conn = self._conn
+                if conn is None or self._pid != os.getpid():
+                    conn = self._connection()
+                level = durability or self.durability
+                if level != self._synchronous:
+                    # Per-commit durability: SQLite only lets this change outside a transaction.
+                    conn.execute(f"PRAGMA synchronous={_SYNCHRONOUS[level]}")
+                    self._synchronous = level
+                try:
+                    conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                    result = fn(QmarkTx(conn, SQLITE))
+                    conn.execute("COMMIT")
+                    return result
+                except BaseException as exc:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    if not isinstance(exc, Exception) or not self._retryable(exc):
+                        raise
+                    error = exc
+            now = time.monotonic()
+            deadline = deadline or now + self.busy_timeout
+            if now > deadline:
+                raise StoreError(
+                    f"{self.url}: store stayed busy for {self.busy_timeout:.0f}s ({error})"
+                ) from error
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
 
     @contextmanager
     def _transaction(self, write: bool, durability: Durability | None = None) -> Iterator[Any]:
