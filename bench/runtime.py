@@ -16,6 +16,7 @@ Medians; ratios are computed between numbers measured in this same run.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import signal
 import statistics
@@ -26,11 +27,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import fmt_time, save_results, table
-
 import pitstop
+
+# Run as a script, bench/ comes first on sys.path, where bench/langgraph.py would shadow the
+# real langgraph package (a namespace package loses to any module of its name, wherever it
+# is on the path): take bench/ off the path and load the shared helpers by file.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+_spec = importlib.util.spec_from_file_location("_common", _HERE / "_common.py")
+assert _spec is not None
+assert _spec.loader is not None
+_common = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_common)
+
+fmt_time = _common.fmt_time
+save_results = _common.save_results
+table = _common.table
+
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -93,7 +106,8 @@ def per_step_langgraph(tmp: Path, steps: int, rounds: int, saver: bool) -> float
 
         from langgraph.checkpoint.sqlite import SqliteSaver
         from langgraph.graph import END, START, StateGraph
-    except ImportError:
+    except ImportError as exc:
+        print(f"(LangGraph not measured: {exc})", file=sys.stderr)
         return None
 
     class State(TypedDict):

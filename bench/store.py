@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import importlib.util
 import os
 import sqlite3
 import sys
@@ -21,11 +22,25 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import fmt_bytes, fmt_time, median_time, save_results, table
-
 import pitstop
+
+# Run as a script, bench/ comes first on sys.path, where bench/langgraph.py would shadow the
+# real langgraph package (a namespace package loses to any module of its name, wherever it
+# is on the path): take bench/ off the path and load the shared helpers by file.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+_spec = importlib.util.spec_from_file_location("_common", _HERE / "_common.py")
+assert _spec is not None
+assert _spec.loader is not None
+_common = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_common)
+
+fmt_bytes = _common.fmt_bytes
+fmt_time = _common.fmt_time
+median_time = _common.median_time
+save_results = _common.save_results
+table = _common.table
+
 
 MiB = 1 << 20
 

@@ -188,12 +188,16 @@ class CheckpointRecord:
         return ckpt
 
 
+# One configured encoder: json.dumps would rebuild it (and re-check its options) per call.
+_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def encode_metadata(metadata: Mapping[str, Any] | None, run_id: str) -> str:
     """Compact JSON; a value that is not JSON is named in the error, nothing is written."""
     if not metadata:
         return "{}"
     try:
-        return json.dumps(metadata, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        return _JSON.encode(metadata)
     except (TypeError, ValueError) as exc:
         for key, value in metadata.items():
             try:

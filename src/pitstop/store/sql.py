@@ -9,8 +9,8 @@ which errors are worth retrying. Values always travel as parameters, never in th
 from __future__ import annotations
 
 import json
+import contextlib
 import logging
-import threading
 import time
 from abc import abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -322,13 +322,30 @@ class _LRU:
         data = self._data
         data[key] = value
         if len(data) > self._size:
-            try:
+            # StopIteration/RuntimeError: emptied or resized by another thread meanwhile.
+            with contextlib.suppress(StopIteration, RuntimeError):
                 data.pop(next(iter(data)), None)
-            except (StopIteration, RuntimeError):  # emptied or resized by another thread
-                pass
 
     def drop(self, key: str) -> None:
         self._data.pop(key, None)
+
+
+@lru_cache(maxsize=16)
+def _move_head_sql(is_: str, checks_head: bool, leased: bool) -> str:
+    """The conditional UPDATE that moves a run's head on every save, one string per case."""
+    where = ["run_id = ?"]
+    if checks_head:
+        where.append(f"head_id {is_} ?")
+    if leased:
+        where.append("lease_owner = ? AND fence = ?")
+    else:
+        where.append("(lease_owner IS NULL OR lease_expires IS NULL OR lease_expires <= ?)")
+    return (
+        "UPDATE pitstop_runs SET head_id = ?, step = ?, "
+        "status = COALESCE(?, status), workflow = COALESCE(?, workflow), "
+        "updated_at = ?, waiting_for = ?, wake_at = ?, "
+        "checkpoints = checkpoints + 1, bytes = bytes + ? WHERE " + " AND ".join(where)
+    )
 
 
 def _ts(value: datetime | float | None) -> float | None:
@@ -688,7 +705,7 @@ class SqlStore(Store):
         run_id = record.run_id
         now = record.created_at
         grown = record.added + len(record.metadata) + len(record.fields)
-        where = ["run_id = ?"]
+        expected = record.parent_id if plan.follow_head else plan.expected_head
         params: list[Any] = [
             record.id,
             record.step,
@@ -700,29 +717,20 @@ class SqlStore(Store):
             grown,
             run_id,
         ]
-        expected = record.parent_id if plan.follow_head else plan.expected_head
-        if expected is not UNSET:
-            where.append(f"head_id {self.dialect.is_} ?")
+        checks_head = expected is not UNSET
+        if checks_head:
             params.append(expected)
-        if plan.follow_head and plan.expected_head not in (UNSET, expected):
-            # Following the head *and* expecting a given one: both must hold. They differ
-            # here, so nothing matches and the slow path says which (ConflictError, or the
-            # head moved and the save is prepared again on the new one).
-            where.append(f"head_id {self.dialect.is_} ?")
-            params.append(plan.expected_head)
         if plan.lease is not None:
-            where.append("lease_owner = ? AND fence = ?")
             params += [plan.lease.owner, plan.lease.token]
         else:
-            where.append("(lease_owner IS NULL OR lease_expires IS NULL OR lease_expires <= ?)")
             params.append(now)
-        moved = tx.run(
-            "UPDATE pitstop_runs SET head_id = ?, step = ?, "
-            "status = COALESCE(?, status), workflow = COALESCE(?, workflow), "
-            "updated_at = ?, waiting_for = ?, wake_at = ?, "
-            "checkpoints = checkpoints + 1, bytes = bytes + ? WHERE " + " AND ".join(where),
-            params,
-        ).rowcount
+        if plan.follow_head and plan.expected_head not in (UNSET, expected):
+            # Following the head *and* expecting another one cannot both hold: the slow
+            # path says which failed (ConflictError, or a moved head and a new attempt).
+            moved = 0
+        else:
+            sql = _move_head_sql(self.dialect.is_, checks_head, plan.lease is not None)
+            moved = tx.run(sql, params).rowcount
         if not moved:
             self._first_write_or_refusal(tx, plan, grown)
         if plan.chosen_id and tx.one(
