@@ -8,8 +8,8 @@ which errors are worth retrying. Values always travel as parameters, never in th
 
 from __future__ import annotations
 
-import json
 import contextlib
+import json
 import logging
 import time
 from abc import abstractmethod
