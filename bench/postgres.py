@@ -1,0 +1,239 @@
+"""PostgreSQL benchmark (issue #4): per-step cost, a large unchanged field, worker throughput.
+
+    .venv/bin/python bench/postgres.py [--url postgresql://postgres@127.0.0.1:5432/test]
+    .venv/bin/python bench/postgres.py --quick
+
+1. Per-step cost of a no-op step on a ~1 KiB state (checkpoint after every step, durability
+   ``normal`` and ``full``), and with an unchanged 1 MiB string field in the state; bytes the
+   1 MiB case stored after 200 steps (``pg_total_relation_size`` of pitstop's tables).
+2. LangGraph's PostgresSaver on the same loop, in the same run, when installed.
+3. Throughput: 400 queued runs of 5 steps executed by 1, 2 and 4 worker processes
+   (``pitstop.Worker``), in checkpoints per second. The machine has 2 cores shared with the
+   PostgreSQL server, so this shows how workers scale when they wait on the database.
+
+Each measurement uses a fresh schema, dropped afterwards. Medians; ratios within this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import importlib.util
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pitstop
+
+# Run as a script, bench/ comes first on sys.path, where bench/langgraph.py would shadow the
+# real langgraph package: take bench/ off the path and load the shared helpers by file.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+_spec = importlib.util.spec_from_file_location("_common", _HERE / "_common.py")
+assert _spec is not None
+assert _spec.loader is not None
+_common = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_common)
+fmt_bytes = _common.fmt_bytes
+fmt_time = _common.fmt_time
+save_results = _common.save_results
+table = _common.table
+base_state = _common.base_state
+pitstop_loop = _common.pitstop_loop
+langgraph_loop = _common.langgraph_loop
+time_invoke = _common.time_invoke
+
+ROOT = _HERE.parent
+DEFAULT_URL = os.environ.get(
+    "PITSTOP_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
+)
+MiB = 1 << 20
+BIG = base64.b64encode(os.urandom(3 * MiB // 4)).decode()  # random: zstd cannot hide it
+
+
+@contextmanager
+def schema(url: str) -> Iterator[tuple[str, str]]:
+    """A fresh schema: (pitstop URL with ?schema=, schema name); dropped afterwards."""
+    import psycopg
+
+    name = f"bench_{uuid.uuid4().hex[:10]}"
+    sep = "&" if "?" in url else "?"
+    try:
+        yield f"{url}{sep}schema={name}", name
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+def relation_bytes(url: str, name: str, prefix: str) -> int:
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND c.relkind = 'r' AND c.relname LIKE %s",
+            (name, prefix + "%"),
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def per_step_pitstop(url: str, steps: int, rounds: int, durability: str,
+                     **extra: Any) -> tuple[float, int]:
+    samples, stored = [], 0
+    for _ in range(rounds):
+        with schema(url) as (store_url, name):
+            store = pitstop.open_store(store_url, durability=durability)
+            wf = pitstop_loop(steps)
+            t0 = time.perf_counter()
+            result = wf.start(store, base_state(**extra))
+            samples.append((time.perf_counter() - t0) / steps)
+            assert result.state["i"] == steps
+            store.close()
+            stored = relation_bytes(url, name, "pitstop_")
+    return statistics.median(samples), stored
+
+
+def per_step_postgres_saver(url: str, steps: int, rounds: int,
+                            **extra: Any) -> tuple[float, int] | None:
+    graph = langgraph_loop(steps, **{k: type(v) for k, v in extra.items()})
+    if graph is None:
+        return None
+    try:
+        import psycopg
+        from langgraph.checkpoint.postgres import PostgresSaver
+    except ImportError as exc:
+        print(f"(PostgresSaver not measured: {exc})")
+        return None
+    samples, stored = [], 0
+    for r in range(rounds):
+        with schema(url) as (_, name):
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(f'CREATE SCHEMA "{name}"')
+            conninfo = f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{name}"
+            with PostgresSaver.from_conn_string(conninfo) as saver:
+                saver.setup()
+                app = graph.compile(checkpointer=saver)
+                samples.append(time_invoke(app, base_state(**extra), steps, f"t{r}"))
+            stored = relation_bytes(url, name, "checkpoint")
+    return statistics.median(samples), stored
+
+
+WORKER = """
+import os, sys, time
+sys.path.insert(0, sys.argv[2])
+import pitstop
+from postgres import throughput_workflow
+store = pitstop.open_store(sys.argv[1])
+worker = pitstop.Worker(store, [throughput_workflow()], concurrency=1, poll_interval=0.05)
+print("ready", flush=True)
+while not os.path.exists(sys.argv[3]):  # start together, once every worker has started up
+    time.sleep(0.005)
+print(worker.run(until_idle=True, handle_signals=False).executed, flush=True)
+"""
+
+
+def throughput_workflow() -> pitstop.Workflow:
+    wf = pitstop.Workflow("throughput")
+
+    def step(name: str) -> Any:
+        return lambda state: {name: state["n"]}
+
+    for name in ("a", "b", "c", "d", "e"):
+        wf.step(name=name)(step(name))
+    return wf
+
+
+def throughput(url: str, processes: int, runs: int, tmp: Path) -> float:
+    """Checkpoints written per second by ``processes`` worker processes draining ``runs``.
+
+    The clock starts when every worker has started up (interpreter and imports are not what
+    is measured) and stops when the last one has found nothing left to do.
+    """
+    go = tmp / f"go-{processes}-{uuid.uuid4().hex}"
+    with schema(url) as (store_url, _):
+        with pitstop.open_store(store_url) as store:
+            wf = throughput_workflow()
+            for n in range(runs):
+                wf.enqueue(store, {"n": n})
+            before = store.stats().checkpoints
+        procs = [
+            subprocess.Popen([sys.executable, "-c", WORKER, store_url, str(_HERE), str(go)],
+                             stdout=subprocess.PIPE, text=True, cwd=ROOT)
+            for _ in range(processes)
+        ]
+        for p in procs:
+            assert p.stdout is not None
+            assert p.stdout.readline().strip() == "ready"
+        t0 = time.perf_counter()
+        go.write_text("go")
+        executed = sum(int(p.communicate()[0].split()[-1]) for p in procs)
+        elapsed = time.perf_counter() - t0
+        assert executed == runs, (executed, runs)
+        with pitstop.open_store(store_url) as store:
+            written = store.stats().checkpoints - before
+            assert store.stats().runs_by_status == {"completed": runs}
+    return written / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--url", default=DEFAULT_URL)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    steps, rounds = (100, 3) if args.quick else (200, 5)
+    runs = 120 if args.quick else 400
+
+    results: dict[str, Any] = {}
+    results["normal"] = per_step_pitstop(args.url, steps, rounds, "normal")
+    results["full"] = per_step_pitstop(args.url, steps, rounds, "full")
+    results["big"] = per_step_pitstop(args.url, steps, rounds, "normal", document=BIG)
+    results["lg_small"] = per_step_postgres_saver(args.url, steps, rounds)
+    results["lg_big"] = per_step_postgres_saver(args.url, steps, rounds, document=BIG)
+    with tempfile.TemporaryDirectory() as tmp:
+        results["throughput"] = {
+            n: statistics.median(throughput(args.url, n, runs, Path(tmp)) for _ in range(3))
+            for n in (1, 2, 4)
+        }
+
+    normal, big = results["normal"][0], results["big"][0]
+    rows = [
+        ["pitstop, ~1 KiB state, normal", fmt_time(normal), "", "<= 1.5 ms"],
+        ["pitstop, ~1 KiB state, full", fmt_time(results["full"][0]), "", ""],
+        ["pitstop, + unchanged 1 MiB string", fmt_time(big), f"{big / normal:.1f}x small",
+         "<= 2x small"],
+        [f"bytes stored after {steps} steps with the 1 MiB string",
+         fmt_bytes(results["big"][1]), "", "< 2 MiB"],
+    ]
+    for key, label in (("lg_small", "~1 KiB state"), ("lg_big", "+ unchanged 1 MiB string")):
+        lg = results[key]
+        if lg is None:
+            continue
+        ours = normal if key == "lg_small" else big
+        rows.append([f"LangGraph PostgresSaver, {label}", fmt_time(lg[0]),
+                     f"pitstop {lg[0] / ours:.1f}x faster", ""])
+        if key == "lg_big":
+            rows.append([f"PostgresSaver bytes after {steps} steps with the 1 MiB string",
+                         fmt_bytes(lg[1]), f"pitstop {lg[1] / max(results['big'][1], 1):.0f}x "
+                         "smaller", ""])
+    tp = results["throughput"]
+    for n in (1, 2, 4):
+        rows.append([f"throughput, {n} worker process{'es' if n > 1 else ''}",
+                     f"{tp[n]:.0f} ckpt/s", f"{tp[n] / tp[1]:.2f}x of 1",
+                     ">= 1.3x of 1" if n == 4 else ""])
+    markdown = table(["what (median)", "per step / size", "ratio", "target"], rows)
+    print(markdown)
+    command = "python bench/postgres.py" + (" --quick" if args.quick else "")
+    print(f"\n(results written to {save_results('postgres', command, results, markdown)})")
+
+
+if __name__ == "__main__":
+    main()
