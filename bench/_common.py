@@ -12,6 +12,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pitstop
+
 RESULTS = Path(__file__).resolve().parent.parent / ".bench"
 
 
@@ -80,3 +82,66 @@ def save_results(name: str, command: str, data: dict[str, Any], markdown: str) -
         )
     )
     return out
+
+
+# -- the workload the runtime benchmarks share ----------------------------------------------------
+
+
+def base_state(**extra: Any) -> dict[str, Any]:
+    """~1 KiB of agent-like state, plus a counter the steps increment."""
+    return {
+        "messages": [
+            {"role": "user", "content": "Please review vendor Acme Corp for onboarding."},
+            {"role": "assistant", "content": "Running the security questionnaire now. " * 6},
+            {"role": "tool", "name": "soc2_lookup", "content": "SOC 2 Type II, valid 2026."},
+        ],
+        "vendor": {"name": "Acme Corp", "country": "DE", "tier": 2, "contacts": ["a", "b"]},
+        "notes": "x" * 300,
+        "i": 0,
+        **extra,
+    }
+
+
+def noop(state: dict[str, Any]) -> dict[str, Any]:
+    return {"i": state["i"] + 1}
+
+
+def pitstop_loop(steps: int, durability: str = "normal") -> pitstop.Workflow:
+    """One no-op step looping ``steps`` times, a checkpoint after each."""
+    wf = pitstop.Workflow(f"bench-{durability}", durability=durability)  # type: ignore[arg-type]
+
+    @wf.step
+    def work(state: dict[str, Any]) -> Any:
+        update = noop(state)
+        return pitstop.goto("work", update) if update["i"] < steps else update
+
+    return wf
+
+
+def langgraph_loop(steps: int, **extra_fields: type) -> Any:
+    """The same loop as a LangGraph graph (uncompiled), or None without langgraph."""
+    try:
+        from typing import TypedDict
+
+        from langgraph.graph import END, START, StateGraph
+    except ImportError as exc:
+        print(f"(LangGraph not measured: {exc})", flush=True)
+        return None
+    fields: dict[str, Any] = {"messages": list, "vendor": dict, "notes": str, "i": int}
+    fields.update(extra_fields)
+    state_type = TypedDict("State", fields)  # type: ignore[operator]
+    graph = StateGraph(state_type)
+    graph.add_node("work", noop)
+    graph.add_edge(START, "work")
+    graph.add_conditional_edges("work", lambda s: "work" if s["i"] < steps else END)
+    return graph
+
+
+def time_invoke(app: Any, state: dict[str, Any], steps: int, thread: str) -> float:
+    """Seconds per step of one LangGraph invocation on a new thread."""
+    config = {"configurable": {"thread_id": thread}, "recursion_limit": steps + 10}
+    t0 = time.perf_counter()
+    out = app.invoke(state, config)
+    elapsed = time.perf_counter() - t0
+    assert out["i"] == steps
+    return elapsed / steps

@@ -43,37 +43,14 @@ _spec.loader.exec_module(_common)
 fmt_time = _common.fmt_time
 save_results = _common.save_results
 table = _common.table
+base_state = _common.base_state
+noop = _common.noop
+pitstop_loop = _common.pitstop_loop
+langgraph_loop = _common.langgraph_loop
+time_invoke = _common.time_invoke
 
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def base_state() -> dict[str, Any]:
-    return {
-        "messages": [
-            {"role": "user", "content": "Please review vendor Acme Corp for onboarding."},
-            {"role": "assistant", "content": "Running the security questionnaire now. " * 6},
-            {"role": "tool", "name": "soc2_lookup", "content": "SOC 2 Type II, valid 2026."},
-        ],
-        "vendor": {"name": "Acme Corp", "country": "DE", "tier": 2, "contacts": ["a", "b"]},
-        "notes": "x" * 300,
-        "i": 0,
-    }
-
-
-def noop(state: dict[str, Any]) -> dict[str, Any]:
-    return {"i": state["i"] + 1}
-
-
-def pitstop_loop(steps: int, durability: str) -> pitstop.Workflow:
-    wf = pitstop.Workflow(f"bench-{durability}", durability=durability)  # type: ignore[arg-type]
-
-    @wf.step
-    def work(state: dict[str, Any]) -> Any:
-        update = noop(state)
-        return pitstop.goto("work", update) if update["i"] < steps else update
-
-    return wf
 
 
 def per_step_pitstop(tmp: Path, steps: int, durability: str, rounds: int) -> float:
@@ -101,39 +78,21 @@ def per_step_plain(steps: int, rounds: int) -> float:
 
 
 def per_step_langgraph(tmp: Path, steps: int, rounds: int, saver: bool) -> float | None:
-    try:
-        from typing import TypedDict
-
-        from langgraph.checkpoint.sqlite import SqliteSaver
-        from langgraph.graph import END, START, StateGraph
-    except ImportError as exc:
-        print(f"(LangGraph not measured: {exc})", file=sys.stderr)
+    graph = langgraph_loop(steps)
+    if graph is None:
         return None
-
-    class State(TypedDict):
-        messages: list[Any]
-        vendor: dict[str, Any]
-        notes: str
-        i: int
-
-    graph = StateGraph(State)
-    graph.add_node("work", noop)
-    graph.add_edge(START, "work")
-    graph.add_conditional_edges("work", lambda s: "work" if s["i"] < steps else END)
     samples = []
     for r in range(rounds):
-        config = {"configurable": {"thread_id": f"t{r}"}, "recursion_limit": steps + 10}
         if saver:
             import sqlite3
+
+            from langgraph.checkpoint.sqlite import SqliteSaver
 
             conn = sqlite3.connect(tmp / f"lg-{r}.db", check_same_thread=False)
             app = graph.compile(checkpointer=SqliteSaver(conn))
         else:
             app = graph.compile()
-        t0 = time.perf_counter()
-        out = app.invoke(base_state(), config)  # type: ignore[arg-type]
-        samples.append((time.perf_counter() - t0) / steps)
-        assert out["i"] == steps
+        samples.append(time_invoke(app, base_state(), steps, f"t{r}"))
     return statistics.median(samples)
 
 

@@ -244,6 +244,9 @@ class Execution:
             schema_version=self.wf.version,
             workflow=self.wf.name,
             status=status,
+            # The run's head is this execution's last checkpoint: saying so makes the write
+            # refuse a fork outright, and lets the store skip re-referencing shared values.
+            expected_head=self.parent_id,
             lease=self.lease,
             consumed_inputs=list(self.consumed.values()),
             durability=self.durability,

@@ -145,8 +145,14 @@ class Worker:
         started = 0
         log.info("worker %s: %s, concurrency %d", self.owner, ", ".join(self.workflows),
                  self.concurrency)
+        # One run at a time executes right here: no thread hand-offs per run.
+        pool = (
+            ThreadPoolExecutor(self.concurrency, thread_name_prefix="pitstop-run")
+            if self.concurrency > 1
+            else None
+        )
         try:
-            with ThreadPoolExecutor(self.concurrency, thread_name_prefix="pitstop-run") as pool:
+            with pool or contextlib.nullcontext():
                 while not self._stop.is_set():
                     with self._lock:
                         free = self.concurrency - len(self._active)
@@ -161,11 +167,14 @@ class Worker:
                     leases = self._claim(free)
                     for lease in leases:
                         workflow = self._workflow_of(lease)
+                        started += 1
+                        if pool is None:
+                            self._execute(lease, workflow)
+                            continue
                         future = pool.submit(self._execute, lease, workflow)
                         with self._lock:
                             self._active[future] = workflow
                         future.add_done_callback(self._done)
-                        started += 1
                     if leases:
                         continue
                     with self._lock:

@@ -64,10 +64,23 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
-from pitstop.errors import StoreError, UnsupportedStoreError
+from pitstop.errors import ConflictError, StoreError, UnsupportedStoreError
+from pitstop.model import Checkpoint
 from pitstop.serde import Serializer
-from pitstop.store.base import UNSET, Durability, _Unset
-from pitstop.store.sql import Dialect, SqlStore, Tx
+from pitstop.store.base import UNSET, Durability, PreparedSave, _Unset
+from pitstop.store.sql import (
+    _CKPT,
+    Dialect,
+    SqlStore,
+    Tx,
+    _move_head_params,
+    _move_head_sql,
+    _WritePlan,
+)
+
+# Values up to this size travel inside the one-statement save; bigger ones take the shared
+# path, which first asks whether the store already has them.
+_ONE_STATEMENT_MAX = 64 * 1024
 
 T = TypeVar("T")
 
@@ -488,6 +501,124 @@ class PostgresStore(SqlStore):
             if not conn.closed and conn.info.transaction_status != _IDLE:
                 with suppress(psycopg.Error):  # a failure left the transaction open: end it
                     conn.execute("ROLLBACK")
+            self._putconn(pool, conn)
+
+    # -- the one-statement save -------------------------------------------------------------------
+
+    def _commit(self, prepared: PreparedSave) -> Checkpoint:
+        """A save in one statement and one round trip when it is the common case: a step
+        continuing a run, with new values or none. Data-modifying CTEs move the head (under
+        the same conditions as every backend's conditional UPDATE), insert the new values and
+        their references, and insert the checkpoint only if the head moved; in autocommit
+        mode the statement is its own transaction. Anything else — a run's first save, a
+        refusal to explain, a fork's shared values, consumed inputs, a per-save durability,
+        a caller-chosen id, a value large enough to probe for first — takes the shared path.
+        """
+        plan: _WritePlan = prepared.payload
+        if not self._one_statement(plan):
+            return super()._commit(prepared)
+        record = plan.record
+        blobs = list(plan.new.values())
+        params: list[Any] = _move_head_params(plan)
+        expected = record.parent_id if plan.follow_head else plan.expected_head
+        checks_head = expected is not UNSET
+        head_sql = _move_head_sql("IS NOT DISTINCT FROM", checks_head, plan.lease is not None)
+        parts = ["moved AS (" + head_sql.replace("?", "%s") + " RETURNING run_id)"]
+        if plan.refs:
+            # The GC lock (see _lock_values) is taken when `gc` is first read, before any
+            # value is inserted.
+            parts.insert(0, "gc AS (SELECT pg_advisory_xact_lock_shared(%s) AS locked)")
+            params.insert(0, self._gc_key)
+            parts.append(
+                "vals AS (INSERT INTO pitstop_blobs (hash, data, size, created_at) "
+                "SELECT v.hash, v.data, v.size, %s FROM gc, moved, "
+                "unnest(%s::bytea[], %s::bytea[], %s::bigint[]) AS v(hash, data, size) "
+                "ON CONFLICT (hash) DO NOTHING)"
+            )
+            params += [
+                record.created_at,
+                [b.hash for b in blobs],
+                [b.data for b in blobs],
+                [b.size for b in blobs],
+            ]
+            parts.append(
+                "refs AS (INSERT INTO pitstop_blob_refs (run_id, hash) "
+                "SELECT moved.run_id, r.hash FROM gc, moved, unnest(%s::bytea[]) AS r(hash) "
+                "ON CONFLICT (run_id, hash) DO NOTHING)"
+            )
+            params.append(plan.refs)
+        statement = (
+            "WITH " + ", ".join(parts) + f" INSERT INTO pitstop_checkpoints ({_CKPT}) "
+            "SELECT %s, moved.run_id, %s, %s, %s, %s, %s, %s, %s, %s, %s FROM moved"
+        )
+        params += [
+            record.id,
+            record.parent_id,
+            record.step,
+            record.created_at,
+            record.schema_version,
+            record.metadata,
+            record.fields,
+            record.size,
+            record.added,
+            record.checksum,
+        ]
+        try:
+            moved = self._run_alone(statement, params)
+        except _Disconnected:
+            # Lost with the statement in flight: it committed or it did not. The retry
+            # looks for the checkpoint's id first, so it can never write it twice.
+            if not self._already_written(plan):
+                plan.chosen_id = True
+                try:
+                    return super()._commit(prepared)
+                except ConflictError:
+                    if not self._already_written(plan):
+                        raise
+            moved = True
+        if not moved:
+            return super()._commit(prepared)  # the shared path explains (or creates the run)
+        self._heads.put(prepared.run_id, record.id)
+        return record.checkpoint(dict(prepared.state))
+
+    def _already_written(self, plan: _WritePlan) -> bool:
+        found = self._tx(
+            lambda tx: tx.one(
+                "SELECT checksum FROM pitstop_checkpoints WHERE id = ?", (plan.record.id,)
+            )
+        )
+        return found is not None and found[0] == plan.record.checksum
+
+    def _one_statement(self, plan: _WritePlan) -> bool:
+        follows_and_expects_another = plan.follow_head and plan.expected_head not in (
+            UNSET,
+            plan.record.parent_id,
+        )
+        return (
+            not plan.chosen_id
+            and not follows_and_expects_another
+            and not plan.consumed
+            and plan.durability in (None, self.durability)
+            and all(h in plan.new for h in plan.refs)
+            and all(b.size <= _ONE_STATEMENT_MAX for b in plan.new.values())
+        )
+
+    def _run_alone(self, statement: str, params: list[Any]) -> bool:
+        """Run one autocommitted statement; True if it wrote a row. :class:`_Disconnected`
+        if the connection was lost: the statement may or may not have committed."""
+        pool = self._live_pool()
+        conn = self._getconn(pool)
+        try:
+            return bool(conn.execute(statement, params).rowcount)
+        except psycopg.Error as exc:
+            if not conn.closed:
+                raise StoreError(f"{self.url}: {self._clean(exc)}") from exc
+            with suppress(Exception):
+                pool.check()
+            raise _Disconnected(
+                f"{self.url}: connection to {self._target} lost ({self._clean(exc)})"
+            ) from exc
+        finally:
             self._putconn(pool, conn)
 
     def _retryable(self, exc: BaseException) -> bool:

@@ -330,6 +330,30 @@ class _LRU:
         self._data.pop(key, None)
 
 
+def _move_head_params(plan: _WritePlan) -> list[Any]:
+    """Parameters of :func:`_move_head_sql`'s UPDATE for this save, in order."""
+    record = plan.record
+    params: list[Any] = [
+        record.id,
+        record.step,
+        plan.status.value if plan.status else None,
+        plan.workflow,
+        record.created_at,
+        plan.waiting_json,
+        plan.wake_at,
+        record.added + len(record.metadata) + len(record.fields),
+        record.run_id,
+    ]
+    expected = record.parent_id if plan.follow_head else plan.expected_head
+    if expected is not UNSET:
+        params.append(expected)
+    if plan.lease is not None:
+        params += [plan.lease.owner, plan.lease.token]
+    else:
+        params.append(record.created_at)
+    return params
+
+
 @lru_cache(maxsize=16)
 def _move_head_sql(is_: str, checks_head: bool, leased: bool) -> str:
     """The conditional UPDATE that moves a run's head on every save, one string per case."""
@@ -624,11 +648,16 @@ class SqlStore(Store):
         )
         record.checksum = record.compute_checksum()
         hashes = stored_hashes(fields)
-        if parent is not None and parent.run_id == run_id and self._heads.get(run_id) == parent_id:
-            # Continuing from the head this process wrote: the run already references the
-            # parent's values (a head is never pruned), so only new ones need a reference.
-            # Any other parent (a branch point, a stale cache) may have lost its values to a
-            # prune: reference them all, and the write checks that they still exist.
+        if (
+            parent is not None
+            and parent.run_id == run_id
+            and (expected_head == parent_id or self._heads.get(run_id) == parent_id)
+        ):
+            # Continuing from the run's head (one this process wrote, or one the write
+            # will check): the run already references the parent's values (a head is never
+            # pruned), so only new ones need a reference. Any other parent (a branch point,
+            # a stale cache) may have lost its values to a prune: reference them all, and
+            # the write checks that they still exist.
             hashes.difference_update(stored_hashes(parent.fields))
         plan = _WritePlan(
             record=record,
@@ -706,24 +735,8 @@ class SqlStore(Store):
         now = record.created_at
         grown = record.added + len(record.metadata) + len(record.fields)
         expected = record.parent_id if plan.follow_head else plan.expected_head
-        params: list[Any] = [
-            record.id,
-            record.step,
-            plan.status.value if plan.status else None,
-            plan.workflow,
-            now,
-            plan.waiting_json,
-            plan.wake_at,
-            grown,
-            run_id,
-        ]
+        params = _move_head_params(plan)
         checks_head = expected is not UNSET
-        if checks_head:
-            params.append(expected)
-        if plan.lease is not None:
-            params += [plan.lease.owner, plan.lease.token]
-        else:
-            params.append(now)
         if plan.follow_head and plan.expected_head not in (UNSET, expected):
             # Following the head *and* expecting another one cannot both hold: the slow
             # path says which failed (ConflictError, or a moved head and a new attempt).
@@ -897,11 +910,14 @@ class SqlStore(Store):
         if record is None:
             return None
         try:
-            return self._codec.decode_checkpoint(record, blobs, strict=strict)
+            found = self._codec.decode_checkpoint(record, blobs, strict=strict)
         except CorruptCheckpointError as exc:
             if not fallback:
                 raise
             return self._fallback(run_id, record, exc, strict)
+        # A run is usually loaded to be continued: its next save will want this field map.
+        self._fields.put(record.id, _Parent(record.id, run_id, record.step, record.field_map()))
+        return found
 
     def _fallback(
         self, run_id: str, bad: CheckpointRecord, error: Exception, strict: bool
