@@ -196,6 +196,8 @@ class Execution:
         self.steps_since = 0
         self.checkpointed_at = time.monotonic()
         self.stop: threading.Event | None = None
+        self.run_status: RunStatus | None = None  # the run's status in the store, as known
+        self.checkpointed = False
         self.tags: list[str] = []
         self.step_start_fields: dict[str, Any] = {}
         self.step_start_changed: set[str] | None = set()
@@ -242,8 +244,10 @@ class Execution:
             metadata=self._metadata(status, source, extra),
             changed=changed,
             schema_version=self.wf.version,
-            workflow=self.wf.name,
-            status=status,
+            workflow=None if self.checkpointed else self.wf.name,
+            # Only a change of status is sent: the store then leaves the run's status and
+            # wait columns (and their indexes) alone on an ordinary step.
+            status=None if status is self.run_status else status,
             # The run's head is this execution's last checkpoint: saying so makes the write
             # refuse a fork outright, and lets the store skip re-referencing shared values.
             expected_head=self.parent_id,
@@ -258,6 +262,8 @@ class Execution:
                 yield _Io(self.writer.flush, self.run_id)
             yield _Io(self.store.commit, prepared)
         self.parent_id = prepared.checkpoint_id
+        self.run_status = status
+        self.checkpointed = True
         self.consumed = {}
         self.tags = []
         self.steps_since = 0
@@ -324,6 +330,7 @@ class Execution:
         )
 
     def run(self, start_status: RunStatus) -> Loop:
+        self.run_status = start_status
         self.held = keeper.track(self.store, self.lease, self.wf.lease_ttl)
         try:
             return (yield from self._loop(start_status))

@@ -73,9 +73,8 @@ from pitstop.store.sql import (
     Dialect,
     SqlStore,
     Tx,
-    _move_head_params,
-    _move_head_sql,
     _WritePlan,
+    move_head,
 )
 
 # Values up to this size travel inside the one-statement save; bigger ones take the shared
@@ -519,11 +518,8 @@ class PostgresStore(SqlStore):
             return super()._commit(prepared)
         record = plan.record
         blobs = list(plan.new.values())
-        params: list[Any] = _move_head_params(plan)
-        expected = record.parent_id if plan.follow_head else plan.expected_head
-        checks_head = expected is not UNSET
-        head_sql = _move_head_sql("IS NOT DISTINCT FROM", checks_head, plan.lease is not None)
-        parts = ["moved AS (" + head_sql.replace("?", "%s") + " RETURNING run_id)"]
+        head_sql, params = move_head(plan, POSTGRES.is_)
+        parts = ["moved AS (" + POSTGRES.q(head_sql) + " RETURNING run_id)"]
         if plan.refs:
             # The GC lock (see _lock_values) is taken when `gc` is first read, before any
             # value is inserted.

@@ -99,9 +99,15 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
                 priority INTEGER NOT NULL DEFAULT 0
             )""",
             "CREATE INDEX pitstop_runs_created ON pitstop_runs (created_at)",
-            # Not on updated_at: every checkpoint updates it, and an index on it would be one
-            # more page written per checkpoint.
-            "CREATE INDEX pitstop_runs_status ON pitstop_runs (status, priority)",
+            # None of these indexes covers a column every checkpoint assigns (head_id, step,
+            # updated_at, counters): a step's save then writes no index page of this table.
+            "CREATE INDEX pitstop_runs_status ON pitstop_runs (status, created_at)",
+            # What workers claim: queued runs and runs whose owner may have died, by
+            # priority then age; waiting runs by the time they become due.
+            "CREATE INDEX pitstop_runs_runnable ON pitstop_runs (priority DESC, created_at) "
+            "WHERE status IN ('queued', 'running')",
+            "CREATE INDEX pitstop_runs_waking ON pitstop_runs (wake_at) "
+            "WHERE status = 'waiting'",
             """CREATE TABLE pitstop_checkpoints (
                 id TEXT NOT NULL,
                 run_id TEXT NOT NULL,
@@ -302,6 +308,9 @@ class _WritePlan:
     consumed: list[str]
     durability: Durability | None
     chosen_id: bool = False
+    sets_waiting: bool = True
+    """Whether the save sets the run's waiting_for/wake_at (it sets a status, or its
+    metadata names them)."""
 
 
 class _LRU:
@@ -330,20 +339,32 @@ class _LRU:
         self._data.pop(key, None)
 
 
-def _move_head_params(plan: _WritePlan) -> list[Any]:
-    """Parameters of :func:`_move_head_sql`'s UPDATE for this save, in order."""
+def move_head(plan: _WritePlan, is_: str) -> tuple[str, list[Any]]:
+    """The conditional UPDATE that moves a run's head on a save, and its parameters.
+
+    It assigns only what the save changes. SQLite rewrites every index on a column named in
+    SET, even to the same value, so naming ``status`` or ``wake_at`` on every step would add
+    an index page to every commit.
+    """
     record = plan.record
     params: list[Any] = [
         record.id,
         record.step,
-        plan.status.value if plan.status else None,
-        plan.workflow,
         record.created_at,
-        plan.waiting_json,
-        plan.wake_at,
         record.added + len(record.metadata) + len(record.fields),
-        record.run_id,
     ]
+    sets = ["head_id = ?", "step = ?", "updated_at = ?", "checkpoints = checkpoints + 1",
+            "bytes = bytes + ?"]
+    if plan.status is not None:
+        sets.append("status = ?")
+        params.append(plan.status.value)
+    if plan.workflow is not None:
+        sets.append("workflow = ?")
+        params.append(plan.workflow)
+    if plan.sets_waiting:
+        sets += ["waiting_for = ?", "wake_at = ?"]
+        params += [plan.waiting_json, plan.wake_at]
+    params.append(record.run_id)
     expected = record.parent_id if plan.follow_head else plan.expected_head
     if expected is not UNSET:
         params.append(expected)
@@ -351,12 +372,14 @@ def _move_head_params(plan: _WritePlan) -> list[Any]:
         params += [plan.lease.owner, plan.lease.token]
     else:
         params.append(record.created_at)
-    return params
+    sql = _move_head_sql(
+        is_, ", ".join(sets), expected is not UNSET, plan.lease is not None
+    )
+    return sql, params
 
 
-@lru_cache(maxsize=16)
-def _move_head_sql(is_: str, checks_head: bool, leased: bool) -> str:
-    """The conditional UPDATE that moves a run's head on every save, one string per case."""
+@lru_cache(maxsize=64)
+def _move_head_sql(is_: str, sets: str, checks_head: bool, leased: bool) -> str:
     where = ["run_id = ?"]
     if checks_head:
         where.append(f"head_id {is_} ?")
@@ -364,12 +387,7 @@ def _move_head_sql(is_: str, checks_head: bool, leased: bool) -> str:
         where.append("lease_owner = ? AND fence = ?")
     else:
         where.append("(lease_owner IS NULL OR lease_expires IS NULL OR lease_expires <= ?)")
-    return (
-        "UPDATE pitstop_runs SET head_id = ?, step = ?, "
-        "status = COALESCE(?, status), workflow = COALESCE(?, workflow), "
-        "updated_at = ?, waiting_for = ?, wake_at = ?, "
-        "checkpoints = checkpoints + 1, bytes = bytes + ? WHERE " + " AND ".join(where)
-    )
+    return f"UPDATE pitstop_runs SET {sets} WHERE " + " AND ".join(where)
 
 
 def _ts(value: datetime | float | None) -> float | None:
@@ -671,6 +689,8 @@ class SqlStore(Store):
             status=status,
             waiting_json=json.dumps(list(waiting)) if waiting else None,
             wake_at=_ts(metadata.get("wake_at")) if metadata else None,
+            sets_waiting=status is not None
+            or bool(metadata and ("waiting_for" in metadata or "wake_at" in metadata)),
             consumed=list(consumed_inputs),
             durability=durability,
             chosen_id=checkpoint_id is not None,
@@ -735,15 +755,12 @@ class SqlStore(Store):
         now = record.created_at
         grown = record.added + len(record.metadata) + len(record.fields)
         expected = record.parent_id if plan.follow_head else plan.expected_head
-        params = _move_head_params(plan)
-        checks_head = expected is not UNSET
         if plan.follow_head and plan.expected_head not in (UNSET, expected):
             # Following the head *and* expecting another one cannot both hold: the slow
             # path says which failed (ConflictError, or a moved head and a new attempt).
             moved = 0
         else:
-            sql = _move_head_sql(self.dialect.is_, checks_head, plan.lease is not None)
-            moved = tx.run(sql, params).rowcount
+            moved = tx.run(*move_head(plan, self.dialect.is_)).rowcount
         if not moved:
             self._first_write_or_refusal(tx, plan, grown)
         if plan.chosen_id and tx.one(
@@ -1538,21 +1555,28 @@ class SqlStore(Store):
 
         def write(tx: Tx) -> list[Lease]:
             now = time.time()
-            sql = (
-                "SELECT run_id, fence FROM pitstop_runs "
-                "WHERE COALESCE(lease_expires, 0) < ? AND (status IN ('queued', 'running') "
-                "OR (status = 'waiting' AND wake_at <= ?))"
-            )
-            params: list[Any] = [now, now]
-            if names is None:
-                sql += " AND workflow IS NOT NULL"
-            else:
-                sql += f" AND workflow IN ({_marks(len(names))})"
-                params.extend(names)
-            sql += " ORDER BY priority DESC, updated_at LIMIT ?" + self.dialect.skip_locked
-            params.append(limit)
+            # Two index-ordered scans (pitstop_runs_runnable, pitstop_runs_waking), so a
+            # claim stays cheap however many runs are queued or waiting; merged by priority.
+            candidates: list[Any] = []
+            for where, order, first in (
+                ("status IN ('queued', 'running')", "priority DESC, created_at", []),
+                ("status = 'waiting' AND wake_at <= ?", "wake_at", [now]),
+            ):
+                sql = (
+                    "SELECT run_id, fence, priority, COALESCE(wake_at, created_at) "
+                    f"FROM pitstop_runs WHERE {where} AND COALESCE(lease_expires, 0) < ?"
+                )
+                params = [*first, now]
+                if names is None:
+                    sql += " AND workflow IS NOT NULL"
+                else:
+                    sql += f" AND workflow IN ({_marks(len(names))})"
+                    params.extend(names)
+                sql += f" ORDER BY {order} LIMIT ?" + self.dialect.skip_locked
+                candidates += tx.all(sql, [*params, limit])
+            candidates.sort(key=lambda row: (-row[2], row[3]))
             leases = []
-            for run_id, fence in tx.all(sql, params):
+            for run_id, fence, _, _ in candidates[:limit]:
                 tx.run(
                     "UPDATE pitstop_runs SET lease_owner = ?, lease_expires = ?, fence = ? "
                     "WHERE run_id = ?",
