@@ -141,6 +141,7 @@ def _tcp_defaults(connect_timeout: float) -> dict[str, str]:
 # one run both inserting its row. The loser retries and then sees the winner's head.
 _RUNS_PKEY = "pitstop_runs_pkey"
 _CHECKPOINT_ID_KEY = "pitstop_checkpoints_id"
+_CHECKPOINT_PKEY = "pitstop_checkpoints_pkey"
 
 _RETRY_ALWAYS = (
     pgerrors.SerializationFailure,
@@ -562,16 +563,19 @@ class PostgresStore(SqlStore):
         try:
             moved = self._run_alone(statement, params)
         except _Disconnected:
-            # Lost with the statement in flight: it committed or it did not. The retry
-            # looks for the checkpoint's id first, so it can never write it twice.
+            # Lost with the statement in flight: it committed or it did not. A retry cannot
+            # write it twice: the checkpoint's id is unique, and a refusal is checked.
             if not self._already_written(plan):
-                plan.chosen_id = True
                 try:
                     return super()._commit(prepared)
                 except ConflictError:
                     if not self._already_written(plan):
                         raise
             moved = True
+        except StoreError as exc:
+            if self._duplicate_checkpoint(exc):
+                raise self._id_taken(plan) from None
+            raise
         if not moved:
             return super()._commit(prepared)  # the shared path explains (or creates the run)
         self._heads.put(prepared.run_id, record.id)
@@ -591,8 +595,7 @@ class PostgresStore(SqlStore):
             plan.record.parent_id,
         )
         return (
-            not plan.chosen_id
-            and not follows_and_expects_another
+            not follows_and_expects_another
             and not plan.consumed
             and plan.durability in (None, self.durability)
             and all(h in plan.new for h in plan.refs)
@@ -617,13 +620,19 @@ class PostgresStore(SqlStore):
         finally:
             self._putconn(pool, conn)
 
+    def _duplicate_checkpoint(self, exc: Exception) -> bool:
+        cause = exc if isinstance(exc, pgerrors.UniqueViolation) else exc.__cause__
+        return isinstance(cause, pgerrors.UniqueViolation) and cause.diag.constraint_name in (
+            _CHECKPOINT_ID_KEY,
+            _CHECKPOINT_PKEY,
+        )
+
     def _retryable(self, exc: BaseException) -> bool:
         if isinstance(exc, (*_RETRY_ALWAYS, _Disconnected)):
             return True
         if isinstance(exc, pgerrors.UniqueViolation):
-            # Two first saves of one run, or two saves choosing one checkpoint id: the retry
-            # sees the winner's row and reports a ConflictError, as SQLite does.
-            return exc.diag.constraint_name in (_RUNS_PKEY, _CHECKPOINT_ID_KEY)
+            # Two first saves of one run: the retry sees the winner's row.
+            return exc.diag.constraint_name == _RUNS_PKEY
         return False
 
     def _retrying(self, fn: Callable[[], T]) -> T:

@@ -307,7 +307,6 @@ class _WritePlan:
     wake_at: float | None
     consumed: list[str]
     durability: Durability | None
-    chosen_id: bool = False
     sets_waiting: bool = True
     """Whether the save sets the run's waiting_for/wake_at (it sets a status, or its
     metadata names them)."""
@@ -494,6 +493,20 @@ class SqlStore(Store):
 
     def _file_bytes(self) -> int | None:
         return None
+
+    def _duplicate_checkpoint(self, exc: Exception) -> bool:
+        """Whether ``exc`` is the database refusing a second checkpoint with one id (the
+        unique index decides, so a save need not look first)."""
+        return False
+
+    @staticmethod
+    def _id_taken(plan: _WritePlan) -> ConflictError:
+        return ConflictError(
+            f"checkpoint id {plan.record.id!r} already exists",
+            run_id=plan.record.run_id,
+            expected=None,
+            actual=plan.record.id,
+        )
 
     def _notify(self, tx: Tx, run_id: str) -> None:
         """Called in a transaction that makes ``run_id`` runnable; sent at commit by stores
@@ -693,7 +706,6 @@ class SqlStore(Store):
             or bool(metadata and ("waiting_for" in metadata or "wake_at" in metadata)),
             consumed=list(consumed_inputs),
             durability=durability,
-            chosen_id=checkpoint_id is not None,
         )
         # Known before the write, so a background writer can chain the next checkpoint on it.
         self._fields.put(record.id, _Parent(record.id, run_id, record.step, fields))
@@ -716,8 +728,10 @@ class SqlStore(Store):
             self._tx(
                 partial(self._write_checkpoint, plan=plan), write=True, durability=plan.durability
             )
-        except BaseException:
+        except BaseException as exc:
             self._fields.drop(plan.record.id)
+            if isinstance(exc, Exception) and self._duplicate_checkpoint(exc):
+                raise self._id_taken(plan) from None
             raise
         self._heads.put(prepared.run_id, plan.record.id)
         return plan.record.checkpoint(dict(prepared.state))
@@ -763,15 +777,6 @@ class SqlStore(Store):
             moved = tx.run(*move_head(plan, self.dialect.is_)).rowcount
         if not moved:
             self._first_write_or_refusal(tx, plan, grown)
-        if plan.chosen_id and tx.one(
-            "SELECT run_id FROM pitstop_checkpoints WHERE id = ?", (record.id,)
-        ):
-            raise ConflictError(
-                f"checkpoint id {record.id!r} already exists",
-                run_id=run_id,
-                expected=None,
-                actual=record.id,
-            )
         if plan.refs:
             self._lock_values(tx)
             self._check_reused(tx, plan)

@@ -191,6 +191,9 @@ class SQLiteStore(SqlStore):
                 raise
             conn.execute("COMMIT")
 
+    def _duplicate_checkpoint(self, exc: Exception) -> bool:
+        return isinstance(exc, sqlite3.IntegrityError) and "pitstop_checkpoints." in str(exc)
+
     def _retryable(self, exc: BaseException) -> bool:
         if not isinstance(exc, sqlite3.OperationalError):
             return False
