@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -14,7 +15,13 @@ from typing import Any
 
 import pitstop
 
-RESULTS = Path(__file__).resolve().parent.parent / ".bench"
+# A benchmark run as a script has bench/ first on sys.path, where bench/langgraph.py would
+# shadow the real langgraph package (a namespace package loses to any module of its name,
+# wherever it is on the path). Once these helpers are imported, bench/ leaves the path.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+
+RESULTS = _HERE.parent / ".bench"
 
 
 def median_time(fn: Callable[[], Any], repeat: int, *, warmup: int = 3) -> float:

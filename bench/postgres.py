@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import importlib.util
 import os
 import statistics
 import subprocess
@@ -31,27 +30,21 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from _common import (  # bench/_common.py (it takes bench/ off sys.path)
+    base_state,
+    fmt_bytes,
+    fmt_time,
+    langgraph_loop,
+    pitstop_loop,
+    save_results,
+    table,
+    time_invoke,
+)
+
 import pitstop
 
-# Run as a script, bench/ comes first on sys.path, where bench/langgraph.py would shadow the
-# real langgraph package: take bench/ off the path and load the shared helpers by file.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-_spec = importlib.util.spec_from_file_location("_common", _HERE / "_common.py")
-assert _spec is not None
-assert _spec.loader is not None
-_common = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_common)
-fmt_bytes = _common.fmt_bytes
-fmt_time = _common.fmt_time
-save_results = _common.save_results
-table = _common.table
-base_state = _common.base_state
-pitstop_loop = _common.pitstop_loop
-langgraph_loop = _common.langgraph_loop
-time_invoke = _common.time_invoke
-
-ROOT = _HERE.parent
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 DEFAULT_URL = os.environ.get(
     "PITSTOP_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
 )
@@ -166,7 +159,7 @@ def throughput(url: str, processes: int, runs: int, tmp: Path) -> float:
                 wf.enqueue(store, {"n": n})
             before = store.stats().checkpoints
         procs = [
-            subprocess.Popen([sys.executable, "-c", WORKER, store_url, str(_HERE), str(go)],
+            subprocess.Popen([sys.executable, "-c", WORKER, store_url, str(HERE), str(go)],
                              stdout=subprocess.PIPE, text=True, cwd=ROOT)
             for _ in range(processes)
         ]

@@ -16,7 +16,6 @@ Medians; ratios are computed between numbers measured in this same run.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import signal
 import statistics
@@ -27,28 +26,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _common import (  # bench/_common.py (it takes bench/ off sys.path)
+    base_state,
+    fmt_time,
+    langgraph_loop,
+    noop,
+    pitstop_loop,
+    save_results,
+    table,
+    time_invoke,
+)
+
 import pitstop
-
-# Run as a script, bench/ comes first on sys.path, where bench/langgraph.py would shadow the
-# real langgraph package (a namespace package loses to any module of its name, wherever it
-# is on the path): take bench/ off the path and load the shared helpers by file.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-_spec = importlib.util.spec_from_file_location("_common", _HERE / "_common.py")
-assert _spec is not None
-assert _spec.loader is not None
-_common = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_common)
-
-fmt_time = _common.fmt_time
-save_results = _common.save_results
-table = _common.table
-base_state = _common.base_state
-noop = _common.noop
-pitstop_loop = _common.pitstop_loop
-langgraph_loop = _common.langgraph_loop
-time_invoke = _common.time_invoke
-
 
 ROOT = Path(__file__).resolve().parent.parent
 

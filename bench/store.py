@@ -13,50 +13,24 @@ from __future__ import annotations
 
 import argparse
 import base64
-import importlib.util
 import os
 import sqlite3
-import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+
+from _common import (  # bench/_common.py (it takes bench/ off sys.path)
+    base_state,
+    fmt_bytes,
+    fmt_time,
+    median_time,
+    save_results,
+    table,
+)
 
 import pitstop
 
-# Run as a script, bench/ comes first on sys.path, where bench/langgraph.py would shadow the
-# real langgraph package (a namespace package loses to any module of its name, wherever it
-# is on the path): take bench/ off the path and load the shared helpers by file.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-_spec = importlib.util.spec_from_file_location("_common", _HERE / "_common.py")
-assert _spec is not None
-assert _spec.loader is not None
-_common = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_common)
-
-fmt_bytes = _common.fmt_bytes
-fmt_time = _common.fmt_time
-median_time = _common.median_time
-save_results = _common.save_results
-table = _common.table
-
-
 MiB = 1 << 20
-
-
-def small_state(i: int) -> dict[str, Any]:
-    """~1 KiB: a short conversation plus a counter that changes every step."""
-    return {
-        "messages": [
-            {"role": "user", "content": "Please review vendor Acme Corp for onboarding."},
-            {"role": "assistant", "content": "Running the security questionnaire now. " * 6},
-            {"role": "tool", "name": "soc2_lookup", "content": "SOC 2 Type II, valid 2026."},
-        ],
-        "vendor": {"name": "Acme Corp", "country": "DE", "tier": 2, "contacts": ["a", "b"]},
-        "notes": "x" * 300,
-        "step": i,
-    }
 
 
 def raw_floor(path: Path, synchronous: str, payload: bytes, repeat: int) -> float:
@@ -82,10 +56,10 @@ def bench_saves(tmp: Path, durability: str, repeat: int) -> dict[str, float]:
     counter = iter(range(10**9))
 
     def save_plain() -> None:
-        store.save("plain", small_state(next(counter)))
+        store.save("plain", base_state(i=next(counter)))
 
     def save_hinted() -> None:
-        store.save("hinted", small_state(next(counter)), changed=["step"])
+        store.save("hinted", base_state(i=next(counter)), changed=["i"])
 
     out = {
         "save_1k": median_time(save_plain, repeat, warmup=20),
@@ -105,12 +79,12 @@ def bench_big_field(tmp: Path, repeat: int) -> dict[str, float]:
     times = []
     for i in range(200):
         t0 = time.perf_counter()
-        store.save("big", {"document": big, "step": i})
+        store.save("big", {"document": big, "i": i})
         times.append(time.perf_counter() - t0)
     hinted = []
     for i in range(repeat):
         t0 = time.perf_counter()
-        store.save("big", {"document": big, "step": 200 + i}, changed=["step"])
+        store.save("big", {"document": big, "i": 200 + i}, changed=["i"])
         hinted.append(time.perf_counter() - t0)
     stored = store.stats().bytes
     store.close()
@@ -128,10 +102,10 @@ def bench_big_field(tmp: Path, repeat: int) -> dict[str, float]:
 def bench_restore_and_history(tmp: Path, big_history: int, repeat: int) -> dict[str, float]:
     store = pitstop.open_store(f"sqlite:///{tmp / 'history.db'}")
     for i in range(10):
-        store.save("short", small_state(i))
+        store.save("short", base_state(i=i))
     t0 = time.perf_counter()
     for i in range(big_history):
-        store.save("long", small_state(i), changed=["step"] if i else None)
+        store.save("long", base_state(i=i), changed=["i"] if i else None)
     build = time.perf_counter() - t0
     out = {
         "restore_latest_10": median_time(lambda: store.latest("short"), repeat),
@@ -157,7 +131,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        payload = pitstop.MsgpackSerializer().dumps(small_state(0))
+        payload = pitstop.MsgpackSerializer().dumps(base_state(i=0))
         floors = {
             "normal": raw_floor(tmp / "floor-normal.db", "NORMAL", payload, repeat),
             "full": raw_floor(tmp / "floor-full.db", "FULL", payload, min(repeat, 500)),
@@ -175,7 +149,7 @@ def main() -> None:
         rows.append([f"raw SQLite INSERT+COMMIT of {len(payload)} B ({mode})", fmt_time(floor),
                      "1.0x", ""])
         for key, label in (("save_1k", "save ~1 KiB state"),
-                           ("save_1k_changed_hint", "save ~1 KiB state, changed=['step']")):
+                           ("save_1k_changed_hint", "save ~1 KiB state, changed=['i']")):
             value = saves[mode][key]
             target = "<= 4x floor" if key == "save_1k" else ""
             rows.append([f"{label} ({mode})", fmt_time(value), f"{value / floor:.1f}x", target])
@@ -183,7 +157,7 @@ def main() -> None:
     rows += [
         ["save, 1 MiB field unchanged (content compared)", fmt_time(big["save_1mib_unchanged"]),
          f"{big['save_1mib_unchanged'] / normal:.1f}x", ""],
-        ["save, 1 MiB field unchanged, changed=['step']",
+        ["save, 1 MiB field unchanged, changed=['i']",
          fmt_time(big["save_1mib_unchanged_changed_hint"]),
          f"{big['save_1mib_unchanged_changed_hint'] / normal:.1f}x", ""],
         ["on disk after 200 saves with an unchanged 1 MiB field",

@@ -546,20 +546,9 @@ class PostgresStore(SqlStore):
             params.append(plan.refs)
         statement = (
             "WITH " + ", ".join(parts) + f" INSERT INTO pitstop_checkpoints ({_CKPT}) "
-            "SELECT %s, moved.run_id, %s, %s, %s, %s, %s, %s, %s, %s, %s FROM moved"
+            "SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s FROM moved"
         )
-        params += [
-            record.id,
-            record.parent_id,
-            record.step,
-            record.created_at,
-            record.schema_version,
-            record.metadata,
-            record.fields,
-            record.size,
-            record.added,
-            record.checksum,
-        ]
+        params += record.row()
         try:
             moved = self._run_alone(statement, params)
         except _Disconnected:

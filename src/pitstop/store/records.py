@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import ormsgpack
 
 from ..errors import CorruptCheckpointError, SerializationError
-from ..model import Checkpoint, CheckpointSummary, utc
+from ..model import Checkpoint, CheckpointSummary
 from ..serde import MsgpackSerializer, Serializer, digest, frame, unframe
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -151,27 +151,24 @@ class CheckpointRecord:
         reference. A run's ``bytes`` counts the same."""
         return self.added + len(self.metadata) + len(self.fields)
 
-    def summary_kwargs(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "run_id": self.run_id,
-            "parent_id": self.parent_id,
-            "step": self.step,
-            "created_at": utc(self.created_at),
-            "schema_version": self.schema_version,
-            "checksum": self.checksum,
-            "size": self.size,
-            "added": self.footprint,
-            "metadata_json": self.metadata,
-        }
+    def row(self) -> tuple[Any, ...]:
+        """The record as stored, in the column order every backend inserts it."""
+        return (
+            self.id,
+            self.run_id,
+            self.parent_id,
+            self.step,
+            self.created_at,
+            self.schema_version,
+            self.metadata,
+            self.fields,
+            self.size,
+            self.added,
+            self.checksum,
+        )
 
-    def summary(self) -> CheckpointSummary:
-        return CheckpointSummary(**self.summary_kwargs())
-
-    def checkpoint(self, state: dict[str, Any]) -> Checkpoint:
-        """This record as a :class:`Checkpoint` holding ``state`` (no keyword plumbing: it is
-        built on every save)."""
-        ckpt = Checkpoint._from_row(
+    def _summary_row(self) -> tuple[Any, ...]:
+        return (
             self.id,
             self.run_id,
             self.parent_id,
@@ -183,6 +180,14 @@ class CheckpointRecord:
             self.metadata,
             self.footprint,
         )
+
+    def summary(self) -> CheckpointSummary:
+        return CheckpointSummary._from_row(*self._summary_row())
+
+    def checkpoint(self, state: dict[str, Any]) -> Checkpoint:
+        """This record as a :class:`Checkpoint` holding ``state`` (no keyword plumbing: it is
+        built on every save)."""
+        ckpt = Checkpoint._from_row(*self._summary_row())
         ckpt.state = state
         ckpt.skipped = ()
         return ckpt

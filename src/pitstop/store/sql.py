@@ -277,6 +277,26 @@ def _marks(n: int) -> str:
     return ", ".join("?" * n)
 
 
+class Backoff:
+    """Growing waits between attempts of a busy transaction, for up to ``timeout`` seconds."""
+
+    __slots__ = ("deadline", "delay", "timeout", "url")
+
+    def __init__(self, timeout: float, url: str) -> None:
+        self.timeout = timeout
+        self.url = url
+        self.delay = 0.002
+        self.deadline = time.monotonic() + timeout
+
+    def wait(self, error: Exception) -> None:
+        if time.monotonic() > self.deadline:
+            raise StoreError(
+                f"{self.url}: store stayed busy for {self.timeout:.0f}s ({error})"
+            ) from error
+        time.sleep(self.delay)
+        self.delay = min(self.delay * 2, 0.1)
+
+
 class _HeadMoved(Exception):
     def __init__(self, actual: str | None) -> None:
         self.actual = actual
@@ -516,20 +536,15 @@ class SqlStore(Store):
 
     def _retrying(self, fn: Callable[[], T]) -> T:
         """Call ``fn`` until it stops failing with a busy error, for up to ``busy_timeout``."""
-        delay = 0.002
-        deadline = time.monotonic() + self.busy_timeout
+        backoff = None
         while True:
             try:
                 return fn()
             except Exception as exc:
                 if not self._retryable(exc):
                     raise
-                if time.monotonic() > deadline:
-                    raise StoreError(
-                        f"{self.url}: store stayed busy for {self.busy_timeout:.0f}s ({exc})"
-                    ) from exc
-                time.sleep(delay)
-                delay = min(delay * 2, 0.1)
+                backoff = backoff or Backoff(self.busy_timeout, self.url)
+                backoff.wait(exc)
 
     def _tx(
         self,
@@ -789,19 +804,7 @@ class SqlStore(Store):
         tx.run(
             f"INSERT INTO pitstop_checkpoints ({_CKPT}) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                record.id,
-                run_id,
-                record.parent_id,
-                record.step,
-                now,
-                record.schema_version,
-                record.metadata,
-                record.fields,
-                record.size,
-                record.added,
-                record.checksum,
-            ),
+            record.row(),
         )
         if plan.consumed:
             tx.run_chunks(

@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -27,7 +26,7 @@ from typing import Any
 from ..errors import StoreError
 from ..serde import Serializer
 from .base import Durability
-from .sql import Dialect, QmarkTx, SqlStore, T, Tx
+from .sql import Backoff, Dialect, QmarkTx, SqlStore, T, Tx
 
 
 class SQLiteDialect(Dialect):
@@ -141,8 +140,7 @@ class SQLiteStore(SqlStore):
         The same contract as :meth:`SqlStore._tx`, written out flat: it runs on every
         checkpoint, and its layers of closures and context managers cost more than the SQL.
         """
-        delay = 0.002
-        deadline = 0.0
+        backoff = None
         while True:
             with self._lock:
                 conn = self._conn
@@ -164,14 +162,8 @@ class SQLiteStore(SqlStore):
                     if not isinstance(exc, Exception) or not self._retryable(exc):
                         raise
                     error = exc
-            now = time.monotonic()
-            deadline = deadline or now + self.busy_timeout
-            if now > deadline:
-                raise StoreError(
-                    f"{self.url}: store stayed busy for {self.busy_timeout:.0f}s ({error})"
-                ) from error
-            time.sleep(delay)
-            delay = min(delay * 2, 0.1)
+            backoff = backoff or Backoff(self.busy_timeout, self.url)
+            backoff.wait(error)  # outside the lock: other threads may commit meanwhile
 
     @contextmanager
     def _transaction(self, write: bool, durability: Durability | None = None) -> Iterator[Any]:
