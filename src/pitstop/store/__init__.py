@@ -83,6 +83,8 @@ _QUERY_OPTIONS: dict[str, Callable[[str], Any]] = {
     "durability": str,
     "compress_threshold": lambda v: None if v.lower() in ("none", "off", "") else int(v),
     "busy_timeout": float,
+    "blobs": str,
+    "blob_threshold": int,
 }
 
 

@@ -68,6 +68,7 @@ from pitstop.errors import ConflictError, StoreError, UnsupportedStoreError
 from pitstop.model import Checkpoint
 from pitstop.serde import Serializer
 from pitstop.store.base import UNSET, Durability, PreparedSave, _Unset
+from pitstop.store.blobs import BlobStore
 from pitstop.store.sql import (
     _CKPT,
     Dialect,
@@ -119,6 +120,8 @@ _URL_OPTIONS: dict[str, Callable[[str], Any]] = {
     "durability": str,
     "busy_timeout": float,
     "compress_threshold": lambda v: None if v.lower() in ("none", "off", "") else int(v),
+    "blobs": str,
+    "blob_threshold": int,
 }
 
 
@@ -240,6 +243,8 @@ class PostgresStore(SqlStore):
         connect_timeout: float | None = None,
         schema: str | None = None,
         application_name: str | None = None,
+        blobs: BlobStore | str | None = None,
+        blob_threshold: int | None = None,
     ) -> None:
         safe_url = redact(url)
         conninfo, options = _split_url(url, safe_url)
@@ -252,6 +257,8 @@ class PostgresStore(SqlStore):
             "application_name": application_name,
             "busy_timeout": busy_timeout,
             "durability": durability,
+            "blobs": blobs,
+            "blob_threshold": blob_threshold,
         }
         options.update({k: v for k, v in given.items() if v is not None})
         if compress_threshold is not UNSET:
@@ -260,6 +267,8 @@ class PostgresStore(SqlStore):
             safe_url,
             serializer=serializer,
             compress_threshold=options.get("compress_threshold", 4096),
+            blobs=options.get("blobs"),
+            blob_threshold=int(options.get("blob_threshold", 1 << 20)),
         )
         self.durability: Durability = options.get("durability", "normal")
         if self.durability not in ("full", "normal"):
@@ -588,7 +597,9 @@ class PostgresStore(SqlStore):
             and not plan.consumed
             and plan.durability in (None, self.durability)
             and all(h in plan.new for h in plan.refs)
-            and all(b.size <= _ONE_STATEMENT_MAX for b in plan.new.values())
+            and all(
+                b.size <= _ONE_STATEMENT_MAX and not self._external(b) for b in plan.new.values()
+            )
         )
 
     def _run_alone(self, statement: str, params: list[Any]) -> bool:

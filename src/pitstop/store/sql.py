@@ -49,6 +49,7 @@ from .base import (
     StoreStats,
     _Unset,
 )
+from .blobs import BlobStore, open_blob_store
 from .records import (
     CheckpointRecord,
     Codec,
@@ -69,6 +70,7 @@ T = TypeVar("T")
 # to the database again just to be discarded by ON CONFLICT.
 _PROBE_BEFORE_SEND = 64 * 1024
 _CHUNK = 500  # parameters per IN (...) list: well under every backend's limit
+_ORPHAN_AGE = 3600.0  # seconds before an unreferenced blob-store file is surely abandoned
 
 # --------------------------------------------------------------------------------------------
 # Schema: forward-only migrations. A store records every version applied in pitstop_schema.
@@ -158,6 +160,11 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             "CREATE INDEX pitstop_effects_checkpoint ON pitstop_effects (run_id, checkpoint_id)",
         ],
     ),
+    (
+        2,
+        "large values in a blob store: where a value lives when it is not in the table",
+        ["ALTER TABLE pitstop_blobs ADD COLUMN location TEXT"],
+    ),
 ]
 
 LATEST_SCHEMA = MIGRATIONS[-1][0]
@@ -221,11 +228,22 @@ def _convert_placeholders(sql: str, placeholder: str) -> str:
 class Tx:
     """One open transaction: thin helpers over a DB-API cursor, placeholders translated."""
 
-    __slots__ = ("cur", "dialect")
+    __slots__ = ("after", "cur", "dialect")
 
     def __init__(self, cur: Any, dialect: Dialect) -> None:
         self.cur = cur
         self.dialect = dialect
+        self.after: list[Callable[[], None]] | None = None
+
+    def on_commit(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` once the transaction has committed (never if it rolls back)."""
+        if self.after is None:
+            self.after = []
+        self.after.append(fn)
+
+    def committed(self) -> None:
+        for fn in self.after or ():
+            fn()
 
     def run(self, sql: str, params: Sequence[Any] = ()) -> Any:
         return self.cur.execute(self.dialect.q(sql), params)
@@ -480,10 +498,15 @@ class SqlStore(Store):
         *,
         serializer: Serializer | None = None,
         compress_threshold: int | None = 4096,
+        blobs: BlobStore | str | None = None,
+        blob_threshold: int = 1 << 20,
     ) -> None:
         self.url = url
         self._codec = Codec(serializer, compress_threshold)
         self.serializer = self._codec.serializer
+        self.blobs = open_blob_store(blobs) if blobs is not None else None
+        """Where values of at least ``blob_threshold`` stored bytes go (None: the table)."""
+        self.blob_threshold = blob_threshold
         self._fields = _LRU(2048)  # checkpoint id -> _Parent (immutable, always safe to cache)
         self._heads = _LRU(4096)  # run id -> head id this process last wrote (a guess)
         self._aio: Any = None
@@ -555,11 +578,14 @@ class SqlStore(Store):
     ) -> T:
         """Run ``fn`` in one transaction, retrying the whole of it while the store is busy."""
 
-        def attempt() -> T:
+        def attempt() -> tuple[T, Tx]:
             with self._transaction(write, durability) as cur:
-                return fn(Tx(cur, self.dialect))
+                tx = Tx(cur, self.dialect)
+                return fn(tx), tx
 
-        return self._retrying(attempt)
+        result, tx = self._retrying(attempt)
+        tx.committed()
+        return result
 
     # -- schema ------------------------------------------------------------------------------
 
@@ -739,6 +765,7 @@ class SqlStore(Store):
 
     def _commit(self, prepared: PreparedSave) -> Checkpoint:
         plan: _WritePlan = prepared.payload
+        self._externalize(plan.new.values())
         try:
             self._tx(
                 partial(self._write_checkpoint, plan=plan), write=True, durability=plan.durability
@@ -872,6 +899,16 @@ class SqlStore(Store):
             self._fields.drop(parent)
             raise CheckpointNotFoundError(parent)
 
+    def _external(self, blob: NewBlob) -> bool:
+        return self.blobs is not None and blob.size >= self.blob_threshold
+
+    def _externalize(self, blobs: Iterable[NewBlob]) -> None:
+        """Write large values to the blob store, synced, before any row references them."""
+        if self.blobs is not None:
+            for blob in blobs:
+                if self._external(blob):
+                    self.blobs.put(blob.hash, blob.data)
+
     def _insert_blobs(self, tx: Tx, new: Mapping[bytes, NewBlob], now: float) -> None:
         if not new:
             return
@@ -883,11 +920,47 @@ class SqlStore(Store):
                 for r in tx.in_chunks("SELECT hash FROM pitstop_blobs WHERE hash IN ({in})", big)
             }
             blobs = [b for b in blobs if b.hash not in present]
+        if self.blobs is None:
+            tx.many(
+                "INSERT INTO pitstop_blobs (hash, data, size, created_at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (hash) DO NOTHING",
+                [(b.hash, b.data, b.size, now) for b in blobs],
+            )
+            return
+        location = self.blobs.url
         tx.many(
-            "INSERT INTO pitstop_blobs (hash, data, size, created_at) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT (hash) DO NOTHING",
-            [(b.hash, b.data, b.size, now) for b in blobs],
+            "INSERT INTO pitstop_blobs (hash, data, size, created_at, location) "
+            "VALUES (?, ?, ?, ?, ?) ON CONFLICT (hash) DO NOTHING",
+            [
+                (b.hash, b"", b.size, now, location)
+                if self._external(b)
+                else (b.hash, b.data, b.size, now, None)
+                for b in blobs
+            ],
         )
+
+    def _read_values(self, tx: Tx, hashes: Sequence[bytes]) -> dict[bytes, bytes]:
+        """Stored values by hash, from the table or the blob store (absent ones left out)."""
+        out: dict[bytes, bytes] = {}
+        for h, data, location in tx.in_chunks(
+            "SELECT hash, data, location FROM pitstop_blobs WHERE hash IN ({in})", hashes
+        ):
+            key = bytes(h)
+            if location is None:
+                out[key] = bytes(data)
+            else:
+                value = self._fetch_external(key, location)
+                if value is not None:
+                    out[key] = value
+        return out
+
+    def _fetch_external(self, key: bytes, location: str) -> bytes | None:
+        if self.blobs is None:
+            raise StoreError(
+                f"{self.url}: value {key.hex()[:16]} is kept in the blob store {location}; "
+                "open this store with blobs=... to read it"
+            )
+        return self.blobs.get(key)
 
     @staticmethod
     def _check_lease(run_id: str, row: Any, lease: Lease | None, now: float) -> None:
@@ -912,9 +985,7 @@ class SqlStore(Store):
         return record, self._load_blobs(tx, record)
 
     def _load_blobs(self, tx: Tx, record: CheckpointRecord) -> dict[bytes, bytes]:
-        hashes = list(stored_hashes(record.field_map()))
-        rows = tx.in_chunks("SELECT hash, data FROM pitstop_blobs WHERE hash IN ({in})", hashes)
-        return {bytes(h): bytes(d) for h, d in rows}
+        return self._read_values(tx, list(stored_hashes(record.field_map())))
 
     def get(self, checkpoint_id: str, *, strict: bool = True) -> Checkpoint:
         record, blobs = self._tx(lambda tx: self._load(tx, "WHERE id = ?", (checkpoint_id,)))
@@ -1195,12 +1266,23 @@ class SqlStore(Store):
         return freed, size
 
     def _delete_blobs(self, tx: Tx, hashes: Sequence[bytes]) -> None:
-        # Re-checked under the GC lock: a concurrent writer may have started sharing one.
-        tx.run_chunks(
-            "DELETE FROM pitstop_blobs WHERE hash IN ({in}) AND NOT EXISTS "
-            "(SELECT 1 FROM pitstop_blob_refs r WHERE r.hash = pitstop_blobs.hash)",
-            hashes,
+        unreferenced = (
+            "hash IN ({in}) AND NOT EXISTS "
+            "(SELECT 1 FROM pitstop_blob_refs r WHERE r.hash = pitstop_blobs.hash)"
         )
+        if self.blobs is not None:
+            files = [
+                bytes(r[0])
+                for r in tx.in_chunks(
+                    f"SELECT hash FROM pitstop_blobs WHERE location IS NOT NULL AND {unreferenced}",
+                    hashes,
+                )
+            ]
+            if files:
+                blobs = self.blobs
+                tx.on_commit(lambda: blobs.delete(files))  # only once no row points at them
+        # Re-checked under the GC lock: a concurrent writer may have started sharing one.
+        tx.run_chunks("DELETE FROM pitstop_blobs WHERE " + unreferenced, hashes)
 
     def _fields_forget(self, ids: Iterable[str]) -> None:
         for checkpoint_id in ids:
@@ -1264,6 +1346,8 @@ class SqlStore(Store):
             done += 1
             if progress:
                 progress(done, total)
+        if not dry_run:
+            self._sweep_blob_store()
         return report
 
     def _prune_run(
@@ -1424,17 +1508,19 @@ class SqlStore(Store):
         while True:
             rows = self._tx(
                 lambda tx, a=after_hash: tx.all(
-                    "SELECT hash, data FROM pitstop_blobs WHERE hash > ? ORDER BY hash LIMIT ?",
+                    "SELECT hash, data, location FROM pitstop_blobs WHERE hash > ? "
+                    "ORDER BY hash LIMIT ?",
                     (a, 64),
                 )
             )
             if not rows:
                 break
-            for raw_hash, data in rows:
+            for raw_hash, data, location in rows:
                 h = bytes(raw_hash)
                 seen.add(h)
                 try:
-                    self._codec.decode_value(bytes(data), h, strict=False)
+                    value = bytes(data) if location is None else self._fetch_external(h, location)
+                    self._codec.decode_value(value, h, strict=False)
                 except Exception as exc:
                     owner = referenced.get(h)
                     problems.append(
@@ -1481,7 +1567,35 @@ class SqlStore(Store):
             problems.append(
                 Problem("run", run_id, f"head checkpoint {head} is missing", run_id=run_id)
             )
+        if self.blobs is not None:
+            for key in self.blobs.keys(older_than=_ORPHAN_AGE):
+                if key not in seen:
+                    problems.append(
+                        Problem("blob", key.hex()[:16], f"file in {self.blobs.url} that no "
+                                "record references (left by a crash; `pitstop prune` removes it)")
+                    )
         return problems
+
+    def _sweep_blob_store(self) -> int:
+        """Delete blob-store files no row references: what a crash between writing a large
+        value and committing its checkpoint leaves behind. Only files older than an hour, so
+        a save that wrote its value and is about to commit is never robbed of it."""
+        if self.blobs is None:
+            return 0
+        candidates = list(self.blobs.keys(older_than=_ORPHAN_AGE))
+        if not candidates:
+            return 0
+        known = {
+            bytes(r[0])
+            for r in self._tx(
+                lambda tx: tx.in_chunks(
+                    "SELECT hash FROM pitstop_blobs WHERE hash IN ({in})", candidates
+                )
+            )
+        }
+        orphans = [key for key in candidates if key not in known]
+        self.blobs.delete(orphans)
+        return len(orphans)
 
     # -- ownership ---------------------------------------------------------------------------
 
@@ -1787,12 +1901,7 @@ class SqlStore(Store):
                     (run_id,),
                 )
             ]
-            data.blobs = {
-                bytes(h): bytes(d)
-                for h, d in tx.in_chunks(
-                    "SELECT hash, data FROM pitstop_blobs WHERE hash IN ({in})", data.referenced
-                )
-            }
+            data.blobs = self._read_values(tx, data.referenced)
             data.inputs = [
                 InputRecord(i, r, n, bytes(p), bytes(h), c, used)
                 for i, r, n, p, h, c, used in tx.all(
@@ -1840,8 +1949,9 @@ class SqlStore(Store):
             if hashes:
                 self._lock_values(tx)
             for i in range(0, len(hashes), _CHUNK):
-                part = hashes[i : i + _CHUNK]
-                self._insert_blobs(tx, {h: NewBlob(h, data.blobs[h]) for h in part}, now)
+                part = {h: NewBlob(h, data.blobs[h]) for h in hashes[i : i + _CHUNK]}
+                self._externalize(part.values())
+                self._insert_blobs(tx, part, now)
                 done += len(part)
                 if progress:
                     progress(done, total)

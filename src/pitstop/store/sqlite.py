@@ -26,6 +26,7 @@ from typing import Any
 from ..errors import StoreError
 from ..serde import Serializer
 from .base import Durability
+from .blobs import BlobStore
 from .sql import Backoff, Dialect, QmarkTx, SqlStore, T, Tx
 
 
@@ -75,6 +76,8 @@ class SQLiteStore(SqlStore):
         busy_timeout: float = 60.0,
         auto_migrate: bool = True,
         url: str | None = None,
+        blobs: BlobStore | str | None = None,
+        blob_threshold: int = 1 << 20,
     ) -> None:
         if durability not in _SYNCHRONOUS:
             raise ValueError(f"durability must be 'full' or 'normal', not {durability!r}")
@@ -85,6 +88,8 @@ class SQLiteStore(SqlStore):
             url or f"sqlite:///{self.path}",
             serializer=serializer,
             compress_threshold=compress_threshold,
+            blobs=blobs,
+            blob_threshold=blob_threshold,
         )
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
@@ -151,17 +156,21 @@ class SQLiteStore(SqlStore):
                     # Per-commit durability: SQLite only lets this change outside a transaction.
                     conn.execute(f"PRAGMA synchronous={_SYNCHRONOUS[level]}")
                     self._synchronous = level
+                tx = QmarkTx(conn, SQLITE)
                 try:
                     conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-                    result = fn(QmarkTx(conn, SQLITE))
+                    result = fn(tx)
                     conn.execute("COMMIT")
-                    return result
                 except BaseException as exc:
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
                     if not isinstance(exc, Exception) or not self._retryable(exc):
                         raise
                     error = exc
+                else:
+                    if tx.after:
+                        tx.committed()
+                    return result
             backoff = backoff or Backoff(self.busy_timeout, self.url)
             backoff.wait(error)  # outside the lock: other threads may commit meanwhile
 

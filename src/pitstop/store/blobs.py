@@ -1,0 +1,139 @@
+"""Large values outside the database: a pluggable blob store, a directory implementation.
+
+A store given a blob store keeps every value of at least ``blob_threshold`` bytes (stored
+size, after compression) there instead of in its values table. Nothing else changes: the
+value is still keyed and verified by its content hash, shared by every checkpoint and run
+that holds it, and deleted by the same garbage collection, once nothing references it.
+
+The order of writes keeps the database honest: a value is written (and synced) to the blob
+store *before* the transaction that references it commits, and deleted only *after* the
+transaction that dropped its last reference commits. A crash in between leaves at worst an
+unreferenced file, which :meth:`~pitstop.Store.prune` removes once it is old enough to be
+certain no save is still about to reference it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from ..errors import StoreError
+
+
+class BlobStore(ABC):
+    """Where large values live, keyed by their content hash. Writes must be durable when
+    :meth:`put` returns, and idempotent (the same key always carries the same bytes)."""
+
+    url: str
+
+    @abstractmethod
+    def put(self, key: bytes, data: bytes) -> None:
+        """Store ``data`` under ``key`` (a no-op if it is there already)."""
+
+    @abstractmethod
+    def get(self, key: bytes) -> bytes | None:
+        """The bytes under ``key``, or None if there are none."""
+
+    @abstractmethod
+    def delete(self, keys: Iterable[bytes]) -> None:
+        """Remove these keys (missing ones are ignored)."""
+
+    @abstractmethod
+    def keys(self, *, older_than: float = 0.0) -> Iterator[bytes]:
+        """Every key, or only those written more than ``older_than`` seconds ago."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+
+class DirectoryBlobStore(BlobStore):
+    """One file per value under a directory (``ab/cd/abcd....blob``), written atomically.
+
+    Any file system works, local or shared (NFS, a mounted volume) as long as renames are
+    atomic on it, which is what lets several processes and machines use one directory.
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root).expanduser().resolve()
+        self.url = f"file://{self.root}"
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"blob directory {self.root}: {exc.strerror}") from exc
+
+    def _path(self, key: bytes) -> Path:
+        name = key.hex()
+        return self.root / name[:2] / name[2:4] / f"{name}.blob"
+
+    def put(self, key: bytes, data: bytes) -> None:
+        path = self._path(key)
+        if path.exists():
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        _fsync_dir(path.parent)
+
+    def get(self, key: bytes) -> bytes | None:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def delete(self, keys: Iterable[bytes]) -> None:
+        for key in keys:
+            with contextlib.suppress(FileNotFoundError):
+                self._path(key).unlink()
+
+    def keys(self, *, older_than: float = 0.0) -> Iterator[bytes]:
+        cutoff = time.time() - older_than
+        for path in self.root.glob("*/*/*.blob"):
+            try:
+                if older_than and path.stat().st_mtime > cutoff:
+                    continue
+                yield bytes.fromhex(path.stem)
+            except (OSError, ValueError):
+                continue
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a rename durable (where the platform allows fsync on a directory)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def open_blob_store(spec: str | os.PathLike[str] | BlobStore) -> BlobStore:
+    """A blob store from a ``file:///path`` URL or a directory path (or one given as is)."""
+    if isinstance(spec, BlobStore):
+        return spec
+    text = os.fspath(spec)
+    if text.startswith("file://"):
+        text = text[len("file://") :]
+    elif "://" in text:
+        raise StoreError(f"unsupported blob store {text!r}; use a directory or file:///path")
+    return DirectoryBlobStore(text)
+
+
+__all__ = ["BlobStore", "DirectoryBlobStore", "open_blob_store"]

@@ -1,0 +1,178 @@
+"""Large values in a blob store (a directory), on SQLite and PostgreSQL; schema upgrades."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import pitstop
+from conftest import BACKENDS, drop_pg_schema, pg_schema_url
+from pitstop import CorruptCheckpointError, RetentionPolicy, RunStatus, StoreError
+from pitstop.store import sql as sqlmod
+from pitstop.store.blobs import DirectoryBlobStore
+
+SHARED = [b for b in BACKENDS if b != "memory"]
+BIG = os.urandom(300_000)  # incompressible: its stored size stays above the threshold
+BIG2 = os.urandom(300_000)
+
+
+@pytest.fixture(params=SHARED)
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'store.db'}"
+    else:
+        schema = f"b_{uuid.uuid4().hex[:10]}"
+        yield pg_schema_url(schema)
+        drop_pg_schema(schema)
+
+
+@pytest.fixture
+def blob_dir(tmp_path: Path) -> Path:
+    return tmp_path / "blobs"
+
+
+@pytest.fixture
+def opener(url: str, blob_dir: Path) -> Iterator[Callable[..., pitstop.Store]]:
+    opened: list[pitstop.Store] = []
+
+    def open_(**options: Any) -> pitstop.Store:
+        options.setdefault("blobs", str(blob_dir))
+        options.setdefault("blob_threshold", 100_000)
+        store = pitstop.open_store(url, **options)
+        opened.append(store)
+        return store
+
+    yield open_
+    for store in opened:
+        store.close()
+
+
+def files(blob_dir: Path) -> list[Path]:
+    return sorted(blob_dir.glob("*/*/*.blob"))
+
+
+def test_large_values_live_in_the_blob_store(opener: Callable[..., pitstop.Store],
+                                             blob_dir: Path) -> None:
+    store = opener()
+    first = store.save("r", {"doc": BIG, "note": "small stays in the table " * 3})
+    for i in range(5):
+        store.save("r", {"doc": BIG, "note": "small stays in the table " * 3, "i": i})
+    store.save("other", {"doc": BIG})  # shared, not copied
+    assert len(files(blob_dir)) == 1
+    assert store.get(first.id).state["doc"] == BIG
+    stats = store.stats()
+    assert stats.blobs == 2  # the big one (as a row pointing at the file) and the note
+    assert store.verify() == []
+    # a fresh handle on the same store reads it back
+    assert opener().latest("other").state == {"doc": BIG}  # type: ignore[union-attr]
+
+
+def test_collected_with_the_last_reference(opener: Callable[..., pitstop.Store],
+                                           blob_dir: Path) -> None:
+    store = opener()
+    store.save("a", {"doc": BIG})
+    store.save("b", {"doc": BIG})
+    store.save("b", {"doc": BIG2})
+    assert len(files(blob_dir)) == 2
+    store.delete_run("a")
+    assert len(files(blob_dir)) == 2  # `b` still holds BIG in its first checkpoint
+    store.prune(RetentionPolicy(keep_last=1), run_id="b")
+    assert len(files(blob_dir)) == 1  # BIG is gone; BIG2 is b's head
+    assert store.latest("b").state == {"doc": BIG2}  # type: ignore[union-attr]
+    store.delete_run("b")
+    assert files(blob_dir) == []
+    assert store.verify() == []
+
+
+def test_damaged_or_missing_files_are_detected(opener: Callable[..., pitstop.Store],
+                                               blob_dir: Path) -> None:
+    store = opener()
+    good = store.save("r", {"doc": BIG2, "n": 1})
+    bad = store.save("r", {"doc": BIG, "n": 2})
+    path = next(p for p in files(blob_dir) if p.read_bytes().endswith(BIG[-100:]))
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptCheckpointError) as info:
+        store.latest("r")
+    assert info.value.checkpoint_id == bad.id and info.value.field == "doc"
+    assert store.latest("r", fallback=True).id == good.id  # type: ignore[union-attr]
+    assert [p.kind for p in store.verify()] == ["blob"]
+    path.unlink()
+    with pytest.raises(CorruptCheckpointError, match="missing"):
+        store.get(bad.id)
+    assert any("missing" in p.message for p in store.verify())
+
+
+def test_orphaned_files_are_reported_and_swept(opener: Callable[..., pitstop.Store],
+                                               blob_dir: Path) -> None:
+    store = opener()
+    store.save("r", {"doc": BIG})
+    # what a crash between writing a value and committing its checkpoint leaves behind
+    blobs = DirectoryBlobStore(blob_dir)
+    blobs.put(b"\x01" * 32, b"orphan")
+    assert store.verify() == []  # too young to be judged: a save may be about to commit
+    hour_ago = time.time() - 7200
+    orphan = blob_dir / "01" / "01" / f"{'01' * 32}.blob"
+    os.utime(orphan, (hour_ago, hour_ago))
+    assert [p.message.split()[0] for p in store.verify()] == ["file"]
+    store.prune(RetentionPolicy(keep_last=5))
+    assert not orphan.exists()
+    assert len(files(blob_dir)) == 1
+
+
+def test_a_store_without_the_blob_store_says_where_values_are(
+    opener: Callable[..., pitstop.Store], url: str
+) -> None:
+    opener().save("r", {"doc": BIG})
+    with pitstop.open_store(url) as plain, pytest.raises(StoreError, match="blob store"):
+        plain.latest("r")
+
+
+def test_blob_store_options_in_the_url(url: str, blob_dir: Path) -> None:
+    sep = "&" if "?" in url else "?"
+    with pitstop.open_store(f"{url}{sep}blobs={blob_dir}&blob_threshold=1000") as store:
+        store.save("r", {"doc": os.urandom(5000)})
+        assert len(files(blob_dir)) == 1
+
+
+def test_export_import_moves_external_values(opener: Callable[..., pitstop.Store],
+                                             tmp_path: Path) -> None:
+    source = opener()
+    first = source.save("r", {"doc": BIG})
+    source.save("r", {"doc": BIG, "n": 1})
+    data = source.export_run("r")
+    with pitstop.open_store(f"sqlite:///{tmp_path / 'target.db'}") as target:
+        target.import_run(data)
+        assert target.get(first.id).state == {"doc": BIG}
+        assert target.verify() == []
+
+
+def test_sqlite_store_at_the_oldest_schema_is_upgraded_on_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    oldest = sqlmod.MIGRATIONS[0][0]
+    assert oldest < sqlmod.LATEST_SCHEMA  # there is something to upgrade
+    with monkeypatch.context() as patch:
+        patch.setattr(sqlmod, "LATEST_SCHEMA", oldest)  # this pitstop as its first release
+        with pitstop.open_store(url) as old:
+            assert old.schema_version() == oldest  # type: ignore[attr-defined]
+            first = old.save("r", {"doc": "x" * 10_000, "n": 1}, workflow="wf",
+                             status=RunStatus.WAITING, metadata={"waiting_for": ["go"]})
+    with pytest.raises(pitstop.StoreSchemaError, match="migrate"):
+        pitstop.open_store(url, auto_migrate=False)
+    with pitstop.open_store(url) as new:
+        assert new.schema_version() == sqlmod.LATEST_SCHEMA  # type: ignore[attr-defined]
+        assert new.get(first.id).state == {"doc": "x" * 10_000, "n": 1}
+        assert new.get_run("r").waiting_for == ("go",)
+        assert new.verify() == []
+    with pitstop.open_store(url, blobs=str(tmp_path / "blobs"), blob_threshold=1000) as new:
+        new.save("r", {"doc": os.urandom(5000), "n": 2})  # uses what version 2 added
+        assert new.verify() == []
