@@ -577,3 +577,19 @@ def test_milestone_before_a_wait_is_checkpointed_and_tagged(store: Store) -> Non
     kept = store.prune(pitstop.RetentionPolicy(keep_last=1), run_id=first.run_id)
     assert {h.metadata["step_name"] for h in store.history(first.run_id)} == {"reviewed", "ship"}
     assert kept.checkpoints
+
+
+def test_content_change_detection_sees_in_place_mutation(store: Store) -> None:
+    for mode, expected in (("updates", []), ("content", ["x", "y"])):
+        wf = Workflow(f"mutating-{mode}", change_detection=mode)
+
+        @wf.step
+        def first(state: dict[str, Any]) -> None:
+            state["items"].append("x")  # in place, not returned
+
+        @wf.step
+        def second(state: dict[str, Any]) -> None:
+            state["items"].append("y")
+
+        result = wf.start(store, {"items": []})
+        assert store.latest(result.run_id).state["items"] == expected  # type: ignore[union-attr]

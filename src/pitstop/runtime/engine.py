@@ -198,6 +198,7 @@ class Execution:
         self.stop: threading.Event | None = None
         self.run_status: RunStatus | None = None  # the run's status in the store, as known
         self.checkpointed = False
+        self.content = wf.change_detection == "content"
         self.tags: list[str] = []
         self.step_start_fields: dict[str, Any] = {}
         self.step_start_changed: set[str] | None = set()
@@ -270,8 +271,13 @@ class Execution:
         self.checkpointed_at = time.monotonic()
         return prepared.checkpoint_id
 
+    def _no_changes(self) -> set[str] | None:
+        """What "nothing changed since the last checkpoint" is: an empty set, or None when
+        every field is compared by content (``change_detection="content"``)."""
+        return None if self.content else set()
+
     def checkpoint(self, status: RunStatus, **kw: Any) -> Generator[Op, Any, str]:
-        changed, self.changed = self.changed, set()
+        changed, self.changed = self.changed, self._no_changes()
         return (yield from self._save(self.fields, changed, status, **kw))
 
     def flush(self) -> None:
@@ -296,15 +302,15 @@ class Execution:
         finally:
             self.next = next_
             # Everything up to the step's start is now durable.
-            self.step_start_changed = set()
-            self.changed = set()
+            self.step_start_changed = self._no_changes()
+            self.changed = self._no_changes()
 
     # -- the loop ------------------------------------------------------------------------------
 
     def restore(self, ckpt: Checkpoint, *, branch: str | None = None) -> None:
         meta = ckpt.metadata
         fields = dict(ckpt.state)
-        changed: set[str] | None = set()
+        changed = self._no_changes()
         if ckpt.schema_version != self.wf.version:
             fields = self.wf._migrate(fields, ckpt)
             changed = None  # compare every field by content on the next checkpoint

@@ -282,8 +282,6 @@ class Workflow:
         except BaseException:
             store.release(lease)
             raise
-        if self.change_detection == "content":
-            execution.changed = None
         return execution
 
     def _resume(
