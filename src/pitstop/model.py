@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Self
 
 
 class RunStatus(StrEnum):
@@ -130,7 +130,7 @@ class CheckpointSummary:
         size: int,
         metadata_json: str,
         added: int | None,
-    ) -> CheckpointSummary:
+    ) -> Self:
         """Build from a database row without the keyword-argument overhead (history lists)."""
         self = object.__new__(cls)
         self.id = id

@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import LeaseLostError, PitstopError
 from ..model import Checkpoint, RunStatus, utc
@@ -96,10 +96,11 @@ class _Sleep:
 
 
 Op = _Io | _Call | _Sleep
+T = TypeVar("T")
 Loop = Generator[Op, Any, RunResult]
 
 
-def drive_sync(loop: Loop) -> RunResult:
+def drive_sync(loop: Generator[Op, Any, T]) -> T:
     value: Any = None
     error: BaseException | None = None
     while True:
@@ -290,7 +291,7 @@ class Execution:
         next_, self.next = self.next, step
         try:
             return drive_sync(
-                self._save(  # type: ignore[arg-type]
+                self._save(
                     self.step_start_fields,
                     self.step_start_changed,
                     RunStatus.RUNNING,

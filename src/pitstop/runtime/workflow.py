@@ -96,6 +96,8 @@ class Workflow:
     @overload
     def step(
         self,
+        fn: None = None,
+        /,
         *,
         name: str | None = None,
         wait_for: str | Iterable[str] | None = None,
@@ -161,7 +163,7 @@ class Workflow:
             return fn
 
         if fn is not None:
-            return register(fn)  # type: ignore[arg-type]
+            return register(fn)
         return register
 
     def migration(

@@ -984,13 +984,14 @@ class MsgpackSerializer:
                 ):
                     return out
         fast = _FastEncoder(self.registry)
+        encoded: bytes | None
         try:
-            out = fast.dumps(value)
+            encoded = fast.dumps(value)
         except Exception:
             if fast.interrupt is not None:
                 raise fast.interrupt from None
-            out = None
-        return self._dumps_slowly(value) if out is None else out
+            encoded = None
+        return self._dumps_slowly(value) if encoded is None else encoded
 
     def _dumps_slowly(self, value: object) -> bytes:
         try:

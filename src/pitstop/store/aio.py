@@ -24,10 +24,11 @@ def _offload(
 ) -> Callable[Concatenate[AsyncStore, P], Awaitable[R]]:
     name = method.__name__
 
-    @functools.wraps(method)
-    async def call(self: AsyncStore, *args: P.args, **kwargs: P.kwargs) -> R:
-        return await asyncio.to_thread(getattr(self.sync, name), *args, **kwargs)  # type: ignore[no-any-return]
+    async def call(self: AsyncStore, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        result: R = await asyncio.to_thread(getattr(self.sync, name), *args, **kwargs)
+        return result
 
+    functools.update_wrapper(call, method)
     return call
 
 

@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache, partial
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from ..errors import (
     CheckpointNotFoundError,
@@ -587,6 +587,10 @@ class SqlStore(Store):
         tx.committed()
         return result
 
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        """The rows of one read query, in its own transaction."""
+        return self._tx(lambda tx: tx.all(sql, params))
+
     # -- schema ------------------------------------------------------------------------------
 
     def schema_version(self) -> int:
@@ -1023,9 +1027,7 @@ class SqlStore(Store):
         parent_id = bad.parent_id
         while parent_id is not None:
             record, blobs = self._tx(
-                lambda tx, pid=parent_id: self._load(
-                    tx, "WHERE id = ? AND run_id = ?", (pid, run_id)
-                )
+                partial(self._load, where="WHERE id = ? AND run_id = ?", params=(parent_id, run_id))
             )
             if record is None:
                 break
@@ -1191,7 +1193,7 @@ class SqlStore(Store):
                     "UPDATE pitstop_runs SET status = ?, metadata = ?, updated_at = ?, "
                     "lease_owner = NULL, lease_expires = NULL, fence = fence + 1, "
                     "wake_at = NULL WHERE run_id = ?",
-                    (status.value, encode_metadata(merged, run_id), now, run_id),
+                    (RunStatus.CANCELLED.value, encode_metadata(merged, run_id), now, run_id),
                 )
             else:
                 tx.run(
@@ -1332,7 +1334,7 @@ class SqlStore(Store):
         done = 0
         for rid in doomed_runs:
             report.merge(
-                self._tx(lambda tx, r=rid: self._delete_run(tx, r, dry_run=dry_run), write=True)
+                self._tx(partial(self._delete_run, run_id=rid, dry_run=dry_run), write=True)
             )
             done += 1
             if progress:
@@ -1340,7 +1342,8 @@ class SqlStore(Store):
         for rid in candidates:
             report.merge(
                 self._tx(
-                    lambda tx, r=rid: self._prune_run(tx, r, policy, dry_run=dry_run), write=True
+                    partial(self._prune_run, run_id=rid, policy=policy, dry_run=dry_run),
+                    write=True,
                 )
             )
             done += 1
@@ -1482,11 +1485,9 @@ class SqlStore(Store):
         referenced: dict[bytes, tuple[str, str, str]] = {}
         after = ""
         while True:
-            rows = self._tx(
-                lambda tx, a=after: tx.all(
-                    f"SELECT {_CKPT} FROM pitstop_checkpoints WHERE id > ? ORDER BY id LIMIT ?",
-                    (a, _CHUNK),
-                )
+            rows = self._query(
+                f"SELECT {_CKPT} FROM pitstop_checkpoints WHERE id > ? ORDER BY id LIMIT ?",
+                (after, _CHUNK),
             )
             if not rows:
                 break
@@ -1506,12 +1507,10 @@ class SqlStore(Store):
         seen: set[bytes] = set()
         after_hash = b""
         while True:
-            rows = self._tx(
-                lambda tx, a=after_hash: tx.all(
-                    "SELECT hash, data, location FROM pitstop_blobs WHERE hash > ? "
-                    "ORDER BY hash LIMIT ?",
-                    (a, 64),
-                )
+            rows = self._query(
+                "SELECT hash, data, location FROM pitstop_blobs WHERE hash > ? "
+                "ORDER BY hash LIMIT ?",
+                (after_hash, 64),
             )
             if not rows:
                 break
@@ -1546,14 +1545,12 @@ class SqlStore(Store):
                         run_id=run_id,
                     )
                 )
-        for kind, table, key in (("input", "pitstop_inputs", "id"),
-                                 ("effect", "pitstop_effects", "key")):
-            column = "payload" if kind == "input" else "result"
-            for rid, ident, data, h in self._tx(
-                lambda tx, t=table, k=key, c=column: tx.all(
-                    f"SELECT run_id, {k}, {c}, hash FROM {t}"
-                )
-            ):
+        kinds: tuple[tuple[Literal["input", "effect"], str], ...] = (
+            ("input", "SELECT run_id, id, payload, hash FROM pitstop_inputs"),
+            ("effect", "SELECT run_id, key, result, hash FROM pitstop_effects"),
+        )
+        for kind, query in kinds:
+            for rid, ident, data, h in self._query(query):
                 try:
                     self._codec.decode_value(bytes(data), bytes(h), strict=False)
                 except Exception as exc:
@@ -1568,10 +1565,10 @@ class SqlStore(Store):
                 Problem("run", run_id, f"head checkpoint {head} is missing", run_id=run_id)
             )
         if self.blobs is not None:
-            for key in self.blobs.keys(older_than=_ORPHAN_AGE):
-                if key not in seen:
+            for orphan in self.blobs.keys(older_than=_ORPHAN_AGE):
+                if orphan not in seen:
                     problems.append(
-                        Problem("blob", key.hex()[:16], f"file in {self.blobs.url} that no "
+                        Problem("blob", orphan.hex()[:16], f"file in {self.blobs.url} that no "
                                 "record references (left by a crash; `pitstop prune` removes it)")
                     )
         return problems
@@ -1688,7 +1685,7 @@ class SqlStore(Store):
                     "SELECT run_id, fence, priority, COALESCE(wake_at, created_at) "
                     f"FROM pitstop_runs WHERE {where} AND COALESCE(lease_expires, 0) < ?"
                 )
-                params = [*first, now]
+                params: list[Any] = [*first, now]
                 if names is None:
                     sql += " AND workflow IS NOT NULL"
                 else:
@@ -1869,18 +1866,16 @@ class SqlStore(Store):
         """A run's raw checkpoint records with their stored values, oldest first (for export)."""
         after = ""
         while True:
-            rows = self._tx(
-                lambda tx, a=after: tx.all(
-                    f"SELECT {_CKPT} FROM pitstop_checkpoints WHERE run_id = ? AND id > ? "
-                    "ORDER BY id LIMIT ?",
-                    (run_id, a, 100),
-                )
+            rows = self._query(
+                f"SELECT {_CKPT} FROM pitstop_checkpoints WHERE run_id = ? AND id > ? "
+                "ORDER BY id LIMIT ?",
+                (run_id, after, 100),
             )
             if not rows:
                 return
             for row in rows:
                 record = _row_to_record(row)
-                yield record, self._tx(lambda tx, r=record: self._load_blobs(tx, r))
+                yield record, self._tx(partial(self._load_blobs, record=record))
             after = rows[-1][0]
 
     def export_run(self, run_id: str) -> RunExport:
@@ -1961,17 +1956,13 @@ class SqlStore(Store):
                 [(run.run_id, h) for h in hashes],
             )
             for i in range(0, len(data.checkpoints), _CHUNK):
-                part = data.checkpoints[i : i + _CHUNK]
+                batch = data.checkpoints[i : i + _CHUNK]
                 tx.many(
                     f"INSERT INTO pitstop_checkpoints ({_CKPT}) "
                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [
-                        (c.id, c.run_id, c.parent_id, c.step, c.created_at, c.schema_version,
-                         c.metadata, c.fields, c.size, c.added, c.checksum)
-                        for c in part
-                    ],
+                    [c.row() for c in batch],
                 )
-                done += len(part)
+                done += len(batch)
                 if progress:
                     progress(done, total)
             tx.run(
