@@ -102,6 +102,23 @@ class CheckpointSummary:
         metadata_json: str | None = None,
         added: int | None = None,
     ) -> None:
+        self._fill(id, run_id, parent_id, step, created_at, schema_version, checksum, size,
+                   metadata_json, added)
+        self._metadata: Mapping[str, Any] | None = metadata
+
+    def _fill(
+        self,
+        id: str,
+        run_id: str,
+        parent_id: str | None,
+        step: int,
+        created_at: datetime | float,
+        schema_version: int,
+        checksum: str,
+        size: int,
+        metadata_json: str | None,
+        added: int | None,
+    ) -> None:
         self.id = id
         self.run_id = run_id
         self.parent_id = parent_id
@@ -114,36 +131,16 @@ class CheckpointSummary:
         #: its parent did not reference (what the step cost; a run's ``bytes`` counts the
         #: same); ``size`` is the whole state. None if the store does not know.
         self.added = added
-        self._metadata = metadata
+        self._metadata = None
         self._metadata_json = metadata_json
 
     @classmethod
-    def _from_row(
-        cls,
-        id: str,
-        run_id: str,
-        parent_id: str | None,
-        step: int,
-        created_at: float,
-        schema_version: int,
-        checksum: str,
-        size: int,
-        metadata_json: str,
-        added: int | None,
-    ) -> Self:
-        """Build from a database row without the keyword-argument overhead (history lists)."""
+    def _from_row(cls, *row: Any) -> Self:
+        """Build from a database row (``id, run_id, parent_id, step, created_at,
+        schema_version, checksum, size, metadata, added``) without keyword-argument overhead:
+        history lists make thousands."""
         self = object.__new__(cls)
-        self.id = id
-        self.run_id = run_id
-        self.parent_id = parent_id
-        self.step = step
-        self._created = created_at
-        self.schema_version = schema_version
-        self.checksum = checksum
-        self.size = size
-        self.added = added
-        self._metadata = None
-        self._metadata_json = metadata_json
+        self._fill(*row)
         return self
 
     @property
