@@ -13,12 +13,13 @@ import json
 import logging
 import time
 from abc import abstractmethod
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache, partial
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from ..errors import (
     CheckpointNotFoundError,
@@ -320,8 +321,7 @@ class _HeadMoved(Exception):
         self.actual = actual
 
 
-@dataclass(frozen=True, slots=True)
-class _Parent:
+class _Parent(NamedTuple):
     id: str
     run_id: str
     step: int
@@ -353,13 +353,15 @@ class _WritePlan:
 class _LRU:
     """A small bounded map (field maps of recent checkpoints, known run heads).
 
-    Lock-free: single dict operations are atomic in CPython, and a racing eviction at worst
-    drops an entry early, which only costs a query. Oldest inserted entries go first.
+    Lock-free: single OrderedDict operations are atomic in CPython, and a racing eviction
+    at worst drops an entry early, which only costs a query. Oldest inserted entries go
+    first (an OrderedDict pops its first item in O(1), where a dict would rescan the slots
+    its earlier deletions left behind).
     """
 
     def __init__(self, size: int) -> None:
         self._size = size
-        self._data: dict[str, Any] = {}
+        self._data: OrderedDict[str, Any] = OrderedDict()
 
     def get(self, key: str) -> Any:
         return self._data.get(key)
@@ -368,9 +370,8 @@ class _LRU:
         data = self._data
         data[key] = value
         if len(data) > self._size:
-            # StopIteration/RuntimeError: emptied or resized by another thread meanwhile.
-            with contextlib.suppress(StopIteration, RuntimeError):
-                data.pop(next(iter(data)), None)
+            with contextlib.suppress(KeyError):  # emptied by another thread meanwhile
+                data.popitem(last=False)
 
     def drop(self, key: str) -> None:
         self._data.pop(key, None)
@@ -723,7 +724,6 @@ class SqlStore(Store):
             added=sum(blob.size for blob in new.values()) if new else 0,
         )
         record.checksum = record.compute_checksum()
-        hashes = stored_hashes(fields)
         if (
             parent is not None
             and parent.run_id == run_id
@@ -734,7 +734,9 @@ class SqlStore(Store):
             # pruned), so only new ones need a reference. Any other parent (a branch point,
             # a stale cache) may have lost its values to a prune: reference them all, and
             # the write checks that they still exist.
-            hashes.difference_update(stored_hashes(parent.fields))
+            hashes = set(new).difference(stored_hashes(parent.fields)) if new else set()
+        else:
+            hashes = stored_hashes(fields)
         plan = _WritePlan(
             record=record,
             fields=fields,
