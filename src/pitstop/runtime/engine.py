@@ -212,9 +212,10 @@ class Execution:
             "status": status.value,
             "step_name": self.last_step,
             "next": self.next,
-            "branch": self.branch,
             "completed": self.completed,
         }
+        if self.branch != self.run_id:  # the run's own line needs no name
+            meta["branch"] = self.branch
         if self.attempts:
             meta["attempts"] = self.attempts
         if self.timers:
@@ -473,6 +474,8 @@ class Execution:
 
     def _clear_step_state(self, step: str) -> None:
         """Forget the finished step's timers and input deadlines."""
+        if not self.timers and not self.deadlines:
+            return
         prefix = f"{self.position}:{step}"
         for table in (self.timers, self.deadlines):
             for key in [k for k in table if k == prefix or k.startswith(prefix + ":")]:

@@ -242,7 +242,6 @@ class Workflow:
                 "status": status.value,
                 "step_name": None,
                 "next": self.first_step,
-                "branch": run_id,
                 "completed": [],
             },
             schema_version=self.version,
