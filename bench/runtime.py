@@ -10,7 +10,8 @@
 3. Restart latency: from spawning ``python`` to the first resumed step of a run whose
    process was killed with SIGKILL (interpreter start and imports included).
 
-Medians; ratios are computed between numbers measured in this same run.
+Rounds are interleaved (each round measures every variant once) and ratios are the median
+of the per-round ratios, so a slow spell of the shared machine lands on all variants alike.
 """
 
 from __future__ import annotations
@@ -42,47 +43,64 @@ import pitstop
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def per_step_pitstop(tmp: Path, steps: int, durability: str, rounds: int) -> float:
-    wf = pitstop_loop(steps, durability)
-    samples = []
-    for r in range(rounds):
-        store = pitstop.open_store(f"sqlite:///{tmp / f'rt-{durability}-{r}.db'}")
-        t0 = time.perf_counter()
-        result = wf.start(store, base_state())
-        samples.append((time.perf_counter() - t0) / steps)
-        assert result.state["i"] == steps
-        store.close()
-    return statistics.median(samples)
+WARMUP = 100  # untimed steps before each timed run: every variant is measured warm
 
 
-def per_step_plain(steps: int, rounds: int) -> float:
-    samples = []
-    for _ in range(rounds):
-        state = base_state()
-        t0 = time.perf_counter()
-        while state["i"] < steps:
-            state = {**state, **noop(state)}
-        samples.append((time.perf_counter() - t0) / steps)
-    return statistics.median(samples)
+def pitstop_once(tmp: Path, steps: int, durability: str, name: str) -> float:
+    store = pitstop.open_store(f"sqlite:///{tmp / f'{name}.db'}")
+    pitstop_loop(WARMUP, durability).start(store, base_state())
+    t0 = time.perf_counter()
+    result = pitstop_loop(steps, durability).start(store, base_state())
+    elapsed = (time.perf_counter() - t0) / steps
+    assert result.state["i"] == steps
+    store.close()
+    return elapsed
 
 
-def per_step_langgraph(tmp: Path, steps: int, rounds: int, saver: bool) -> float | None:
+def plain_once(steps: int) -> float:
+    state = base_state()
+    t0 = time.perf_counter()
+    while state["i"] < steps:
+        state = {**state, **noop(state)}
+    return (time.perf_counter() - t0) / steps
+
+
+def langgraph_once(tmp: Path, steps: int, name: str, saver: bool) -> float | None:
     graph = langgraph_loop(steps)
     if graph is None:
         return None
-    samples = []
+    if saver:
+        import sqlite3
+
+        from langgraph.checkpoint.sqlite import SqliteSaver
+
+        conn = sqlite3.connect(tmp / f"{name}.db", check_same_thread=False)
+        app = graph.compile(checkpointer=SqliteSaver(conn))
+    else:
+        app = graph.compile()
+    warm = langgraph_loop(WARMUP)
+    warm_app = warm.compile(checkpointer=app.checkpointer) if saver else warm.compile()
+    time_invoke(warm_app, base_state(), WARMUP, f"{name}-warmup")
+    return time_invoke(app, base_state(), steps, name)
+
+
+def interleaved(tmp: Path, steps: int, rounds: int) -> dict[str, list[float]]:
+    """Every variant once per round, rounds in turn: a slow spell of this shared machine
+    then lands on all of them alike, so per-round ratios stay meaningful."""
+    samples: dict[str, list[float]] = {}
     for r in range(rounds):
-        if saver:
-            import sqlite3
-
-            from langgraph.checkpoint.sqlite import SqliteSaver
-
-            conn = sqlite3.connect(tmp / f"lg-{r}.db", check_same_thread=False)
-            app = graph.compile(checkpointer=SqliteSaver(conn))
-        else:
-            app = graph.compile()
-        samples.append(time_invoke(app, base_state(), steps, f"t{r}"))
-    return statistics.median(samples)
+        measured = {
+            "plain": plain_once(steps),
+            "normal": pitstop_once(tmp, steps, "normal", f"normal-{r}"),
+            "full": pitstop_once(tmp, steps, "full", f"full-{r}"),
+            "background": pitstop_once(tmp, steps, "background", f"background-{r}"),
+            "langgraph_sqlite": langgraph_once(tmp, steps, f"lg-{r}", saver=True),
+            "langgraph_none": langgraph_once(tmp, steps, f"lg-none-{r}", saver=False),
+        }
+        for key, value in measured.items():
+            if value is not None:
+                samples.setdefault(key, []).append(value)
+    return samples
 
 
 RESTART = """
@@ -149,31 +167,34 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        plain = per_step_plain(steps, rounds)
-        results: dict[str, float | None] = {"plain": plain}
-        for durability in ("normal", "full", "background"):
-            results[durability] = per_step_pitstop(tmp, steps, durability, rounds)
-        results["langgraph_sqlite"] = per_step_langgraph(tmp, steps, rounds, saver=True)
-        results["langgraph_none"] = per_step_langgraph(tmp, steps, rounds, saver=False)
-        results["restart"] = restart_latency(tmp, 5 if args.quick else 10)
+        samples = interleaved(tmp, steps, rounds)
+        restart = restart_latency(tmp, 5 if args.quick else 10)
+    results: dict[str, Any] = {k: statistics.median(v) for k, v in samples.items()}
+    results["restart"] = restart
+    if "langgraph_sqlite" in samples:
+        results["ratio_langgraph_sqlite"] = statistics.median(
+            lg / ours for lg, ours in zip(samples["langgraph_sqlite"], samples["normal"],
+                                          strict=True)
+        )
+    plain = results["plain"]
 
     def overhead(key: str) -> float:
-        return results[key] - plain  # type: ignore[operator]
+        return float(results[key] - plain)
 
     rows = [["plain Python loop (no checkpoints)", fmt_time(plain), "", "", ""]]
     for durability in ("normal", "full", "background"):
         target = "<= 0.15 ms" if durability == "normal" else ""
         rows.append([f"pitstop, checkpoint every step, {durability}",
                      fmt_time(results[durability]), fmt_time(overhead(durability)), "", target])
-    lg, lg_none = results["langgraph_sqlite"], results["langgraph_none"]
-    if lg is not None and lg_none is not None:
+    if "langgraph_sqlite" in results:
+        lg, lg_none = results["langgraph_sqlite"], results["langgraph_none"]
         rows.append(["LangGraph, no checkpointer", fmt_time(lg_none), "", "", ""])
         rows.append(["LangGraph + SqliteSaver", fmt_time(lg), fmt_time(lg - lg_none),
-                     f"{lg / results['normal']:.1f}x slower per step "  # type: ignore[operator]
+                     f"{results['ratio_langgraph_sqlite']:.1f}x slower per step "
                      f"({(lg - lg_none) / overhead('normal'):.0f}x the checkpoint overhead)",
                      ">= 10x"])
     rows.append(["restart after SIGKILL -> first resumed step (incl. python start)",
-                 fmt_time(results["restart"]), "", "", "<= 300 ms"])  # type: ignore[arg-type]
+                 fmt_time(results["restart"]), "", "", "<= 300 ms"])
     markdown = table(["what (median per step)", "time", "overhead vs plain", "vs pitstop normal",
                       "target"], rows)
     print(markdown)
