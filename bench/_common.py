@@ -113,16 +113,28 @@ def noop(state: dict[str, Any]) -> dict[str, Any]:
     return {"i": state["i"] + 1}
 
 
-def pitstop_loop(steps: int, durability: str = "normal") -> pitstop.Workflow:
-    """One no-op step looping ``steps`` times, a checkpoint after each."""
+def pitstop_loop(
+    steps: int, durability: str = "normal", marks: dict[int, float] | None = None
+) -> pitstop.Workflow:
+    """One no-op step looping ``steps`` times, a checkpoint after each. With ``marks``, each
+    step records when it started, so a run's steady per-step cost can be read off without
+    its one-off start (``steady_per_step``)."""
     wf = pitstop.Workflow(f"bench-{durability}", durability=durability)  # type: ignore[arg-type]
 
     @wf.step
     def work(state: dict[str, Any]) -> Any:
+        if marks is not None:
+            marks[state["i"]] = time.perf_counter()
         update = noop(state)
         return pitstop.goto("work", update) if update["i"] < steps else update
 
     return wf
+
+
+def steady_per_step(marks: dict[int, float]) -> float:
+    """Seconds per step between the second step and the last (each with its checkpoint)."""
+    first, last = 1, max(marks)
+    return (marks[last] - marks[first]) / (last - first)
 
 
 def langgraph_loop(steps: int, **extra_fields: type) -> Any:

@@ -4,9 +4,9 @@
     .venv/bin/python bench/postgres.py --quick
 
 1. Per-step cost of a no-op step on a ~1 KiB state (checkpoint after every step, durability
-   ``normal`` and ``full``), and with an unchanged 1 MiB string field in the state: the cost
-   of one more step, (time of 2N steps - time of N steps) / N; bytes the 1 MiB case stored
-   after N = 200 steps (``pg_total_relation_size`` of pitstop's tables).
+   ``normal`` and ``full``), and with an unchanged 1 MiB string field in the state: timed
+   inside the run from its second step to its last, so the run's one-off start is left out;
+   bytes the 1 MiB case stored after 200 steps (``pg_total_relation_size`` of its tables).
 2. LangGraph's PostgresSaver on the same loop, in the same run, when installed.
 3. Throughput: 400 queued runs of 5 steps executed by 1, 2 and 4 worker processes
    (``pitstop.Worker``), in checkpoints per second. The machine has 2 cores shared with the
@@ -38,6 +38,7 @@ from _common import (  # bench/_common.py (it takes bench/ off sys.path)
     langgraph_loop,
     pitstop_loop,
     save_results,
+    steady_per_step,
     table,
     time_invoke,
 )
@@ -82,24 +83,19 @@ def relation_bytes(url: str, name: str, prefix: str) -> int:
 
 def per_step_pitstop(url: str, steps: int, rounds: int, durability: str,
                      **extra: Any) -> tuple[float, int]:
-    """The cost of one more step: (time of 2N steps - time of N steps) / N, so a run's
-    one-off costs (its first checkpoint of a 1 MiB input, opening the run) are not spread
-    over its steps. Also the bytes stored by an N-step run."""
+    """Steady cost of a step with its checkpoint, timed from inside the run (second to last
+    step), so a run's one-off costs (opening it, its first checkpoint of a 1 MiB input) are
+    not spread over its steps. Also the bytes stored by the run."""
     samples, stored = [], 0
     for _ in range(rounds):
-        elapsed = {}
-        for n in (steps, 2 * steps):
-            with schema(url) as (store_url, name):
-                store = pitstop.open_store(store_url, durability=durability)
-                wf = pitstop_loop(n)
-                t0 = time.perf_counter()
-                result = wf.start(store, base_state(**extra))
-                elapsed[n] = time.perf_counter() - t0
-                assert result.state["i"] == n
-                store.close()
-                if n == steps:
-                    stored = relation_bytes(url, name, "pitstop_")
-        samples.append((elapsed[2 * steps] - elapsed[steps]) / steps)
+        with schema(url) as (store_url, name):
+            store = pitstop.open_store(store_url, durability=durability)
+            marks: dict[int, float] = {}
+            result = pitstop_loop(steps, marks=marks).start(store, base_state(**extra))
+            assert result.state["i"] == steps
+            samples.append(steady_per_step(marks))
+            store.close()
+            stored = relation_bytes(url, name, "pitstop_")
     return statistics.median(samples), stored
 
 
