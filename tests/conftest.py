@@ -33,6 +33,7 @@ def _have_postgres_backend() -> bool:
 
 
 BACKENDS = ["sqlite", "memory"] + (["postgres"] if _have_postgres_backend() else [])
+SHARED_BACKENDS = [b for b in BACKENDS if b != "memory"]  # memory:// lives in one process
 
 
 def pg_schema_url(schema: str) -> str:
@@ -57,6 +58,18 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         yield "memory://"
     else:
         schema = f"t_{uuid.uuid4().hex[:12]}"
+        yield pg_schema_url(schema)
+        drop_pg_schema(schema)
+
+
+@pytest.fixture(params=SHARED_BACKENDS)
+def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A store URL that several processes (or handles) can share: a SQLite file, or a
+    PostgreSQL schema of its own (dropped afterwards)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'shared.db'}"
+    else:
+        schema = f"s_{uuid.uuid4().hex[:12]}"
         yield pg_schema_url(schema)
         drop_pg_schema(schema)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,24 +11,17 @@ from typing import Any
 import pytest
 
 import pitstop
-from conftest import BACKENDS, drop_pg_schema, pg_schema_url
 from pitstop import CorruptCheckpointError, RetentionPolicy, RunStatus, StoreError
 from pitstop.store import sql as sqlmod
 from pitstop.store.blobs import DirectoryBlobStore
 
-SHARED = [b for b in BACKENDS if b != "memory"]
 BIG = os.urandom(300_000)  # incompressible: its stored size stays above the threshold
 BIG2 = os.urandom(300_000)
 
 
-@pytest.fixture(params=SHARED)
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'store.db'}"
-    else:
-        schema = f"b_{uuid.uuid4().hex[:10]}"
-        yield pg_schema_url(schema)
-        drop_pg_schema(schema)
+@pytest.fixture
+def url(shared_url: str) -> str:
+    return shared_url
 
 
 @pytest.fixture

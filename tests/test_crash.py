@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 import pitstop
-from conftest import BACKENDS, ROOT, drop_pg_schema, pg_schema_url
+from conftest import ROOT
 from pitstop import RunStatus
 
 pytestmark = pytest.mark.slow
@@ -200,21 +200,8 @@ print(r.status.value, ",".join(r.waiting_for))
 """
 
 
-@pytest.fixture
-def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    backend = request.param
-    if backend == "sqlite":
-        yield f"sqlite:///{tmp_path / 'shared.db'}"
-    else:
-        schema = f"crash_{os.getpid()}_{int(time.time() * 1000) % 10**8}"
-        yield pg_schema_url(schema)
-        drop_pg_schema(schema)
 
 
-SHARED = [b for b in BACKENDS if b != "memory"]
-
-
-@pytest.mark.parametrize("shared_url", SHARED, indirect=True)
 def test_wait_exit_send_resume_in_three_processes(shared_url: str) -> None:
     def run(*args: str) -> str:
         proc = _spawn(APPROVAL, shared_url, *args)
@@ -248,7 +235,6 @@ except pitstop.RunBusyError:
 """
 
 
-@pytest.mark.parametrize("shared_url", SHARED, indirect=True)
 def test_two_processes_resuming_one_run(shared_url: str) -> None:
     wf = pitstop.Workflow("race")
     wf.step(name="slow")(lambda state: state)
@@ -261,7 +247,6 @@ def test_two_processes_resuming_one_run(shared_url: str) -> None:
         assert len(store.history("race", limit=None)) == 2  # input + one completion: no fork
 
 
-@pytest.mark.parametrize("shared_url", SHARED, indirect=True)
 def test_dead_owner_on_this_host_is_taken_over_at_once(shared_url: str) -> None:
     wf = pitstop.Workflow("race")
     wf.step(name="slow")(lambda state: state)
@@ -282,7 +267,6 @@ def test_dead_owner_on_this_host_is_taken_over_at_once(shared_url: str) -> None:
         assert store.latest("orphan").state == {"by": "next"}  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("shared_url", SHARED, indirect=True)
 def test_owner_elsewhere_is_waited_out_until_its_lease_expires(shared_url: str) -> None:
     wf = pitstop.Workflow("race")
     wf.step(name="slow")(lambda state: state)

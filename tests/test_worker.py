@@ -8,19 +8,13 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 import pitstop
-from conftest import BACKENDS, ROOT, drop_pg_schema, pg_schema_url
+from conftest import ROOT
 from pitstop import RunStatus, Worker
-
-SHARED = [b for b in BACKENDS if b != "memory"]
 
 WORKER = """
 import logging, sys
@@ -34,16 +28,6 @@ stats = pitstop.Worker(store, [wf], concurrency=int(concurrency), poll_interval=
     until_idle=len(sys.argv) > 4)
 print(stats.executed, dict(stats.by_status), flush=True)
 """
-
-
-@pytest.fixture
-def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'workers.db'}"
-    else:
-        schema = f"w_{uuid.uuid4().hex[:10]}"
-        yield pg_schema_url(schema)
-        drop_pg_schema(schema)
 
 
 def _worker(url: str, variant: str = "normal", concurrency: int = 2, *,
@@ -134,7 +118,6 @@ def test_worker_limits_per_workflow(tmp_path: Path) -> None:
         assert peak == 1
 
 
-@pytest.mark.parametrize("shared_url", SHARED, indirect=True)
 def test_four_worker_processes_run_200_runs_exactly_once(shared_url: str, tmp_path: Path) -> None:
     import workflows
 
@@ -154,7 +137,6 @@ def test_four_worker_processes_run_200_runs_exactly_once(shared_url: str, tmp_pa
         assert store.verify() == []
 
 
-@pytest.mark.parametrize("shared_url", SHARED, indirect=True)
 def test_killed_worker_runs_are_taken_over_after_the_lease(shared_url: str,
                                                             tmp_path: Path) -> None:
     import workflows
@@ -194,7 +176,6 @@ def test_killed_worker_runs_are_taken_over_after_the_lease(shared_url: str,
         _assert_exclusive_and_complete(store, runs, log, expect_once=False)
 
 
-@pytest.mark.parametrize("shared_url", SHARED, indirect=True)
 def test_sigterm_finishes_the_step_releases_and_exits_0(shared_url: str, tmp_path: Path) -> None:
     import workflows
 
