@@ -630,3 +630,10 @@ def test_a_branch_from_a_pruned_away_value_is_refused_not_dangling(
     with pytest.raises(CheckpointNotFoundError):
         writer.save("r", {"doc": "old value " * 10, "x": 1}, parent_id=old.id, changed=["x"])
     assert writer.verify() == []
+
+
+def test_async_store_has_every_public_method() -> None:
+    from pitstop.store.aio import AsyncStore
+
+    public = {n for n in dir(Store) if not n.startswith("_") and callable(getattr(Store, n))}
+    assert public - set(dir(AsyncStore)) == set()

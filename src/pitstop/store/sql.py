@@ -14,7 +14,7 @@ import logging
 import time
 from abc import abstractmethod
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
@@ -194,8 +194,6 @@ class Dialect:
     real: str
     bigint: str
     placeholder: str = "?"
-    begin_write: str | None = None
-    """Statement that opens a write transaction, or None if the driver opens one itself."""
     lock_row: str = ""
     """Appended to a SELECT to lock the rows read until commit (PostgreSQL: FOR UPDATE)."""
     skip_locked: str = ""
@@ -514,14 +512,15 @@ class SqlStore(Store):
 
     # -- what a backend supplies -----------------------------------------------------------
 
-    @abstractmethod
     def _transaction(
         self, write: bool, durability: Durability | None = None
     ) -> AbstractContextManager[Any]:
         """A cursor inside a transaction: committed on normal exit, rolled back on error.
 
         ``durability`` (writes only) overrides the store's default for this one commit.
+        Used by :meth:`_tx`; a backend that overrides ``_tx`` itself need not supply it.
         """
+        raise NotImplementedError
 
     @abstractmethod
     def _retryable(self, exc: BaseException) -> bool:
@@ -1863,22 +1862,6 @@ class SqlStore(Store):
         }
 
     # -- records for export/import and tools --------------------------------------------------
-
-    def iter_records(self, run_id: str) -> Iterator[tuple[CheckpointRecord, dict[bytes, bytes]]]:
-        """A run's raw checkpoint records with their stored values, oldest first (for export)."""
-        after = ""
-        while True:
-            rows = self._query(
-                f"SELECT {_CKPT} FROM pitstop_checkpoints WHERE run_id = ? AND id > ? "
-                "ORDER BY id LIMIT ?",
-                (run_id, after, 100),
-            )
-            if not rows:
-                return
-            for row in rows:
-                record = _row_to_record(row)
-                yield record, self._tx(partial(self._load_blobs, record=record))
-            after = rows[-1][0]
 
     def export_run(self, run_id: str) -> RunExport:
         columns = (

@@ -19,8 +19,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import StoreError
@@ -53,7 +52,6 @@ SQLITE = SQLiteDialect(
     blob="BLOB",
     real="REAL",
     bigint="INTEGER",
-    begin_write="BEGIN IMMEDIATE",
     without_rowid=" WITHOUT ROWID",
     is_="IS",
 )
@@ -173,24 +171,6 @@ class SQLiteStore(SqlStore):
                     return result
             backoff = backoff or Backoff(self.busy_timeout, self.url)
             backoff.wait(error)  # outside the lock: other threads may commit meanwhile
-
-    @contextmanager
-    def _transaction(self, write: bool, durability: Durability | None = None) -> Iterator[Any]:
-        with self._lock:
-            conn = self._connection()
-            level = durability or self.durability
-            if level != self._synchronous:
-                # Per-commit durability: SQLite only lets this change outside a transaction.
-                conn.execute(f"PRAGMA synchronous={_SYNCHRONOUS[level]}")
-                self._synchronous = level
-            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-            try:
-                yield conn
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
 
     def _duplicate_checkpoint(self, exc: Exception) -> bool:
         return isinstance(exc, sqlite3.IntegrityError) and "pitstop_checkpoints." in str(exc)
