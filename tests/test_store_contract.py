@@ -418,6 +418,42 @@ def test_expired_lease_is_taken_over_and_the_old_owner_is_fenced(store: Store) -
     assert store.renew(new, ttl=60).expires_at > new.expires_at
 
 
+def test_a_save_can_release_its_lease(store: Store) -> None:
+    store.create_run("r")
+    lease = store.acquire("r", "w1", ttl=30)
+    store.save("r", {"a": 1}, lease=lease, status=RunStatus.WAITING,
+               metadata={"waiting_for": ["ok"]}, release=True)
+    run = store.get_run("r")
+    assert run.owner is None and run.lease_expires_at is None
+    assert run.status is RunStatus.WAITING and run.waiting_for == ("ok",)
+    taken = store.acquire("r", "w2")  # free at once, not after the TTL
+    assert taken.token > lease.token
+    with pytest.raises(LeaseLostError):  # the released lease fences nothing any more
+        store.save("r", {"a": 2}, lease=lease, release=True)
+    assert store.get_run("r").owner == "w2"
+    store.release(lease)  # a no-op for the new owner
+    assert store.get_run("r").owner == "w2"
+
+
+def test_latest_with_run_reads_both(store: Store) -> None:
+    with pytest.raises(RunNotFoundError):
+        store.latest_with_run("nope")
+    store.create_run("empty", workflow="wf")
+    run, head = store.latest_with_run("empty")
+    assert run.id == "empty" and run.workflow == "wf" and head is None
+    first = store.save("r", {"a": 1, "big": "x" * 500}, workflow="wf")
+    second = store.save("r", {"a": 2, "big": "x" * 500})
+    store.save("r", {"a": 3}, parent_id=first.id)  # a branch: the new head
+    run, head = store.latest_with_run("r")
+    assert head is not None and run.head_id == head.id != second.id
+    assert head.state == {"a": 3} and head.parent_id == first.id
+    assert (run, head.state) == (store.get_run("r"), store.latest("r").state)  # type: ignore[union-attr]
+    store.save("r", {"a": 4, "big": "y" * 500})  # a head with a separately stored value
+    run, head = store.latest_with_run("r")
+    assert head is not None and head.state == {"a": 4, "big": "y" * 500}
+    assert run.head_id == head.id and run.step == head.step
+
+
 def test_cancel_fences_the_owner(store: Store) -> None:
     store.create_run("r")
     lease = store.acquire("r", "w1")
@@ -442,6 +478,7 @@ def test_claim_hands_each_runnable_run_to_one_worker(store: Store) -> None:
     rest = store.claim("w2", workflows=["wf"], limit=10)
     claimed = {lease.run_id for lease in first + rest}
     assert claimed == {"q0", "q1", "q2", "q3", "q4", "q5", "due"}
+    assert {lease.workflow for lease in first + rest} == {"wf"}
     assert store.claim("w3", workflows=["wf"], limit=10) == []
     for lease in first:
         store.save(lease.run_id, {"done": True}, lease=lease)

@@ -100,6 +100,10 @@ T = TypeVar("T")
 Loop = Generator[Op, Any, RunResult]
 
 
+_STOPS = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.WAITING})
+"""Statuses a run stops executing at: their checkpoint releases the run's lease."""
+
+
 def drive_sync(loop: Generator[Op, Any, T]) -> T:
     value: Any = None
     error: BaseException | None = None
@@ -203,6 +207,7 @@ class Execution:
         self.tags: list[str] = []
         self.step_start_fields: dict[str, Any] = {}
         self.step_start_changed: set[str] | None = set()
+        self.released = False
 
     # -- checkpoints -----------------------------------------------------------------------------
 
@@ -239,6 +244,11 @@ class Execution:
         sync: bool = False,
         **extra: Any,
     ) -> Generator[Op, Any, str]:
+        # The run stops after a checkpoint with one of these statuses: the same write gives
+        # its lease up (one round trip less, and never "waiting" yet still owned). A run
+        # handed back unfinished (a worker stopping) is released separately, which also
+        # tells other workers it can be taken.
+        release = status in _STOPS
         prepared = self.store.prepare(
             self.run_id,
             fields,
@@ -255,6 +265,7 @@ class Execution:
             # refuse a fork outright, and lets the store skip re-referencing shared values.
             expected_head=self.parent_id,
             lease=self.lease,
+            release=release,
             consumed_inputs=list(self.consumed.values()),
             durability=self.durability,
         )
@@ -263,7 +274,10 @@ class Execution:
         else:
             if self.writer is not None:
                 yield _Io(self.writer.flush, self.run_id)
+            if release:
+                keeper.untrack(self.held)  # no renewal may race the release
             yield _Io(self.store.commit, prepared)
+            self.released = release
         self.parent_id = prepared.checkpoint_id
         self.run_status = status
         self.checkpointed = True
@@ -353,8 +367,9 @@ class Execution:
                 if self.writer is not None:
                     self.writer.flush(self.run_id)
             finally:
-                # Fenced: a no-op if another owner took the run meanwhile.
-                self.store.release(self.lease)
+                if not self.released:
+                    # Fenced: a no-op if another owner took the run meanwhile.
+                    self.store.release(self.lease)
 
     def _loop(self, start_status: RunStatus) -> Loop:
         wf = self.wf

@@ -195,6 +195,8 @@ class Worker:
     def _workflow_of(self, lease: Lease) -> str:
         if len(self.workflows) == 1:
             return next(iter(self.workflows))
+        if lease.workflow is not None:
+            return lease.workflow
         return self.store.get_run(lease.run_id).workflow or ""
 
     def _install_signals(self) -> Any:

@@ -285,6 +285,13 @@ class Workflow:
             raise
         return execution
 
+    def _own(self, run: Run) -> Run:
+        if run.workflow != self.name:
+            raise ValueError(
+                f"run {run.id!r} belongs to workflow {run.workflow!r}, not {self.name!r}"
+            )
+        return run
+
     def _resume(
         self,
         store: Store,
@@ -293,15 +300,14 @@ class Workflow:
         policy: CheckpointPolicy | None,
         lease: Lease | None,
     ) -> tuple[Execution | None, RunResult | None, RunStatus]:
-        run = store.get_run(run_id)
-        if run.workflow != self.name:
-            raise ValueError(
-                f"run {run_id!r} belongs to workflow {run.workflow!r}, not {self.name!r}"
-            )
+        run: Run | None = None
         if lease is None:
+            run = self._own(store.get_run(run_id))
             lease = acquire(store, run_id, owner_id(), self.lease_ttl)
         try:
             if from_checkpoint is not None:
+                if run is None:
+                    run = self._own(store.get_run(run_id))
                 ckpt = store.get(from_checkpoint)
                 if ckpt.run_id != run_id:
                     raise ValueError(
@@ -331,7 +337,11 @@ class Workflow:
                 )
                 status = RunStatus.RUNNING
             else:
-                found = store.latest(run_id)
+                if run is None:  # a worker's claim: the run and its head in one read
+                    owned, found = store.latest_with_run(run_id)
+                    run = self._own(owned)
+                else:
+                    found = store.latest(run_id)
                 if found is None:
                     raise RunNotFoundError(run_id)
                 ckpt = found

@@ -47,6 +47,7 @@ class AsyncStore:
     commit = _offload(Store.commit)
     get = _offload(Store.get)
     latest = _offload(Store.latest)
+    latest_with_run = _offload(Store.latest_with_run)
     summary = _offload(Store.summary)
     history = _offload(Store.history)
     fork = _offload(Store.fork)

@@ -55,6 +55,8 @@ class Lease:
     owner: str
     token: int
     expires_at: float
+    workflow: str | None = None
+    """The run's workflow, when the store knows it (a claim does): what a worker executes."""
 
 
 @dataclass(slots=True)
@@ -184,6 +186,7 @@ class Store(ABC):
         status: RunStatus | None = None,
         expected_head: str | _Unset | None = UNSET,
         lease: Lease | None = None,
+        release: bool = False,
         consumed_inputs: Iterable[str] = (),
         durability: Durability | None = None,
         checkpoint_id: str | None = None,
@@ -204,7 +207,10 @@ class Store(ABC):
         run has none yet). ``lease`` fences the write: it fails with
         :class:`~pitstop.LeaseLostError` if the lease was taken over meanwhile. A write without
         a lease to a run whose live lease another owner holds fails with
-        :class:`~pitstop.RunBusyError`.
+        :class:`~pitstop.RunBusyError`. ``release`` (with ``lease``) gives the lease up in the
+        same write: a run's last checkpoint before its owner stops (completed, waiting,
+        failed) then needs no separate :meth:`release`, and the run is never seen waiting
+        yet still owned.
 
         ``status`` and ``workflow`` update the run (created on first save). Metadata keys
         ``waiting_for`` (names) and ``wake_at`` (unix seconds) are mirrored onto the run.
@@ -236,6 +242,7 @@ class Store(ABC):
         status: RunStatus | None = None,
         expected_head: str | _Unset | None = UNSET,
         lease: Lease | None = None,
+        release: bool = False,
         consumed_inputs: Iterable[str] = (),
         durability: Durability | None = None,
         checkpoint_id: str | None = None,
@@ -273,6 +280,16 @@ class Store(ABC):
         ``fallback=True`` the newest valid ancestor is returned instead, and its ``skipped``
         attribute lists the checkpoints passed over and why.
         """
+
+    def latest_with_run(
+        self, run_id: str, *, fallback: bool = False, strict: bool = True
+    ) -> tuple[Run, Checkpoint | None]:
+        """The run and its head checkpoint, read together (what resuming a run needs).
+
+        Raises :class:`~pitstop.RunNotFoundError` if there is no such run. Backends read both
+        in one transaction, so a worker picking up a run pays one round trip, not two.
+        """
+        return self.get_run(run_id), self.latest(run_id, fallback=fallback, strict=strict)
 
     @abstractmethod
     def summary(self, checkpoint_id: str) -> CheckpointSummary:

@@ -53,7 +53,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -602,13 +602,29 @@ class PostgresStore(SqlStore):
             )
         )
 
+    def _write_alone(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        """Autocommitted: one round trip, no BEGIN/COMMIT. A connection lost meanwhile is
+        retried; what the lost statement may have leased is taken back when its lease expires.
+        """
+        statement = POSTGRES.q(sql)
+        return self._retrying(lambda: self._alone(statement, params, rows=True))
+
+    def _read_alone(self, sql: str, params: Sequence[Any]) -> Any:
+        """Autocommitted, one round trip (a lone statement sees one snapshot anyway)."""
+        statement = POSTGRES.q(sql)
+        return self._retrying(lambda: self._alone(statement, params, rows=True) or [None])[0]
+
     def _run_alone(self, statement: str, params: list[Any]) -> bool:
         """Run one autocommitted statement; True if it wrote a row. :class:`_Disconnected`
         if the connection was lost: the statement may or may not have committed."""
+        return bool(self._alone(statement, params))
+
+    def _alone(self, statement: str, params: Sequence[Any], *, rows: bool = False) -> Any:
         pool = self._live_pool()
         conn = self._getconn(pool)
         try:
-            return bool(conn.execute(statement, params).rowcount)
+            cur = conn.execute(statement, params)
+            return cur.fetchall() if rows else cur.rowcount
         except psycopg.Error as exc:
             if not conn.closed:
                 raise StoreError(f"{self.url}: {self._clean(exc)}") from exc

@@ -182,6 +182,14 @@ _RUN = (
     "run_id, status, workflow, created_at, updated_at, metadata, head_id, step, waiting_for, "
     "wake_at, checkpoints, bytes, lease_owner, lease_expires, priority"
 )
+_RUN_COLUMNS = _RUN.count(",") + 1
+# A run and its head checkpoint in one query (one round trip when a worker picks a run up).
+_RUN_AND_HEAD = (
+    "SELECT " + ", ".join(f"r.{c.strip()}" for c in _RUN.split(","))
+    + ", " + ", ".join(f"c.{c.strip()}" for c in _CKPT.split(","))
+    + " FROM pitstop_runs r LEFT JOIN pitstop_checkpoints c ON c.id = r.head_id"
+    " WHERE r.run_id = ?"
+)
 _FINISHED = tuple(s.value for s in RunStatus if s.finished)
 
 
@@ -337,6 +345,7 @@ class _WritePlan:
     follow_head: bool
     expected_head: str | _Unset | None
     lease: Lease | None
+    release: bool
     workflow: str | None
     status: RunStatus | None
     waiting_json: str | None
@@ -400,6 +409,8 @@ def move_head(plan: _WritePlan, is_: str) -> tuple[str, list[Any]]:
     if plan.sets_waiting:
         sets += ["waiting_for = ?", "wake_at = ?"]
         params += [plan.waiting_json, plan.wake_at]
+    if plan.release:
+        sets.append("lease_owner = NULL, lease_expires = NULL")
     params.append(record.run_id)
     expected = record.parent_id if plan.follow_head else plan.expected_head
     if expected is not UNSET:
@@ -450,6 +461,14 @@ def _row_to_run(row: Sequence[Any]) -> Run:
         lease_expires_at=utc(row[13]),
         priority=row[14],
     )
+
+
+def _self_contained(record: CheckpointRecord) -> bool:
+    """Whether every value of the checkpoint is inline in its record."""
+    try:
+        return not stored_hashes(record.field_map())
+    except CorruptCheckpointError:
+        return False  # read the usual way, which reports it
 
 
 def _row_to_record(row: Sequence[Any]) -> CheckpointRecord:
@@ -691,6 +710,7 @@ class SqlStore(Store):
         status: RunStatus | None = None,
         expected_head: str | _Unset | None = UNSET,
         lease: Lease | None = None,
+        release: bool = False,
         consumed_inputs: Iterable[str] = (),
         durability: Durability | None = None,
         checkpoint_id: str | None = None,
@@ -744,6 +764,7 @@ class SqlStore(Store):
             follow_head=follow_head,
             expected_head=expected_head,
             lease=lease,
+            release=release and lease is not None,
             workflow=workflow,
             status=status,
             waiting_json=json.dumps(list(waiting)) if waiting else None,
@@ -1008,6 +1029,38 @@ class SqlStore(Store):
                 (run_id,),
             )
         )
+        return self._head(run_id, record, blobs, fallback, strict)
+
+    def latest_with_run(
+        self, run_id: str, *, fallback: bool = False, strict: bool = True
+    ) -> tuple[Run, Checkpoint | None]:
+        def read(tx: Tx) -> tuple[Any, CheckpointRecord | None, dict[bytes, Any]]:
+            row = tx.one(_RUN_AND_HEAD, (run_id,))
+            if row is None or row[_RUN_COLUMNS] is None:
+                return row, None, {}
+            record = _row_to_record(row[_RUN_COLUMNS:])
+            return row, record, self._load_blobs(tx, record)
+
+        # Small states live entirely in the record: then one statement reads everything.
+        row = self._read_alone(_RUN_AND_HEAD, (run_id,))
+        record: CheckpointRecord | None = None
+        blobs: dict[bytes, Any] = {}
+        if row is not None and row[_RUN_COLUMNS] is not None:
+            record = _row_to_record(row[_RUN_COLUMNS:])
+            if not _self_contained(record):
+                row, record, blobs = self._tx(read)  # the values too, from one snapshot
+        if row is None:
+            raise RunNotFoundError(run_id)
+        return _row_to_run(row), self._head(run_id, record, blobs, fallback, strict)
+
+    def _head(
+        self,
+        run_id: str,
+        record: CheckpointRecord | None,
+        blobs: Any,
+        fallback: bool,
+        strict: bool,
+    ) -> Checkpoint | None:
         if record is None:
             return None
         try:
@@ -1644,7 +1697,7 @@ class SqlStore(Store):
                 )
 
         self._tx(write, write=True)
-        return Lease(lease.run_id, lease.owner, lease.token, expires)
+        return Lease(lease.run_id, lease.owner, lease.token, expires, lease.workflow)
 
     def release(self, lease: Lease) -> None:
         def write(tx: Tx) -> None:
@@ -1673,39 +1726,48 @@ class SqlStore(Store):
         if names == []:
             return []
 
-        def write(tx: Tx) -> list[Lease]:
-            now = time.time()
-            # Two index-ordered scans (pitstop_runs_runnable, pitstop_runs_waking), so a
-            # claim stays cheap however many runs are queued or waiting; merged by priority.
-            candidates: list[Any] = []
-            for where, order, first in (
-                ("status IN ('queued', 'running')", "priority DESC, created_at", []),
-                ("status = 'waiting' AND wake_at <= ?", "wake_at", [now]),
-            ):
-                sql = (
-                    "SELECT run_id, fence, priority, COALESCE(wake_at, created_at) "
-                    f"FROM pitstop_runs WHERE {where} AND COALESCE(lease_expires, 0) < ?"
-                )
-                params: list[Any] = [*first, now]
-                if names is None:
-                    sql += " AND workflow IS NOT NULL"
-                else:
-                    sql += f" AND workflow IN ({_marks(len(names))})"
-                    params.extend(names)
-                sql += f" ORDER BY {order} LIMIT ?" + self.dialect.skip_locked
-                candidates += tx.all(sql, [*params, limit])
-            candidates.sort(key=lambda row: (-row[2], row[3]))
-            leases = []
-            for run_id, fence, _, _ in candidates[:limit]:
-                tx.run(
-                    "UPDATE pitstop_runs SET lease_owner = ?, lease_expires = ?, fence = ? "
-                    "WHERE run_id = ?",
-                    (owner, now + ttl, fence + 1, run_id),
-                )
-                leases.append(Lease(run_id, owner, fence + 1, now + ttl))
-            return leases
+        now = time.time()
+        # Two index-ordered scans (pitstop_runs_runnable, pitstop_runs_waking), so a claim
+        # stays cheap however many runs are queued or waiting, merged by priority; the rows
+        # picked are leased in the same statement (one round trip on PostgreSQL, where each
+        # scan skips rows other workers are claiming at this moment).
+        arms: list[str] = []
+        params: list[Any] = []
+        for where, order, first in (
+            ("status IN ('queued', 'running')", "priority DESC, created_at", []),
+            ("status = 'waiting' AND wake_at <= ?", "wake_at", [now]),
+        ):
+            arm = (
+                "SELECT run_id, priority AS p, COALESCE(wake_at, created_at) AS t "
+                f"FROM pitstop_runs WHERE {where} AND COALESCE(lease_expires, 0) < ?"
+            )
+            params += [*first, now]
+            if names is None:
+                arm += " AND workflow IS NOT NULL"
+            else:
+                arm += f" AND workflow IN ({_marks(len(names))})"
+                params += names
+            arms.append(f"SELECT * FROM ({arm} ORDER BY {order} LIMIT ?"
+                        f"{self.dialect.skip_locked}) arm{len(arms)}")
+            params.append(limit)
+        rows = self._write_alone(
+            "UPDATE pitstop_runs SET lease_owner = ?, lease_expires = ?, fence = fence + 1 "
+            "WHERE run_id IN (SELECT run_id FROM (" + " UNION ALL ".join(arms) + ") picked "
+            "ORDER BY p DESC, t LIMIT ?) "
+            "RETURNING run_id, fence, workflow, priority, COALESCE(wake_at, created_at)",
+            [owner, now + ttl, *params, limit],
+        )
+        rows.sort(key=lambda row: (-row[3], row[4]))
+        return [Lease(run_id, owner, fence, now + ttl, workflow)
+                for run_id, fence, workflow, _, _ in rows]
 
-        return self._tx(write, write=True)
+    def _read_alone(self, sql: str, params: Sequence[Any]) -> Any:
+        """One query that needs no transaction around it; its first row."""
+        return self._tx(lambda tx: tx.one(sql, params))
+
+    def _write_alone(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        """One writing statement as its own transaction; the rows it returns."""
+        return self._tx(lambda tx: tx.all(sql, params), write=True)
 
     # -- inputs and effects ------------------------------------------------------------------
 
