@@ -23,13 +23,8 @@ _MAX_SEQ = 0xFFF
 
 
 def _format(value: int) -> str:
-    return "%08x-%04x-%04x-%04x-%012x" % (  # noqa: UP031 - one formatting pass is fastest
-        value >> 96,
-        (value >> 80) & 0xFFFF,
-        (value >> 64) & 0xFFFF,
-        (value >> 48) & 0xFFFF,
-        value & 0xFFFFFFFFFFFF,
-    )
+    h = "%032x" % value  # noqa: UP031 - the fastest of the ways tried (one made per save)
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def _parse(uuid_str: str) -> int:

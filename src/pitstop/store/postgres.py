@@ -66,6 +66,7 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from pitstop.errors import ConflictError, StoreError, UnsupportedStoreError
 from pitstop.model import Checkpoint
+from pitstop.process import current_pid
 from pitstop.serde import Serializer
 from pitstop.store.base import UNSET, Durability, PreparedSave, _Unset
 from pitstop.store.blobs import BlobStore
@@ -307,7 +308,7 @@ class PostgresStore(SqlStore):
         }
         self._lock = threading.Lock()
         self._pool: ConnectionPool | None = None
-        self._pid = os.getpid()
+        self._pid = current_pid()
         self._closed = False
         self._abandoned: list[ConnectionPool] = []
         self._in_use = 0
@@ -400,13 +401,13 @@ class PostgresStore(SqlStore):
         pool = self._pool
         if pool is None or self._closed:
             raise StoreError(f"{self.url}: store is closed")
-        if self._pid != os.getpid():
+        if self._pid != current_pid():
             # After fork() the parent's connections must not be used (or closed) here.
             with self._lock:
-                if self._pid != os.getpid() and self._pool is not None:
+                if self._pid != current_pid() and self._pool is not None:
                     self._abandoned.append(self._pool)
                     self._pool = self._open_pool()
-                    self._pid = os.getpid()
+                    self._pid = current_pid()
                 pool = self._pool
             if pool is None:
                 raise StoreError(f"{self.url}: store is closed")
@@ -723,16 +724,16 @@ class PostgresStore(SqlStore):
 
     def _listener(self) -> psycopg.Connection[Any]:
         conn = self._listen_conn
-        if conn is None or conn.closed or self._listen_pid != os.getpid():
+        if conn is None or conn.closed or self._listen_pid != current_pid():
             self._live_pool()  # refuses a closed store
             conn = self._connect()
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
-            self._listen_conn, self._listen_pid = conn, os.getpid()
+            self._listen_conn, self._listen_pid = conn, current_pid()
         return conn
 
     def _drop_listener(self) -> None:
         conn, self._listen_conn = self._listen_conn, None
-        if conn is not None and self._listen_pid == os.getpid():
+        if conn is not None and self._listen_pid == current_pid():
             with suppress(Exception):
                 conn.close()
 
@@ -756,7 +757,7 @@ class PostgresStore(SqlStore):
             pool, self._pool = self._pool, None
             self._closed = True
         self._drop_listener()
-        if pool is not None and self._pid == os.getpid():
+        if pool is not None and self._pid == current_pid():
             pool.close()
 
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import StoreError
+from ..process import current_pid
 from ..serde import Serializer
 from .base import Durability
 from .blobs import BlobStore
@@ -124,7 +125,7 @@ class SQLiteStore(SqlStore):
     def _connection(self) -> sqlite3.Connection:
         if self._closed:
             raise StoreError(f"{self.url}: store is closed")
-        pid = os.getpid()
+        pid = current_pid()
         if self._conn is None or self._pid != pid:
             # After fork() the inherited connection must not be used (or closed) by the child.
             self._conn = self._open()
@@ -147,7 +148,7 @@ class SQLiteStore(SqlStore):
         while True:
             with self._lock:
                 conn = self._conn
-                if conn is None or self._pid != os.getpid():
+                if conn is None or self._pid != current_pid():
                     conn = self._connection()
                 level = durability or self.durability
                 if level != self._synchronous:
@@ -200,7 +201,7 @@ class SQLiteStore(SqlStore):
 
     def close(self) -> None:
         with self._lock:
-            if self._conn is not None and self._pid == os.getpid():
+            if self._conn is not None and self._pid == current_pid():
                 self._conn.close()
             self._conn = None
             self._closed = True
