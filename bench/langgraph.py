@@ -1,6 +1,7 @@
 """LangGraph checkpointers side by side: LangGraph's own savers vs PitstopSaver.
 
-    python bench/langgraph.py [--steps 200] [--repeats 5] [--pg URL] [--no-pg] [--durability sync]
+    python bench/langgraph.py [--steps 200] [--repeats 5] [--no-pg] [--durability sync]
+    python bench/langgraph.py --replay [--steps 200] [--repeats 9] [--no-pg]
 
 One graph: a node increments a counter and routes back to itself until it reaches ``--steps``
 (one checkpoint per step). Three variants of its state:
@@ -33,6 +34,13 @@ Measured:
 
 Ratios compare each PitstopSaver row with the LangGraph saver on the same database and with
 the same durability: ``speed`` = their ms/step / ours, ``bytes`` = their bytes / ours.
+
+``--replay`` measures the savers alone, without LangGraph's threads: the ``put`` and
+``put_writes`` calls one ``small`` invocation makes (recorded once, on LangGraph's
+``InMemorySaver``, so every saver gets the same calls) are replayed on a new thread of each
+saver, in turns (saver A, B, C, A, B...) after one warm-up replay. It prints the median
+µs/step and, per PitstopSaver row, the median of the per-round ratios ours / theirs (lower is
+better): the machine's noise moves single numbers far more than ratios measured in one round.
 """
 
 from __future__ import annotations
@@ -280,6 +288,73 @@ def measure(
     ]
 
 
+# -- replaying the saver calls of one invocation --------------------------------------------------
+
+
+def record_calls(steps: int) -> list[tuple[str, tuple[Any, ...]]]:
+    """The put/put_writes calls (deep copies of their arguments) of one ``small`` invocation."""
+    import copy
+
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    class Recorder(InMemorySaver):
+        def put(self, *args: Any, **kwargs: Any) -> Any:
+            calls.append(("put", copy.deepcopy(args)))
+            return super().put(*args, **kwargs)
+
+        def put_writes(self, *args: Any, **kwargs: Any) -> Any:
+            calls.append(("put_writes", copy.deepcopy(args)))
+            return super().put_writes(*args, **kwargs)
+
+    graph = build_graph(steps).compile(checkpointer=Recorder())
+    config: Any = {"configurable": {"thread_id": "recorded"}, "recursion_limit": steps + 10}
+    graph.invoke({"counter": 0}, config, durability="sync")
+    return calls
+
+
+def replay(
+    saver: BaseCheckpointSaver[Any], calls: list[tuple[str, tuple[Any, ...]]], steps: int
+) -> float:
+    """µs per step to make the recorded calls on a new thread of ``saver``."""
+    thread = uuid.uuid4().hex
+    prepared = [
+        (
+            getattr(saver, kind),
+            ({**args[0], "configurable": {**args[0]["configurable"], "thread_id": thread}},
+             *args[1:]),
+        )
+        for kind, args in calls
+    ]
+    start = time.perf_counter()
+    for method, arguments in prepared:
+        method(*arguments)
+    return (time.perf_counter() - start) / steps * 1e6
+
+
+def run_replay(
+    savers: list[tuple[str, str, Factory, str | None]], args: argparse.Namespace
+) -> None:
+    calls = record_calls(args.steps)
+    times: dict[str, list[float]] = {name: [] for _, name, _, _ in savers}
+    with ExitStack() as stack:
+        opened = [(name, stack.enter_context(factory()).saver) for _, name, factory, _ in savers]
+        for _, saver in opened:
+            replay(saver, calls, args.steps)
+        for _ in range(args.repeats):
+            for name, saver in opened:
+                times[name].append(replay(saver, calls, args.steps))
+    print(f"{'database':9} {'saver':26} {'us/step':>8} {'ours/theirs':>12}")
+    print("-" * 58)
+    for database, name, _, baseline in savers:
+        ratio = ""
+        if baseline:
+            ratios = [a / b for a, b in zip(times[name], times[baseline], strict=True)]
+            ratio = f"{statistics.median(ratios):11.2f}x"
+        print(f"{database:9} {name:26} {statistics.median(times[name]):8.1f} {ratio:>12}")
+
+
 def _mib(n: int) -> str:
     return f"{n / MiB:8.2f} MiB" if n >= 100 * 1024 else f"{n / 1024:8.1f} KiB"
 
@@ -310,14 +385,17 @@ def report(rows: list[Row]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="rounds per saver (default 5, or 9 with --replay)")
     parser.add_argument("--durability", choices=["sync", "async", "exit"], default="sync",
                         help="LangGraph's durability mode for every invocation")
     parser.add_argument("--no-pg", action="store_true", help="skip PostgreSQL")
     parser.add_argument("--variants", default="small,str 1MiB,list 1MiB")
+    parser.add_argument("--replay", action="store_true",
+                        help="replay one small invocation's put/put_writes calls, no LangGraph")
     args = parser.parse_args(argv)
-    data = payloads()
-    variants = [v.strip() for v in args.variants.split(",")]
+    if args.repeats is None:
+        args.repeats = 9 if args.replay else 5
     savers: list[tuple[str, str, Factory, str | None]] = [
         ("sqlite", "SqliteSaver", lambda: sqlite_saver(None), None),
         ("sqlite", "PitstopSaver sqlite full", lambda: pitstop_sqlite("full"), "SqliteSaver"),
@@ -329,10 +407,19 @@ def main(argv: list[str] | None = None) -> int:
             ("postgres", "PostgresSaver", postgres_saver, None),
             ("postgres", "PitstopSaver postgres", pitstop_postgres, "PostgresSaver"),
         ]
+    if args.replay:
+        print(
+            f"replay of one {args.steps}-step invocation's saver calls, {args.repeats} rounds, "
+            f"python {sys.version.split()[0]}\n"
+        )
+        run_replay(savers, args)
+        return 0
     print(
         f"{args.steps} steps, median of {args.repeats}, LangGraph durability={args.durability}, "
         f"python {sys.version.split()[0]}\n"
     )
+    data = payloads()
+    variants = [v.strip() for v in args.variants.split(",")]
     rows = [row for variant in variants for row in measure(savers, variant, data[variant], args)]
     report(rows)
     return 0

@@ -202,8 +202,8 @@ def main() -> None:
     samples: dict[int, list[float]] = {1: [], 2: [], 4: []}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(3 if args.quick else 5):
-            for n in samples:
-                samples[n].append(throughput(args.url, n, runs, Path(tmp)))
+            for n, values in samples.items():
+                values.append(throughput(args.url, n, runs, Path(tmp)))
     results["throughput"] = {n: statistics.median(v) for n, v in samples.items()}
     results["throughput_samples"] = samples
     scaling = {

@@ -516,6 +516,85 @@ def test_delete_for_runs_can_delete_the_head_and_prune_refuses_delta_threads(
     assert len(list(saver.list(config("t-runs")))) == 1
 
 
+def test_run_status_is_written_only_when_it_may_have_changed(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    statuses: list[RunStatus | None] = []
+    save = store.save
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        statuses.append(kwargs.get("status"))
+        return save(*args, **kwargs)
+
+    monkeypatch.setattr(store, "save", spy)
+    graph = approval_graph(PitstopSaver(store))
+    cfg = config("t-status")
+    graph.invoke({"log": []}, cfg)
+    # The thread's first checkpoint names the status; loop steps continuing it do not.
+    assert statuses == [RunStatus.RUNNING, None, None]
+    assert store.get_run("t-status").status == RunStatus.WAITING
+    # Resumed (in a new saver, as another process would): the first checkpoint after the
+    # interrupt marks the run running again, the next step leaves it.
+    statuses.clear()
+    graph = approval_graph(PitstopSaver(store))
+    assert graph.invoke(Command(resume="yes"), cfg)["log"][-1] == "published"
+    assert statuses == [RunStatus.RUNNING, None]
+    assert store.get_run("t-status").status == RunStatus.RUNNING
+    # A saver going on from a checkpoint it recorded an interrupt on, without reading it.
+    statuses.clear()
+    saver = PitstopSaver(store)
+    root = _put(saver, "t-status-2", None, "input", -1)
+    paused = _put(saver, "t-status-2", root, "loop", 0)
+    saver.put_writes(
+        {"configurable": {"thread_id": "t-status-2", "checkpoint_ns": "",
+                          "checkpoint_id": paused}},
+        [("__interrupt__", "ok?")],
+        "task",
+    )
+    assert store.get_run("t-status-2").status == RunStatus.WAITING
+    _put(saver, "t-status-2", _put(saver, "t-status-2", paused, "loop", 1), "loop", 2)
+    assert statuses == [RunStatus.RUNNING, None, RunStatus.RUNNING, None]
+    assert store.get_run("t-status-2").status == RunStatus.RUNNING
+
+
+def test_values_and_writes_in_the_earlier_format_are_read(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Channel values and pending writes are stored as msgpack byte strings; the tuples
+    earlier versions stored are still read."""
+    import pitstop.integrations.langgraph as integration
+
+    saver = PitstopSaver(store)
+    for thread, old in (("t-old", True), ("t-new", False)):
+        if old:
+            monkeypatch.setattr(integration, "_pack_typed", lambda typed: typed)
+        checkpoint = empty_checkpoint()
+        checkpoint["channel_values"] = {"a": 1, "b": ["x", b"y"]}
+        checkpoint["channel_versions"] = {"a": 1, "b": 1}
+        cfg: Any = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+        meta: Any = {"source": "input", "step": -1, "parents": {}}
+        saved = saver.put(cfg, checkpoint, meta, {"a": 1, "b": 1})
+        monkeypatch.undo()
+        head = store.latest(thread)
+        assert head is not None
+        assert isinstance(head.state["a"], tuple if old else bytes)
+        type_, data = saver.serde.dumps_typed({"v": 1})
+        store.record_effects(  # a pending write as earlier versions stored it
+            thread,
+            {f"{checkpoint['id']}/task-a/0": ("task-a", "a", type_, data, "", 0)},
+            checkpoint_id=head.id,
+        )
+        saver.put_writes(saved, [("b", ["z"]), ("__error__", "boom")], "task-b")
+        found = PitstopSaver(store).get_tuple(cfg)
+        assert found is not None
+        assert found.checkpoint["channel_values"] == {"a": 1, "b": ["x", b"y"]}
+        assert found.pending_writes == [
+            ("task-a", "a", {"v": 1}),
+            ("task-b", "__error__", "boom"),
+            ("task-b", "b", ["z"]),
+        ]
+
+
 def test_saver_opened_from_a_url_owns_its_store(tmp_path: Any) -> None:
     url = f"sqlite:///{tmp_path / 'owned.db'}"
     with PitstopSaver(url) as saver:

@@ -20,13 +20,15 @@ PostgreSQL stores. How LangGraph's model maps onto pitstop's:
   share it, so they sort as LangGraph's do. The checkpoint's parent is the config's
   ``checkpoint_id``, as in every LangGraph saver.
 * **Each channel is one state field**, stored as ``serde.dumps_typed(value)`` -- the
-  ``(type, bytes)`` pair LangGraph's own serializer makes, so any value LangGraph can
-  checkpoint works (messages included) and nothing is unpickled. pitstop content-addresses
-  each field. A channel whose version did not move since the parent (and is not in
-  ``new_versions``) is neither serialised nor stored again: its field points at the parent's
-  value, whatever its type. That is why a 1 MiB list that never changes costs its bytes once,
-  not once per step as in ``SqliteSaver`` (which rewrites the whole checkpoint) or
-  ``PostgresSaver`` (which inlines strings and numbers in every checkpoint row).
+  ``(type, bytes)`` pair LangGraph's own serializer makes, packed as one msgpack array
+  ``[type, bytes]`` (a byte string costs the store far less to serialise than a tuple;
+  values stored as the pair itself by earlier versions are read too) -- so any value
+  LangGraph can checkpoint works (messages included) and nothing is unpickled. pitstop
+  content-addresses each field. A channel whose version did not move since the parent (and
+  is not in ``new_versions``) is neither serialised nor stored again: its field points at the
+  parent's value, whatever its type. That is why a 1 MiB list that never changes costs its
+  bytes once, not once per step as in ``SqliteSaver`` (which rewrites the whole checkpoint)
+  or ``PostgresSaver`` (which inlines strings and numbers in every checkpoint row).
 * **Everything else is JSON metadata** of the pitstop checkpoint: ``source``, ``step_name`` (the
   nodes that ran in the step, for the CLI) and ``langgraph`` = ``{"metadata": <LangGraph
   metadata>, "checkpoint": <the checkpoint without id and channel values: v, ts,
@@ -34,10 +36,21 @@ PostgreSQL stores. How LangGraph's model maps onto pitstop's:
   ``SqliteSaver``, metadata goes through JSON (a tuple comes back as a list); a part that is
   not JSON at all is stored with LangGraph's serializer instead, base64-encoded.
 * **Pending writes** are pitstop effect records of the run, attached to the checkpoint (so
-  pruning it drops them), keyed ``"<checkpoint id>/<task id>/<idx>"`` and holding
-  ``(task_id, channel, type, bytes, task_path, idx)``. Special writes (errors, interrupts,
-  resumes...) overwrite, others are kept once, as in LangGraph's savers; ``get_tuple`` returns
-  them in ``(task_path, task_id, idx)`` order. An interrupt marks the run ``waiting``.
+  pruning it drops them), keyed ``"<checkpoint id>/<task id>/<idx>"`` and holding the
+  msgpack array ``[task_id, channel, type, bytes, task_path, idx]`` (earlier versions stored
+  the tuple; both are read). One ``put_writes`` is one store call, one transaction. Special
+  writes (errors, interrupts, resumes...) overwrite, others are kept once, as in LangGraph's
+  savers; ``get_tuple`` returns them in ``(task_path, task_id, idx)`` order.
+* **Run status.** An interrupt marks the run ``waiting``; the next checkpoint written on it
+  marks it ``running`` again. The status is written with a thread's first checkpoint, with
+  one whose parent this saver did not write itself (it read it with ``get_tuple`` or
+  ``list``, as every invocation starts by doing), with one whose parent this saver recorded
+  an interrupt on, and with branches. A checkpoint continuing the head this saver wrote
+  (every loop step) leaves the status alone: naming it in every save would rewrite the
+  runs table's status indexes at every step. So a status set meanwhile by someone else --
+  ``cancelled`` by a pitstop tool, or ``waiting`` by an interrupt another process recorded on
+  a checkpoint this saver goes on from (two workers on one thread) -- stays until the thread
+  is next loaded.
 * **Channel versions** are integers (``get_next_version``): pitstop deduplicates values by
   content, so versions need no random part to keep branches' values apart.
 
@@ -69,13 +82,13 @@ import contextlib
 import hashlib
 import heapq
 import json
-import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Final, Generic, TypeVar, cast
 
+import ormsgpack
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
@@ -114,6 +127,9 @@ _NS_SEP: Final = "::"
 _ID_SEP: Final = "~"
 _TYPED: Final = "__pitstop_typed__"
 _PAGE: Final = 64
+_NOT_FRAME: Final = frozenset({"id", "channel_values"})
+"""Checkpoint keys not kept in the frame (metadata): the id is the pitstop id's, the values
+are the state fields."""
 _FIRST_CHECKPOINT: Final = frozenset({("input", -1), ("update", 0)})
 """(source, step) of the first checkpoint LangGraph writes on a thread it found empty."""
 
@@ -133,31 +149,34 @@ class _Known:
     fields: frozenset[str]
     versions: dict[str, Any]
     seen: dict[str, Any]
+    running: bool
+    """Whether this saver wrote the checkpoint and its run was then running, as far as this
+    saver knows (False for one read from the store, or one an interrupt was recorded on
+    while it was written: then the run's status is not known here)."""
 
 
 class _LRU(Generic[T]):
-    """A small thread-safe LRU map (LangGraph saves in background threads)."""
+    """A small bounded map, safe to share between threads (LangGraph saves in background
+    threads): the entries first inserted go first (what is looked up is the parent of the
+    next checkpoint, inserted moments before).
+
+    Lock-free, like the store's own caches: each OrderedDict operation is atomic in CPython,
+    and a racing eviction at worst drops an entry early, which only costs a cache miss.
+    """
 
     def __init__(self, size: int) -> None:
         self._size = size
         self._data: OrderedDict[str, T] = OrderedDict()
-        self._lock = threading.Lock()
 
     def get(self, key: str | None) -> T | None:
-        if key is None:
-            return None
-        with self._lock:
-            value = self._data.get(key)
-            if value is not None:
-                self._data.move_to_end(key)
-            return value
+        return None if key is None else self._data.get(key)
 
     def put(self, key: str, value: T) -> None:
-        with self._lock:
-            self._data[key] = value
-            self._data.move_to_end(key)
-            if len(self._data) > self._size:
-                self._data.popitem(last=False)
+        data = self._data
+        data[key] = value
+        if len(data) > self._size:
+            with contextlib.suppress(KeyError):  # emptied by another thread meanwhile
+                data.popitem(last=False)
 
 
 @lru_cache(maxsize=4096)
@@ -178,6 +197,40 @@ def stored_id(checkpoint_id: str, run_id: str) -> str:
 def langgraph_id(stored: str) -> str:
     """The LangGraph checkpoint id of a pitstop checkpoint id made by :func:`stored_id`."""
     return stored.rpartition(_ID_SEP)[0] or stored
+
+
+def _pack_typed(typed: tuple[str, bytes]) -> bytes:
+    """A ``serde.dumps_typed`` pair as stored: one msgpack array ``[type, bytes]``.
+
+    The store serialises a byte string in one native call; a tuple would take its extension
+    path (and a scan for buffers) at several times the cost, on every changed channel.
+    """
+    return ormsgpack.packb(typed)
+
+
+def _unpack_typed(stored: Any) -> tuple[str, bytes]:
+    """The (type, bytes) pair of a stored channel value."""
+    if isinstance(stored, bytes):
+        type_, data = ormsgpack.unpackb(stored)
+    else:  # the pair itself, as earlier versions stored it
+        type_, data = stored
+    return type_, data
+
+
+def _write_row(record: Any) -> tuple[Any, ...] | None:
+    """A pending write record as (task_id, channel, type, bytes, task_path, idx), or None for
+    an effect record that is not one. Stored as one msgpack array (earlier versions stored
+    the tuple itself; both are read)."""
+    if isinstance(record, bytes):
+        try:
+            record = ormsgpack.unpackb(record)
+        except ormsgpack.MsgpackDecodeError:
+            return None
+        if not isinstance(record, list):
+            return None
+    elif not isinstance(record, tuple):
+        return None
+    return tuple(record) if len(record) == 6 else None
 
 
 def _plain(value: Any) -> bool:
@@ -236,7 +289,7 @@ class PitstopSaver(BaseCheckpointSaver[int]):
         # Checkpoints this process recorded an interrupt on. LangGraph saves a checkpoint and
         # the writes made on it concurrently, so its put may land after the interrupt: it
         # must not mark the run running again.
-        self._interrupted: _LRU[bool] = _LRU(1024)
+        self._interrupted: _LRU[bool] = _LRU(2048)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -368,7 +421,7 @@ class PitstopSaver(BaseCheckpointSaver[int]):
     def _writes(self, stored: CheckpointSummary) -> builtins.list[tuple[str, str, Any]]:
         records = self.store.effects(stored.run_id, checkpoint_id=stored.id)
         rows = sorted(
-            (r for r in records.values() if isinstance(r, tuple) and len(r) == 6),
+            (row for r in records.values() if (row := _write_row(r)) is not None),
             key=lambda r: (r[4], r[0], r[5]),
         )
         return [
@@ -396,9 +449,10 @@ class PitstopSaver(BaseCheckpointSaver[int]):
         lg = stored.metadata.get("langgraph", {})
         frame = self._unpack(lg.get("checkpoint", {}))
         checkpoint_id = langgraph_id(stored.id)
-        values = {name: self.serde.loads_typed(value) for name, value in stored.state.items()}
+        loads = self.serde.loads_typed
+        values = {name: loads(_unpack_typed(value)) for name, value in stored.state.items()}
         checkpoint = cast(Checkpoint, {**frame, "id": checkpoint_id, "channel_values": values})
-        self._remember(stored.id, stored.state, frame)
+        self._remember(stored.id, stored.state, frame, running=False)
         if "parent" in lg:
             parent = lg["parent"]
         else:
@@ -413,12 +467,19 @@ class PitstopSaver(BaseCheckpointSaver[int]):
             pending_writes=writes,
         )
 
-    def _remember(self, stored: str, fields: Iterable[str], frame: Mapping[str, Any]) -> None:
+    def _remember(
+        self, stored: str, fields: Iterable[str], frame: Mapping[str, Any], *, running: bool
+    ) -> None:
         versions = frame.get("channel_versions") or {}
         seen = frame.get("versions_seen") or {}
         self._known.put(
             stored,
-            _Known(frozenset(fields), dict(versions), {k: dict(v) for k, v in seen.items()}),
+            _Known(
+                frozenset(fields),
+                dict(versions),
+                {k: dict(v) for k, v in seen.items()},
+                running,
+            ),
         )
 
     # -- writing -----------------------------------------------------------------------------
@@ -442,7 +503,7 @@ class PitstopSaver(BaseCheckpointSaver[int]):
         lg_meta = get_serializable_checkpoint_metadata(config, metadata)
         values = checkpoint["channel_values"]
         versions = checkpoint["channel_versions"]
-        frame = {k: v for k, v in checkpoint.items() if k not in ("id", "channel_values")}
+        frame = {k: v for k, v in checkpoint.items() if k not in _NOT_FRAME}
         source = lg_meta.get("source")
         step = lg_meta.get("step")
         step = step if type(step) is int else None
@@ -452,40 +513,57 @@ class PitstopSaver(BaseCheckpointSaver[int]):
         if parent is None:
             # The store chains a parentless checkpoint onto the run's head: say it has none.
             lg["parent"] = None
-        seen = checkpoint.get("versions_seen") or {}
         meta: dict[str, Any] = {
             "source": source,
-            "step_name": _ran(seen, known) if source != "input" else None,
+            "step_name": (
+                _ran(checkpoint.get("versions_seen") or {}, known)
+                if source != "input"
+                else None
+            ),
             "langgraph": lg,
         }
+        dumps = self.serde.dumps_typed
         if known is None:
             changed: builtins.list[str] | None = None
             state: dict[str, Any] = {
-                name: self.serde.dumps_typed(value) for name, value in values.items()
+                name: _pack_typed(dumps(value)) for name, value in values.items()
             }
         else:
             # Unchanged: same version as the parent's, not in new_versions, a field there.
             # Its field keeps pointing at the parent's value; it is not even serialised.
             old = known.versions
+            fields = known.fields
             changed = [
                 name
                 for name in values
                 if name in new_versions
-                or name not in known.fields
+                or name not in fields
                 or name not in versions
                 or versions[name] != old.get(name)
             ]
             state = dict.fromkeys(values)
             for name in changed:
-                state[name] = self.serde.dumps_typed(values[name])
+                state[name] = _pack_typed(dumps(values[name]))
         if parent is None:
             self._create_run(run_id, thread_id, ns)
         expected = self._expected_head(conf, parent, parent_id, source, step)
+        # The run's status is written only when it may not say "running" already. Not when
+        # this continues the head from a checkpoint this saver wrote as running, with no
+        # interrupt recorded on it: naming the status in every save would rewrite the runs
+        # table's status indexes at every step (see the module docs).
+        status = (
+            None
+            if known is not None
+            and known.running
+            and expected == parent_id
+            and not self._interrupted.get(parent_id)
+            else RunStatus.RUNNING
+        )
         stored = stored_id(checkpoint_id, run_id)
         try:
-            self._save(
+            written = self._save(
                 run_id=run_id, stored=stored, state=state, parent_id=parent_id, step=step,
-                meta=meta, changed=changed, expected=expected,
+                meta=meta, changed=changed, expected=expected, status=status,
             )
         except CheckpointNotFoundError:
             if parent_id is None:
@@ -494,16 +572,17 @@ class PitstopSaver(BaseCheckpointSaver[int]):
             # metadata and store the checkpoint whole, on the run's head.
             lg["parent"] = parent
             self._create_run(run_id, thread_id, ns)
-            state = {name: self.serde.dumps_typed(value) for name, value in values.items()}
-            self._save(
+            state = {name: _pack_typed(dumps(value)) for name, value in values.items()}
+            written = self._save(
                 run_id=run_id, stored=stored, state=state, parent_id=None, step=step,
-                meta=meta, changed=None, expected=UNSET,
+                meta=meta, changed=None, expected=UNSET, status=RunStatus.RUNNING,
             )
-        if self._interrupted.get(stored):
+        interrupted = self._interrupted.get(stored)
+        if interrupted:
             # An interrupt was recorded on this checkpoint while it was being written: the
             # save may have committed "running" after the interrupt said "waiting".
             self._mark_waiting(run_id)
-        self._remember(stored, values, frame)
+        self._remember(stored, values, frame, running=written and not interrupted)
         return _config(thread_id, ns, checkpoint_id)
 
     def _create_run(self, run_id: str, thread_id: str, ns: str) -> None:
@@ -551,26 +630,27 @@ class PitstopSaver(BaseCheckpointSaver[int]):
         meta: dict[str, Any],
         changed: builtins.list[str] | None,
         expected: str | _Unset | None,
-    ) -> None:
-        def save() -> None:
-            self.store.save(
-                run_id,
-                state,
-                parent_id=parent_id,
-                step=step,
-                metadata=meta,
-                changed=changed,
-                workflow=WORKFLOW,
-                status=None if self._interrupted.get(stored) else RunStatus.RUNNING,
-                expected_head=expected,
-                checkpoint_id=stored,
-            )
-
-        try:
+        status: RunStatus | None,
+    ) -> bool:
+        """Write the checkpoint; False if this very checkpoint was already there."""
+        for attempt in (1, 2):
             try:
-                save()
+                self.store.save(
+                    run_id,
+                    state,
+                    parent_id=parent_id,
+                    step=step,
+                    metadata=meta,
+                    changed=changed,
+                    workflow=WORKFLOW,
+                    # An interrupt recorded on it meanwhile has marked the run waiting.
+                    status=None if self._interrupted.get(stored) else status,
+                    expected_head=expected,
+                    checkpoint_id=stored,
+                )
+                return True
             except SerializationError as exc:
-                if not (exc.path or "").startswith("metadata"):
+                if attempt == 2 or not (exc.path or "").startswith("metadata"):
                     raise
                 # LangGraph metadata (or checkpoint frame) that is not JSON: keep that part
                 # in LangGraph's own serialised form instead.
@@ -579,20 +659,20 @@ class PitstopSaver(BaseCheckpointSaver[int]):
                     if not _plain(lg[key]):
                         type_, data = self.serde.dumps_typed(lg[key])
                         lg[key] = {_TYPED: [type_, base64.b64encode(data).decode()]}
-                save()
-        except ConflictError as exc:
-            if exc.actual == stored:
-                return  # this very checkpoint is already there: a repeated put
-            if isinstance(expected, _Unset) or exc.expected != expected:
-                raise
-            raise ThreadConflictError(
-                "another writer moved this LangGraph thread on since its parent "
-                f"{langgraph_id(expected) if expected else None!r} was read; writing "
-                f"{langgraph_id(stored)!r} would fork it",
-                run_id=run_id,
-                expected=expected,
-                actual=exc.actual,
-            ) from None
+            except ConflictError as exc:
+                if exc.actual == stored:
+                    return False  # this very checkpoint is already there: a repeated put
+                if isinstance(expected, _Unset) or exc.expected != expected:
+                    raise
+                raise ThreadConflictError(
+                    "another writer moved this LangGraph thread on since its parent "
+                    f"{langgraph_id(expected) if expected else None!r} was read; writing "
+                    f"{langgraph_id(stored)!r} would fork it",
+                    run_id=run_id,
+                    expected=expected,
+                    actual=exc.actual,
+                ) from None
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def put_writes(
         self,
@@ -608,30 +688,26 @@ class PitstopSaver(BaseCheckpointSaver[int]):
         """
         _, _, run_id = _where(config)
         checkpoint_id = config["configurable"]["checkpoint_id"]
-        records: dict[str, tuple[str, str, str, bytes, str, int]] = {}
+        dumps = self.serde.dumps_typed
+        records: dict[str, bytes] = {}
+        interrupted = False
+        replace = True
         for idx, (channel, value) in enumerate(writes):
-            index = WRITES_IDX_MAP.get(channel, idx)
-            type_, data = self.serde.dumps_typed(value)
-            records[f"{checkpoint_id}/{task_id}/{index}"] = (
-                task_id,
-                channel,
-                type_,
-                bytes(data),
-                task_path,
-                index,
+            special = WRITES_IDX_MAP.get(channel)
+            index = idx if special is None else special
+            replace = replace and special is not None
+            interrupted = interrupted or channel == INTERRUPT
+            type_, data = dumps(value)
+            # One msgpack array: the store serialises a byte string far faster than a tuple.
+            records[f"{checkpoint_id}/{task_id}/{index}"] = ormsgpack.packb(
+                (task_id, channel, type_, data, task_path, index)
             )
         if not records:
             return
         stored = stored_id(checkpoint_id, run_id)
-        interrupted = any(channel == INTERRUPT for channel, _ in writes)
         if interrupted:
             self._interrupted.put(stored, True)  # before the put of `stored` may look
-        self.store.record_effects(
-            run_id,
-            records,
-            checkpoint_id=stored,
-            replace=all(channel in WRITES_IDX_MAP for channel, _ in writes),
-        )
+        self.store.record_effects(run_id, records, checkpoint_id=stored, replace=replace)
         if interrupted:
             self._mark_waiting(run_id)
 
