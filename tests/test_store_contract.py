@@ -160,7 +160,16 @@ def test_metadata_must_be_json(store: Store) -> None:
     with pytest.raises(SerializationError) as info:
         store.save("r", {"a": 1}, metadata={"ok": 1, "when": datetime.now(UTC)})
     assert info.value.path == "metadata.when"
+    for bad in (float("nan"), float("inf")):  # JSON has no such numbers: refused, not nulled
+        with pytest.raises(SerializationError) as info:
+            store.save("r", {"a": 1}, metadata={"score": [1.5, bad]})
+        assert info.value.path == "metadata.score"
     assert store.latest("r") is None
+    meta = {"none": None, "nested": {"x": [1, None, "null"]}, 7: "int key", "big": 2**70}
+    saved = store.save("r", {"a": 1}, metadata=meta)
+    expected = {"none": None, "nested": {"x": [1, None, "null"]}, "7": "int key", "big": 2**70}
+    assert saved.metadata == expected  # as the json module would store it
+    assert store.get(saved.id).metadata == expected
 
 
 def test_state_must_be_a_mapping(store: Store) -> None:

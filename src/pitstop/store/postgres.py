@@ -625,7 +625,9 @@ class PostgresStore(SqlStore):
         conn = self._getconn(pool)
         try:
             cur = conn.execute(statement, params)
-            return cur.fetchall() if rows else cur.rowcount
+            if not rows:
+                return cur.rowcount
+            return cur.fetchall() if cur.description is not None else []
         except psycopg.Error as exc:
             if not conn.closed:
                 raise StoreError(f"{self.url}: {self._clean(exc)}") from exc

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import orjson
 import ormsgpack
 
 from ..errors import CorruptCheckpointError, SerializationError
@@ -197,10 +198,27 @@ class CheckpointRecord:
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
+# orjson encodes a step's metadata ~10x faster than the json module. It writes NaN and the
+# infinities as null where json refuses them, and refuses what json would convert (non-str
+# keys, huge ints): such metadata takes the json path, so what is accepted stays the same.
+_ORJSON_OPTIONS = (
+    orjson.OPT_PASSTHROUGH_DATETIME
+    | orjson.OPT_PASSTHROUGH_DATACLASS
+    | orjson.OPT_PASSTHROUGH_SUBCLASS
+)
+
+
 def encode_metadata(metadata: Mapping[str, Any] | None, run_id: str) -> str:
     """Compact JSON; a value that is not JSON is named in the error, nothing is written."""
     if not metadata:
         return "{}"
+    try:
+        fast = orjson.dumps(metadata, option=_ORJSON_OPTIONS)
+    except TypeError:
+        pass
+    else:
+        if b"null" not in fast:  # else maybe a NaN: let json judge
+            return fast.decode()
     try:
         return _JSON.encode(metadata)
     except (TypeError, ValueError) as exc:

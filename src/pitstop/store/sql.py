@@ -1897,13 +1897,20 @@ class SqlStore(Store):
             else "DO NOTHING"
         )
         now = time.time()
+        rows = [(run_id, k, checkpoint_id, b.data, b.hash, now) for k, b in blobs.items()]
+        if not rows:
+            return
+        insert = (
+            "INSERT INTO pitstop_effects (run_id, key, checkpoint_id, result, hash, created_at) "
+            "VALUES {values} " + f"ON CONFLICT (run_id, key) {conflict}"
+        )
+        if len(rows) <= _CHUNK // 6:
+            # One statement, atomic by itself: no BEGIN/COMMIT round trips.
+            values = ", ".join(["(?, ?, ?, ?, ?, ?)"] * len(rows))
+            self._write_alone(insert.format(values=values), [p for row in rows for p in row])
+            return
         self._tx(
-            lambda tx: tx.many(
-                "INSERT INTO pitstop_effects (run_id, key, checkpoint_id, result, hash, "
-                f"created_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, key) {conflict}",
-                [(run_id, k, checkpoint_id, b.data, b.hash, now) for k, b in blobs.items()],
-            ),
-            write=True,
+            lambda tx: tx.many(insert.format(values="(?, ?, ?, ?, ?, ?)"), rows), write=True
         )
 
     def effects(self, run_id: str, *, checkpoint_id: str | None = None) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import StoreError
@@ -138,8 +138,12 @@ class SQLiteStore(SqlStore):
         *,
         write: bool = False,
         durability: Durability | None = None,
+        alone: bool = False,
     ) -> T:
         """One transaction, retried while SQLite reports the database busy.
+
+        ``alone``: ``fn`` runs a single statement, which SQLite makes atomic by itself, so
+        no BEGIN and COMMIT are sent.
 
         The same contract as :meth:`SqlStore._tx`, written out flat: it runs on every
         checkpoint, and its layers of closures and context managers cost more than the SQL.
@@ -157,9 +161,12 @@ class SQLiteStore(SqlStore):
                     self._synchronous = level
                 tx = QmarkTx(conn, SQLITE)
                 try:
-                    conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-                    result = fn(tx)
-                    conn.execute("COMMIT")
+                    if alone:  # one statement: its own (implicit) transaction
+                        result = fn(tx)
+                    else:
+                        conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                        result = fn(tx)
+                        conn.execute("COMMIT")
                 except BaseException as exc:
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
@@ -172,6 +179,9 @@ class SQLiteStore(SqlStore):
                     return result
             backoff = backoff or Backoff(self.busy_timeout, self.url)
             backoff.wait(error)  # outside the lock: other threads may commit meanwhile
+
+    def _write_alone(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        return self._tx(lambda tx: tx.all(sql, params), write=True, alone=True)
 
     def _duplicate_checkpoint(self, exc: Exception) -> bool:
         return isinstance(exc, sqlite3.IntegrityError) and "pitstop_checkpoints." in str(exc)
