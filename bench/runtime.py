@@ -6,7 +6,9 @@
 1. Per-step cost of no-op steps on a ~1 KiB state, checkpointing after every step, with
    durability normal, full and background, next to the same loop of plain function calls.
 2. The same workflow on LangGraph (a node looping through a conditional edge) with
-   SqliteSaver, and without a checkpointer, when ``langgraph`` is installed (extra ``bench``).
+   SqliteSaver as its docs set it up (SQLite's default ``synchronous=FULL``: an fsync per
+   commit), with SqliteSaver on ``synchronous=NORMAL`` (no fsync, pitstop ``normal``'s
+   promise), and without a checkpointer, when ``langgraph`` is installed (extra ``bench``).
 3. Restart latency: from spawning ``python`` to the first resumed step of a run whose
    process was killed with SIGKILL (interpreter start and imports included).
 
@@ -65,7 +67,9 @@ def plain_once(steps: int) -> float:
     return (time.perf_counter() - t0) / steps
 
 
-def langgraph_once(tmp: Path, steps: int, name: str, saver: bool) -> float | None:
+def langgraph_once(
+    tmp: Path, steps: int, name: str, saver: bool, synchronous: str | None = None
+) -> float | None:
     graph = langgraph_loop(steps)
     if graph is None:
         return None
@@ -75,7 +79,11 @@ def langgraph_once(tmp: Path, steps: int, name: str, saver: bool) -> float | Non
         from langgraph.checkpoint.sqlite import SqliteSaver
 
         conn = sqlite3.connect(tmp / f"{name}.db", check_same_thread=False)
-        app = graph.compile(checkpointer=SqliteSaver(conn))
+        checkpointer = SqliteSaver(conn)
+        if synchronous is not None:  # SqliteSaver's default is SQLite's: FULL (an fsync)
+            checkpointer.setup()
+            conn.execute(f"PRAGMA synchronous={synchronous}")
+        app = graph.compile(checkpointer=checkpointer)
     else:
         app = graph.compile()
     warm = langgraph_loop(WARMUP)
@@ -95,6 +103,9 @@ def interleaved(tmp: Path, steps: int, rounds: int) -> dict[str, list[float]]:
             "full": pitstop_once(tmp, steps, "full", f"full-{r}"),
             "background": pitstop_once(tmp, steps, "background", f"background-{r}"),
             "langgraph_sqlite": langgraph_once(tmp, steps, f"lg-{r}", saver=True),
+            "langgraph_sqlite_normal": langgraph_once(
+                tmp, steps, f"lg-normal-{r}", saver=True, synchronous="NORMAL"
+            ),
             "langgraph_none": langgraph_once(tmp, steps, f"lg-none-{r}", saver=False),
         }
         for key, value in measured.items():
@@ -176,6 +187,14 @@ def main() -> None:
             lg / ours for lg, ours in zip(samples["langgraph_sqlite"], samples["normal"],
                                           strict=True)
         )
+        results["ratio_langgraph_sqlite_normal"] = statistics.median(
+            lg / ours for lg, ours in zip(samples["langgraph_sqlite_normal"], samples["normal"],
+                                          strict=True)
+        )
+        results["ratio_langgraph_sqlite_vs_full"] = statistics.median(
+            lg / ours for lg, ours in zip(samples["langgraph_sqlite"], samples["full"],
+                                          strict=True)
+        )
     plain = results["plain"]
 
     def overhead(key: str) -> float:
@@ -193,6 +212,12 @@ def main() -> None:
                      f"{results['ratio_langgraph_sqlite']:.1f}x slower per step "
                      f"({(lg - lg_none) / overhead('normal'):.0f}x the checkpoint overhead)",
                      ">= 10x"])
+        lg_normal = results["langgraph_sqlite_normal"]
+        rows.append(["LangGraph + SqliteSaver, synchronous=NORMAL (no fsync, like pitstop normal)",
+                     fmt_time(lg_normal), fmt_time(lg_normal - lg_none),
+                     f"{results['ratio_langgraph_sqlite_normal']:.1f}x slower per step", ""])
+        rows.append(["LangGraph + SqliteSaver (FULL) vs pitstop full (both fsync)", "", "",
+                     f"{results['ratio_langgraph_sqlite_vs_full']:.1f}x slower per step", ""])
     rows.append(["restart after SIGKILL -> first resumed step (incl. python start)",
                  fmt_time(results["restart"]), "", "", "<= 300 ms"])
     markdown = table(["what (median per step)", "time", "overhead vs plain", "vs pitstop normal",
