@@ -106,6 +106,23 @@ def test_unchanged_values_are_stored_once(store: Store) -> None:
     assert stats.bytes < 2 * MiB  # compressed or not, stored once
 
 
+def test_unhinted_saves_recognise_unchanged_fields_by_their_bytes(store: Store) -> None:
+    # Mid-size values (above the inline limit, below the remembered-bytes limit), saved
+    # without a `changed` hint: equal bytes reuse the parent's value, others are stored.
+    a, b = {"k": ["alpha"] * 20}, {"k": ["beta"] * 20}
+    states = [
+        {"doc": a, "other": "o" * 100, "i": 0},
+        {"doc": a, "other": "o" * 100, "i": 1},  # unchanged doc and other
+        {"doc": b, "other": "o" * 100, "i": 2},  # doc changed
+        {"doc": a, "other": "p" * 100, "i": 3},  # doc back to its first bytes, other changed
+    ]
+    saved = [store.save("r", state) for state in states]
+    saved.append(store.save("r", states[3], changed=["i"]))  # hinted, then unhinted again
+    saved.append(store.save("r", {**states[3], "i": 5}))
+    assert [store.get(c.id).state for c in saved] == [*states, states[3], {**states[3], "i": 5}]
+    assert store.stats().blobs == 4  # a, b, "o"*100, "p"*100: each once
+
+
 def test_small_values_live_in_the_record_and_are_verified(store: Store) -> None:
     first = store.save("r", {"n": 1, "flag": True, "label": "short"})
     store.save("r", {"n": 2, "flag": True, "label": "short"})

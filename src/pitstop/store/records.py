@@ -90,14 +90,21 @@ def stored_hashes(fields: FieldMap) -> set[bytes]:
     return {ref.hash for ref in fields.values() if ref.inline is None}
 
 
-@dataclass(frozen=True, slots=True)
-class NewBlob:
+class NewBlob(NamedTuple):
+    """A value to store: its content hash and framed bytes (a named tuple: made per save)."""
+
     hash: bytes
     data: bytes
 
     @property
     def size(self) -> int:
         return len(self.data)
+
+
+RAW_KEEP_MAX = 2048
+"""Serialised values up to this size are remembered with the checkpoint that holds them (for
+the last checkpoints this process wrote), so the next save without a ``changed`` hint can
+tell an unchanged field by comparing bytes, without hashing and framing it again."""
 
 
 @dataclass(slots=True)
@@ -277,17 +284,27 @@ class Codec:
         state: Mapping[str, Any],
         parent: FieldMap | None,
         changed: Iterable[str] | None,
-    ) -> tuple[FieldMap, dict[bytes, NewBlob]]:
-        """The new field map and the values not already referenced by the parent."""
+        parent_raw: Mapping[str, bytes] | None = None,
+    ) -> tuple[FieldMap, dict[bytes, NewBlob], dict[str, bytes]]:
+        """The new field map, the values not already referenced by the parent, and the
+        serialised bytes of the small fields (see :data:`RAW_KEEP_MAX`).
+
+        ``parent_raw`` is what this returned for the parent, if known: a field serialising to
+        the same bytes is the parent's value, known without hashing it again.
+        """
         if not isinstance(state, Mapping):
             raise TypeError(
                 f"run {run_id!r}: state must be a mapping of field names to values, "
                 f"not {type(state).__name__}"
             )
         parent = parent or {}
+        # A caller naming what changed needs no byte comparison, so nothing is kept for it.
+        keep = changed is None
+        parent_raw = (parent_raw or {}) if keep else {}
         reuse = set() if changed is None else set(parent).difference(changed)
         fields: FieldMap = {}
         new: dict[bytes, NewBlob] = {}
+        raws: dict[str, bytes] = {}
         fmt = self.serializer.format_id
         for name, value in state.items():
             if name in reuse:
@@ -298,6 +315,13 @@ class Codec:
                     "state field names must be str", run_id=run_id, path=f"state[{name!r}]"
                 )
             raw = self._dumps(value, run_id, "", name)
+            if keep and len(raw) <= RAW_KEEP_MAX:
+                known = parent_raw.get(name)
+                if known is not None and known == raw and name in parent:
+                    fields[name] = parent[name]
+                    raws[name] = known
+                    continue
+                raws[name] = raw
             if len(raw) < INLINE_MAX:
                 ref = FieldRef(b"", len(raw) + 1, frame(raw, fmt, compress_threshold=None))
             else:
@@ -312,7 +336,7 @@ class Codec:
                 fields[name] = ref
                 if ref.inline is None:
                     new[blob.hash] = blob
-        return fields, new
+        return fields, new, raws
 
     def decode_value(
         self,
@@ -379,6 +403,7 @@ class Codec:
 
 
 __all__ = [
+    "RAW_KEEP_MAX",
     "CheckpointRecord",
     "Codec",
     "FieldMap",

@@ -527,6 +527,9 @@ class SqlStore(Store):
         self.blob_threshold = blob_threshold
         self._fields = _LRU(2048)  # checkpoint id -> _Parent (immutable, always safe to cache)
         self._heads = _LRU(4096)  # run id -> head id this process last wrote (a guess)
+        # checkpoint id -> its small fields' serialised bytes (Codec.encode_state), for the
+        # last checkpoints this process wrote: bounded by entries x fields x RAW_KEEP_MAX.
+        self._raws = _LRU(256)
         self._aio: Any = None
 
     # -- what a backend supplies -----------------------------------------------------------
@@ -722,8 +725,12 @@ class SqlStore(Store):
         if follow_head:
             parent_id = self._heads.get(run_id) or self._head_id(run_id)
         parent = self._parent(None, parent_id) if parent_id is not None else None
-        fields, new = self._codec.encode_state(
-            run_id, state, parent.fields if parent else None, changed
+        fields, new, raws = self._codec.encode_state(
+            run_id,
+            state,
+            parent.fields if parent else None,
+            changed,
+            self._raws.get(parent_id) if parent_id is not None else None,
         )
         if checkpoint_id is not None:
             _check_id("checkpoint_id", checkpoint_id)
@@ -776,6 +783,8 @@ class SqlStore(Store):
         )
         # Known before the write, so a background writer can chain the next checkpoint on it.
         self._fields.put(record.id, _Parent(record.id, run_id, record.step, fields))
+        if raws:
+            self._raws.put(record.id, raws)
         return PreparedSave(record.id, run_id, parent_id, record.step, state, plan)
 
     def commit(self, prepared: PreparedSave) -> Checkpoint:
@@ -798,6 +807,7 @@ class SqlStore(Store):
             )
         except BaseException as exc:
             self._fields.drop(plan.record.id)
+            self._raws.drop(plan.record.id)
             if isinstance(exc, Exception) and self._duplicate_checkpoint(exc):
                 raise self._id_taken(plan) from None
             raise
