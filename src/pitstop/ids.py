@@ -20,21 +20,11 @@ _last = 0  # last (unix_ms << 12 | seq) handed out by this process
 _last_id = ""  # and the id made from it
 
 _MAX_SEQ = 0xFFF
-
-
-def _format(value: int) -> str:
-    h = "%032x" % value  # noqa: UP031 - the fastest of the ways tried (one made per save)
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+_getrandbits = random.getrandbits
 
 
 def _parse(uuid_str: str) -> int:
     return int(uuid_str.replace("-", ""), 16)
-
-
-def _compose(ms_seq: int, rand: int) -> int:
-    ms = ms_seq >> 12
-    seq = ms_seq & _MAX_SEQ
-    return (ms << 80) | (0x7 << 76) | (seq << 64) | (0b10 << 62) | rand
 
 
 def new_id(after: str | None = None) -> str:
@@ -51,10 +41,18 @@ def new_id(after: str | None = None) -> str:
             # Continue from the parent's timestamp and sequence if our clock is behind it.
             floor = ((value >> 80) << 12) | ((value >> 64) & _MAX_SEQ)
     with _lock:
-        ms_seq = max(now, _last + 1, floor + 1)
+        ms_seq = max(_last + 1, now, floor + 1)
         _last = ms_seq
-        # random's generator is seeded from the OS and reseeded in a forked child.
-        _last_id = _format(_compose(ms_seq, random.getrandbits(62)))
+        # 48-bit ms, version 7, 12-bit sequence, variant, 62 random bits (random's generator
+        # is seeded from the OS and reseeded in a forked child); one formatting pass.
+        h = "%032x" % (
+            (ms_seq >> 12) << 80
+            | 0x7 << 76
+            | (ms_seq & _MAX_SEQ) << 64
+            | 0b10 << 62
+            | _getrandbits(62)
+        )
+        _last_id = f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
         return _last_id
 
 

@@ -392,41 +392,55 @@ def move_head(plan: _WritePlan, is_: str) -> tuple[str, list[Any]]:
     an index page to every commit.
     """
     record = plan.record
+    status, workflow, lease = plan.status, plan.workflow, plan.lease
     params: list[Any] = [
         record.id,
         record.step,
         record.created_at,
         record.added + len(record.metadata) + len(record.fields),
     ]
-    sets = ["head_id = ?", "step = ?", "updated_at = ?", "checkpoints = checkpoints + 1",
-            "bytes = bytes + ?"]
-    if plan.status is not None:
-        sets.append("status = ?")
-        params.append(plan.status.value)
-    if plan.workflow is not None:
-        sets.append("workflow = ?")
-        params.append(plan.workflow)
+    if status is not None:
+        params.append(status.value)
+    if workflow is not None:
+        params.append(workflow)
     if plan.sets_waiting:
-        sets += ["waiting_for = ?", "wake_at = ?"]
-        params += [plan.waiting_json, plan.wake_at]
-    if plan.release:
-        sets.append("lease_owner = NULL, lease_expires = NULL")
+        params += (plan.waiting_json, plan.wake_at)
     params.append(record.run_id)
     expected = record.parent_id if plan.follow_head else plan.expected_head
-    if expected is not UNSET:
+    checks_head = expected is not UNSET
+    if checks_head:
         params.append(expected)
-    if plan.lease is not None:
-        params += [plan.lease.owner, plan.lease.token]
+    if lease is not None:
+        params += (lease.owner, lease.token)
     else:
         params.append(record.created_at)
     sql = _move_head_sql(
-        is_, ", ".join(sets), expected is not UNSET, plan.lease is not None
+        is_, status is not None, workflow is not None, plan.sets_waiting, plan.release,
+        checks_head, lease is not None,
     )
     return sql, params
 
 
-@lru_cache(maxsize=64)
-def _move_head_sql(is_: str, sets: str, checks_head: bool, leased: bool) -> str:
+@lru_cache(maxsize=256)
+def _move_head_sql(
+    is_: str,
+    sets_status: bool,
+    sets_workflow: bool,
+    sets_waiting: bool,
+    releases: bool,
+    checks_head: bool,
+    leased: bool,
+) -> str:
+    sets = ["head_id = ?", "step = ?", "updated_at = ?", "checkpoints = checkpoints + 1",
+            "bytes = bytes + ?"]
+    if sets_status:
+        sets.append("status = ?")
+    if sets_workflow:
+        sets.append("workflow = ?")
+    if sets_waiting:
+        sets += ["waiting_for = ?", "wake_at = ?"]
+    if releases:
+        sets.append("lease_owner = NULL, lease_expires = NULL")
     where = ["run_id = ?"]
     if checks_head:
         where.append(f"head_id {is_} ?")
@@ -434,7 +448,7 @@ def _move_head_sql(is_: str, sets: str, checks_head: bool, leased: bool) -> str:
         where.append("lease_owner = ? AND fence = ?")
     else:
         where.append("(lease_owner IS NULL OR lease_expires IS NULL OR lease_expires <= ?)")
-    return f"UPDATE pitstop_runs SET {sets} WHERE " + " AND ".join(where)
+    return f"UPDATE pitstop_runs SET {', '.join(sets)} WHERE " + " AND ".join(where)
 
 
 def _ts(value: datetime | float | None) -> float | None:
@@ -800,7 +814,8 @@ class SqlStore(Store):
 
     def _commit(self, prepared: PreparedSave) -> Checkpoint:
         plan: _WritePlan = prepared.payload
-        self._externalize(plan.new.values())
+        if plan.new:
+            self._externalize(plan.new.values())
         try:
             self._tx(
                 partial(self._write_checkpoint, plan=plan), write=True, durability=plan.durability
