@@ -40,6 +40,12 @@ def median_of(samples: list[float]) -> float:
     return statistics.median(samples)
 
 
+def median_ratio(numerators: list[float], denominators: list[float]) -> float:
+    """The median of per-round ratios of two interleaved series: each round's pair was
+    measured close together in time, so a slow spell of the machine cancels out."""
+    return statistics.median(a / b for a, b in zip(numerators, denominators, strict=True))
+
+
 def fmt_time(seconds: float) -> str:
     if seconds < 1e-3:
         return f"{seconds * 1e6:.0f} µs"

@@ -38,6 +38,7 @@ from _common import (  # bench/_common.py (it takes bench/ off sys.path)
     fmt_bytes,
     fmt_time,
     langgraph_loop,
+    median_ratio,
     pitstop_loop,
     save_results,
     steady_per_step,
@@ -207,7 +208,7 @@ def main() -> None:
     results["throughput"] = {n: statistics.median(v) for n, v in samples.items()}
     results["throughput_samples"] = samples
     scaling = {
-        n: statistics.median(a / b for a, b in zip(samples[n], samples[1], strict=True))
+        n: median_ratio(samples[n], samples[1])
         for n in samples
     }
     results["scaling"] = scaling

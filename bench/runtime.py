@@ -33,6 +33,7 @@ from _common import (  # bench/_common.py (it takes bench/ off sys.path)
     base_state,
     fmt_time,
     langgraph_loop,
+    median_ratio,
     noop,
     pitstop_loop,
     save_results,
@@ -183,18 +184,12 @@ def main() -> None:
     results: dict[str, Any] = {k: statistics.median(v) for k, v in samples.items()}
     results["restart"] = restart
     if "langgraph_sqlite" in samples:
-        results["ratio_langgraph_sqlite"] = statistics.median(
-            lg / ours for lg, ours in zip(samples["langgraph_sqlite"], samples["normal"],
-                                          strict=True)
-        )
-        results["ratio_langgraph_sqlite_normal"] = statistics.median(
-            lg / ours for lg, ours in zip(samples["langgraph_sqlite_normal"], samples["normal"],
-                                          strict=True)
-        )
-        results["ratio_langgraph_sqlite_vs_full"] = statistics.median(
-            lg / ours for lg, ours in zip(samples["langgraph_sqlite"], samples["full"],
-                                          strict=True)
-        )
+        for key, ours, theirs in (
+            ("ratio_langgraph_sqlite", "normal", "langgraph_sqlite"),
+            ("ratio_langgraph_sqlite_normal", "normal", "langgraph_sqlite_normal"),
+            ("ratio_langgraph_sqlite_vs_full", "full", "langgraph_sqlite"),
+        ):
+            results[key] = median_ratio(samples[theirs], samples[ours])
     plain = results["plain"]
 
     def overhead(key: str) -> float:

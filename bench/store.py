@@ -27,6 +27,7 @@ from _common import (  # bench/_common.py (it takes bench/ off sys.path)
     fmt_bytes,
     fmt_time,
     median_of,
+    median_ratio,
     median_time,
     save_results,
     table,
@@ -79,9 +80,7 @@ def bench_saves(
     conn.close()
     out = {key: median_of(values) for key, values in samples.items()}
     for key in ("save_1k", "save_1k_changed_hint"):
-        out[f"{key}_ratio"] = median_of(
-            [a / b for a, b in zip(samples[key], samples["floor"], strict=True)]
-        )
+        out[f"{key}_ratio"] = median_ratio(samples[key], samples["floor"])
     return out
 
 

@@ -82,11 +82,10 @@ import contextlib
 import hashlib
 import heapq
 import json
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Final, Generic, TypeVar, cast
+from typing import Any, Final, TypeVar, cast
 
 import ormsgpack
 from langchain_core.runnables import RunnableConfig
@@ -103,6 +102,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.types import INTERRUPT
 
+from ..cache import BoundedCache
 from ..errors import (
     CheckpointNotFoundError,
     ConflictError,
@@ -153,30 +153,6 @@ class _Known:
     """Whether this saver wrote the checkpoint and its run was then running, as far as this
     saver knows (False for one read from the store, or one an interrupt was recorded on
     while it was written: then the run's status is not known here)."""
-
-
-class _LRU(Generic[T]):
-    """A small bounded map, safe to share between threads (LangGraph saves in background
-    threads): the entries first inserted go first (what is looked up is the parent of the
-    next checkpoint, inserted moments before).
-
-    Lock-free, like the store's own caches: each OrderedDict operation is atomic in CPython,
-    and a racing eviction at worst drops an entry early, which only costs a cache miss.
-    """
-
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._data: OrderedDict[str, T] = OrderedDict()
-
-    def get(self, key: str | None) -> T | None:
-        return None if key is None else self._data.get(key)
-
-    def put(self, key: str, value: T) -> None:
-        data = self._data
-        data[key] = value
-        if len(data) > self._size:
-            with contextlib.suppress(KeyError):  # emptied by another thread meanwhile
-                data.popitem(last=False)
 
 
 @lru_cache(maxsize=4096)
@@ -285,11 +261,11 @@ class PitstopSaver(BaseCheckpointSaver[int]):
         super().__init__(serde=serde)
         self._owns_store = isinstance(store, str)
         self.store: Store = open_store(store) if isinstance(store, str) else store
-        self._known: _LRU[_Known] = _LRU(2048)
+        self._known: BoundedCache[_Known] = BoundedCache(2048)
         # Checkpoints this process recorded an interrupt on. LangGraph saves a checkpoint and
         # the writes made on it concurrently, so its put may land after the interrupt: it
         # must not mark the run running again.
-        self._interrupted: _LRU[bool] = _LRU(2048)
+        self._interrupted: BoundedCache[bool] = BoundedCache(2048)
 
     # -- lifecycle ---------------------------------------------------------------------------
 

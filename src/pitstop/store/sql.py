@@ -8,12 +8,10 @@ which errors are worth retrying. Values always travel as parameters, never in th
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import time
 from abc import abstractmethod
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -21,6 +19,7 @@ from datetime import datetime
 from functools import lru_cache, partial
 from typing import Any, Literal, NamedTuple, TypeVar
 
+from ..cache import BoundedCache
 from ..errors import (
     CheckpointNotFoundError,
     ConflictError,
@@ -357,33 +356,6 @@ class _WritePlan:
     metadata names them)."""
 
 
-class _LRU:
-    """A small bounded map (field maps of recent checkpoints, known run heads).
-
-    Lock-free: single OrderedDict operations are atomic in CPython, and a racing eviction
-    at worst drops an entry early, which only costs a query. Oldest inserted entries go
-    first (an OrderedDict pops its first item in O(1), where a dict would rescan the slots
-    its earlier deletions left behind).
-    """
-
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._data: OrderedDict[str, Any] = OrderedDict()
-
-    def get(self, key: str) -> Any:
-        return self._data.get(key)
-
-    def put(self, key: str, value: Any) -> None:
-        data = self._data
-        data[key] = value
-        if len(data) > self._size:
-            with contextlib.suppress(KeyError):  # emptied by another thread meanwhile
-                data.popitem(last=False)
-
-    def drop(self, key: str) -> None:
-        self._data.pop(key, None)
-
-
 def move_head(plan: _WritePlan, is_: str) -> tuple[str, list[Any]]:
     """The conditional UPDATE that moves a run's head on a save, and its parameters.
 
@@ -539,11 +511,13 @@ class SqlStore(Store):
         self.blobs = open_blob_store(blobs) if blobs is not None else None
         """Where values of at least ``blob_threshold`` stored bytes go (None: the table)."""
         self.blob_threshold = blob_threshold
-        self._fields = _LRU(2048)  # checkpoint id -> _Parent (immutable, always safe to cache)
-        self._heads = _LRU(4096)  # run id -> head id this process last wrote (a guess)
+        # checkpoint id -> _Parent (immutable, always safe to cache)
+        self._fields: BoundedCache[_Parent] = BoundedCache(2048)
+        # run id -> head id this process last wrote (a guess)
+        self._heads: BoundedCache[str] = BoundedCache(4096)
         # checkpoint id -> its small fields' serialised bytes (Codec.encode_state), for the
         # last checkpoints this process wrote: bounded by entries x fields x RAW_KEEP_MAX.
-        self._raws = _LRU(256)
+        self._raws: BoundedCache[dict[str, bytes]] = BoundedCache(256)
         self._aio: Any = None
 
     # -- what a backend supplies -----------------------------------------------------------
@@ -693,7 +667,7 @@ class SqlStore(Store):
     def _parent(self, tx: Tx | None, checkpoint_id: str) -> _Parent:
         cached = self._fields.get(checkpoint_id)
         if cached is not None:
-            return cached  # type: ignore[no-any-return]
+            return cached
 
         def read(tx: Tx) -> Any:
             return tx.one(f"SELECT {_CKPT} FROM pitstop_checkpoints WHERE id = ?", (checkpoint_id,))
@@ -1059,21 +1033,23 @@ class SqlStore(Store):
     def latest_with_run(
         self, run_id: str, *, fallback: bool = False, strict: bool = True
     ) -> tuple[Run, Checkpoint | None]:
+        def head_of(row: Any) -> CheckpointRecord | None:
+            return None if row is None or row[_RUN_COLUMNS] is None else _row_to_record(
+                row[_RUN_COLUMNS:]
+            )
+
         def read(tx: Tx) -> tuple[Any, CheckpointRecord | None, dict[bytes, Any]]:
             row = tx.one(_RUN_AND_HEAD, (run_id,))
-            if row is None or row[_RUN_COLUMNS] is None:
-                return row, None, {}
-            record = _row_to_record(row[_RUN_COLUMNS:])
-            return row, record, self._load_blobs(tx, record)
+            record = head_of(row)
+            return row, record, self._load_blobs(tx, record) if record else {}
 
-        # Small states live entirely in the record: then one statement reads everything.
+        # Small states live entirely in the record: then one statement reads everything;
+        # otherwise the values are read too, from one snapshot.
         row = self._read_alone(_RUN_AND_HEAD, (run_id,))
-        record: CheckpointRecord | None = None
+        record = head_of(row)
         blobs: dict[bytes, Any] = {}
-        if row is not None and row[_RUN_COLUMNS] is not None:
-            record = _row_to_record(row[_RUN_COLUMNS:])
-            if not _self_contained(record):
-                row, record, blobs = self._tx(read)  # the values too, from one snapshot
+        if record is not None and not _self_contained(record):
+            row, record, blobs = self._tx(read)
         if row is None:
             raise RunNotFoundError(run_id)
         return _row_to_run(row), self._head(run_id, record, blobs, fallback, strict)

@@ -1,0 +1,41 @@
+"""The small bounded maps the store and the LangGraph saver keep on their hot paths."""
+
+from __future__ import annotations
+
+import contextlib
+from collections import OrderedDict
+from typing import Generic, TypeVar
+
+V = TypeVar("V")
+
+
+class BoundedCache(Generic[V]):
+    """At most ``size`` entries; the first inserted go first.
+
+    What is looked up is nearly always what was inserted moments before (the parent of the
+    next checkpoint), so insertion order is as good as recency and costs nothing on a hit.
+    Lock-free and safe to share between threads: each OrderedDict operation is atomic in
+    CPython, and a racing eviction at worst drops an entry early, which only costs a miss.
+    (An OrderedDict, not a dict: it pops its first item in O(1), where a dict would rescan
+    the slots its earlier deletions left behind.)
+    """
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._data: OrderedDict[str, V] = OrderedDict()
+
+    def get(self, key: str | None) -> V | None:
+        return None if key is None else self._data.get(key)
+
+    def put(self, key: str, value: V) -> None:
+        data = self._data
+        data[key] = value
+        if len(data) > self._size:
+            with contextlib.suppress(KeyError):  # emptied by another thread meanwhile
+                data.popitem(last=False)
+
+    def drop(self, key: str) -> None:
+        self._data.pop(key, None)
+
+
+__all__ = ["BoundedCache"]
