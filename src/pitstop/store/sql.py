@@ -173,6 +173,10 @@ _CKPT = (
     "id, run_id, parent_id, step, created_at, schema_version, metadata, fields, size, added, "
     "checksum"
 )
+# A constant, not an f-string at the call: SQLite's statement cache then finds it by identity.
+_INSERT_CHECKPOINT = (
+    f"INSERT INTO pitstop_checkpoints ({_CKPT}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
 _SUMMARY = (
     "id, run_id, parent_id, step, created_at, schema_version, checksum, size, metadata, "
     "added + LENGTH(fields) + LENGTH(metadata)"  # CheckpointRecord.footprint
@@ -279,12 +283,23 @@ class Tx:
 
 
 class QmarkTx(Tx):
-    """:class:`Tx` for drivers that take ``?`` placeholders as written (SQLite)."""
+    """:class:`Tx` for drivers that take ``?`` placeholders as written (SQLite).
 
-    __slots__ = ()
+    ``cur`` is the connection (each query gets a cursor of its own, so a result is never
+    cut short by the next query); ``writer`` is one cursor kept for statements that return
+    no rows, which saves making a cursor per statement on every checkpoint.
+    """
+
+    __slots__ = ("writer",)
+
+    def __init__(self, cur: Any, dialect: Dialect, writer: Any = None) -> None:
+        self.cur = cur
+        self.dialect = dialect
+        self.after = None
+        self.writer = writer if writer is not None else cur
 
     def run(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        return self.cur.execute(sql, params)
+        return self.writer.execute(sql, params)
 
     def one(self, sql: str, params: Sequence[Any] = ()) -> Any:
         return self.cur.execute(sql, params).fetchone()
@@ -335,7 +350,10 @@ class _Parent(NamedTuple):
 
 @dataclass(slots=True)
 class _WritePlan:
-    """Everything a prepared save needs at write time (the backend payload of PreparedSave)."""
+    """Everything a prepared save needs at write time (the backend payload of PreparedSave).
+
+    Built on every checkpoint, so what most saves leave unset has a default and is assigned
+    only when given."""
 
     record: CheckpointRecord
     fields: FieldMap
@@ -347,11 +365,11 @@ class _WritePlan:
     release: bool
     workflow: str | None
     status: RunStatus | None
-    waiting_json: str | None
-    wake_at: float | None
-    consumed: list[str]
-    durability: Durability | None
-    sets_waiting: bool = True
+    waiting_json: str | None = None
+    wake_at: float | None = None
+    consumed: Sequence[str] = ()
+    durability: Durability | None = None
+    sets_waiting: bool = False
     """Whether the save sets the run's waiting_for/wake_at (it sets a status, or its
     metadata names them)."""
 
@@ -706,9 +724,8 @@ class SqlStore(Store):
         durability: Durability | None = None,
         checkpoint_id: str | None = None,
     ) -> PreparedSave:
-        _check_id("run_id", run_id)
-        meta_json = encode_metadata(metadata, run_id)
-        waiting = metadata.get("waiting_for") if metadata else None
+        if type(run_id) is not str or not 0 < len(run_id) <= 512:
+            _check_id("run_id", run_id)
         follow_head = parent_id is None
         if follow_head:
             parent_id = self._heads.get(run_id) or self._head_id(run_id)
@@ -718,24 +735,31 @@ class SqlStore(Store):
             state,
             parent.fields if parent else None,
             changed,
-            self._raws.get(parent_id) if parent_id is not None else None,
+            self._raws.get(parent_id) if parent_id is not None and changed is None else None,
         )
-        if checkpoint_id is not None:
+        if checkpoint_id is None:
+            checkpoint_id = new_id(after=parent_id)
+        else:
             _check_id("checkpoint_id", checkpoint_id)
         size = 0
         for ref in fields.values():
             size += ref.size
+        added = 0
+        if new:
+            for blob in new.values():
+                added += len(blob.data)
+        # Positional: this runs on every checkpoint (see CheckpointRecord for the order).
         record = CheckpointRecord(
-            id=checkpoint_id or new_id(after=parent_id),
-            run_id=run_id,
-            parent_id=parent_id,
-            step=step if step is not None else (parent.step + 1 if parent else 0),
-            created_at=time.time(),
-            schema_version=schema_version,
-            metadata=meta_json,
-            fields=encode_field_map(fields),
-            size=size,
-            added=sum(blob.size for blob in new.values()) if new else 0,
+            checkpoint_id,
+            run_id,
+            parent_id,
+            step if step is not None else (parent.step + 1 if parent else 0),
+            time.time(),
+            schema_version,
+            encode_metadata(metadata, run_id) if metadata else "{}",
+            encode_field_map(fields),
+            size,
+            added,
         )
         record.checksum = record.compute_checksum()
         if (
@@ -748,31 +772,25 @@ class SqlStore(Store):
             # pruned), so only new ones need a reference. Any other parent (a branch point,
             # a stale cache) may have lost its values to a prune: reference them all, and
             # the write checks that they still exist.
-            hashes = set(new).difference(stored_hashes(parent.fields)) if new else set()
+            refs = list(set(new).difference(stored_hashes(parent.fields))) if new else []
         else:
-            hashes = stored_hashes(fields)
-        plan = _WritePlan(
-            record=record,
-            fields=fields,
-            new=new,
-            refs=list(hashes),
-            follow_head=follow_head,
-            expected_head=expected_head,
-            lease=lease,
-            release=release and lease is not None,
-            workflow=workflow,
-            status=status,
-            waiting_json=json.dumps(list(waiting)) if waiting else None,
-            wake_at=_ts(metadata.get("wake_at")) if metadata else None,
-            sets_waiting=status is not None
-            or bool(metadata and ("waiting_for" in metadata or "wake_at" in metadata)),
-            consumed=list(consumed_inputs),
-            durability=durability,
-        )
+            refs = list(stored_hashes(fields))
+        plan = _WritePlan(record, fields, new, refs, follow_head, expected_head, lease,
+                          release and lease is not None, workflow, status)
+        if metadata or status is not None:
+            waiting = metadata.get("waiting_for") if metadata else None
+            plan.waiting_json = json.dumps(list(waiting)) if waiting else None
+            plan.wake_at = _ts(metadata.get("wake_at")) if metadata else None
+            plan.sets_waiting = status is not None or bool(
+                metadata and ("waiting_for" in metadata or "wake_at" in metadata)
+            )
+        if consumed_inputs:
+            plan.consumed = list(consumed_inputs)
+        plan.durability = durability
         # Known before the write, so a background writer can chain the next checkpoint on it.
-        self._fields.put(record.id, _Parent(record.id, run_id, record.step, fields))
+        self._fields.put(checkpoint_id, _Parent(checkpoint_id, run_id, record.step, fields))
         if raws:
-            self._raws.put(record.id, raws)
+            self._raws.put(checkpoint_id, raws)
         return PreparedSave(record.id, run_id, parent_id, record.step, state, plan)
 
     def commit(self, prepared: PreparedSave) -> Checkpoint:
@@ -792,7 +810,7 @@ class SqlStore(Store):
             self._externalize(plan.new.values())
         try:
             self._tx(
-                partial(self._write_checkpoint, plan=plan), write=True, durability=plan.durability
+                lambda tx: self._write_checkpoint(tx, plan), write=True, durability=plan.durability
             )
         except BaseException as exc:
             self._fields.drop(plan.record.id)
@@ -824,7 +842,7 @@ class SqlStore(Store):
                 self._heads.drop(run_id)
                 changed = None
 
-    def _write_checkpoint(self, tx: Tx, *, plan: _WritePlan) -> None:
+    def _write_checkpoint(self, tx: Tx, plan: _WritePlan) -> None:
         """The write half of :meth:`save`: move the run's head, then insert the checkpoint.
 
         The common case is one conditional UPDATE that checks the head and the lease and
@@ -853,11 +871,7 @@ class SqlStore(Store):
                 "ON CONFLICT (run_id, hash) DO NOTHING",
                 [(run_id, h) for h in plan.refs],
             )
-        tx.run(
-            f"INSERT INTO pitstop_checkpoints ({_CKPT}) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            record.row(),
-        )
+        tx.run(_INSERT_CHECKPOINT, record.row())
         if plan.consumed:
             tx.run_chunks(
                 "UPDATE pitstop_inputs SET consumed_by = ? WHERE run_id = ? "
@@ -2012,11 +2026,7 @@ class SqlStore(Store):
             )
             for i in range(0, len(data.checkpoints), _CHUNK):
                 batch = data.checkpoints[i : i + _CHUNK]
-                tx.many(
-                    f"INSERT INTO pitstop_checkpoints ({_CKPT}) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [c.row() for c in batch],
-                )
+                tx.many(_INSERT_CHECKPOINT, [c.row() for c in batch])
                 done += len(batch)
                 if progress:
                     progress(done, total)

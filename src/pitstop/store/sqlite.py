@@ -92,6 +92,7 @@ class SQLiteStore(SqlStore):
         )
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
+        self._writer: sqlite3.Cursor | None = None  # see QmarkTx
         self._pid = 0
         self._closed = False
         self._synchronous: str = durability
@@ -129,6 +130,7 @@ class SQLiteStore(SqlStore):
         if self._conn is None or self._pid != pid:
             # After fork() the inherited connection must not be used (or closed) by the child.
             self._conn = self._open()
+            self._writer = self._conn.cursor()
             self._pid = pid
         return self._conn
 
@@ -154,19 +156,20 @@ class SQLiteStore(SqlStore):
                 conn = self._conn
                 if conn is None or self._pid != current_pid():
                     conn = self._connection()
+                writer = self._writer or conn.cursor()
                 level = durability or self.durability
                 if level != self._synchronous:
                     # Per-commit durability: SQLite only lets this change outside a transaction.
                     conn.execute(f"PRAGMA synchronous={_SYNCHRONOUS[level]}")
                     self._synchronous = level
-                tx = QmarkTx(conn, SQLITE)
+                tx = QmarkTx(conn, SQLITE, writer)
                 try:
                     if alone:  # one statement: its own (implicit) transaction
                         result = fn(tx)
                     else:
-                        conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                        writer.execute("BEGIN IMMEDIATE" if write else "BEGIN")
                         result = fn(tx)
-                        conn.execute("COMMIT")
+                        writer.execute("COMMIT")
                 except BaseException as exc:
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
@@ -213,7 +216,7 @@ class SQLiteStore(SqlStore):
         with self._lock:
             if self._conn is not None and self._pid == current_pid():
                 self._conn.close()
-            self._conn = None
+            self._conn = self._writer = None
             self._closed = True
 
 
