@@ -43,16 +43,18 @@ def new_id(after: str | None = None) -> str:
     with _lock:
         ms_seq = max(_last + 1, now, floor + 1)
         _last = ms_seq
-        # 48-bit ms, version 7, 12-bit sequence, variant, 62 random bits (random's generator
-        # is seeded from the OS and reseeded in a forked child); one formatting pass.
-        h = "%032x" % (
-            (ms_seq >> 12) << 80
-            | 0x7 << 76
-            | (ms_seq & _MAX_SEQ) << 64
-            | 0b10 << 62
-            | _getrandbits(62)
+        # 48-bit ms, version 7, 12-bit sequence, variant 0b10 and 62 random bits (random's
+        # generator is seeded from the OS and reseeded in a forked child), formatted in one
+        # pass: ms high/low, version + sequence, variant + random high, random low.
+        ms = ms_seq >> 12
+        rand = _getrandbits(62)
+        _last_id = "%08x-%04x-7%03x-%04x-%012x" % (
+            ms >> 16,
+            ms & 0xFFFF,
+            ms_seq & _MAX_SEQ,
+            0x8000 | rand >> 48,
+            rand & 0xFFFFFFFFFFFF,
         )
-        _last_id = f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
         return _last_id
 
 

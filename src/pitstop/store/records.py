@@ -292,7 +292,7 @@ class Codec:
         ``parent_raw`` is what this returned for the parent, if known: a field serialising to
         the same bytes is the parent's value, known without hashing it again.
         """
-        if not isinstance(state, Mapping):
+        if type(state) is not dict and not isinstance(state, Mapping):
             raise TypeError(
                 f"run {run_id!r}: state must be a mapping of field names to values, "
                 f"not {type(state).__name__}"
@@ -306,6 +306,7 @@ class Codec:
         new: dict[bytes, NewBlob] = {}
         raws: dict[str, bytes] = {}
         fmt = self.serializer.format_id
+        inline_head = frame(b"", fmt, compress_threshold=None)  # the format byte, checked once
         for name, value in state.items():
             if name in reuse:
                 fields[name] = parent[name]
@@ -323,7 +324,7 @@ class Codec:
                     continue
                 raws[name] = raw
             if len(raw) < INLINE_MAX:
-                ref = FieldRef(b"", len(raw) + 1, frame(raw, fmt, compress_threshold=None))
+                ref = FieldRef(b"", len(raw) + 1, inline_head + raw)  # = frame(raw, fmt)
             else:
                 blob = NewBlob(
                     digest(fmt, raw), frame(raw, fmt, compress_threshold=self.compress_threshold)

@@ -852,7 +852,6 @@ class SqlStore(Store):
         record = plan.record
         run_id = record.run_id
         now = record.created_at
-        grown = record.added + len(record.metadata) + len(record.fields)
         expected = record.parent_id if plan.follow_head else plan.expected_head
         if plan.follow_head and plan.expected_head not in (UNSET, expected):
             # Following the head *and* expecting another one cannot both hold: the slow
@@ -861,7 +860,7 @@ class SqlStore(Store):
         else:
             moved = tx.run(*move_head(plan, self.dialect.is_)).rowcount
         if not moved:
-            self._first_write_or_refusal(tx, plan, grown)
+            self._first_write_or_refusal(tx, plan, record.footprint)
         if plan.refs:
             self._lock_values(tx)
             self._check_reused(tx, plan)
