@@ -83,9 +83,8 @@ import hashlib
 import heapq
 import json
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Final, TypeVar, cast
+from typing import Any, Final, NamedTuple, TypeVar, cast
 
 import ormsgpack
 from langchain_core.runnables import RunnableConfig
@@ -106,6 +105,7 @@ from ..cache import BoundedCache
 from ..errors import (
     CheckpointNotFoundError,
     ConflictError,
+    CorruptCheckpointError,
     RunNotFoundError,
     SerializationError,
 )
@@ -142,9 +142,11 @@ class ThreadConflictError(ConflictError):
     """
 
 
-@dataclass(frozen=True, slots=True)
-class _Known:
-    """What ``put`` needs of a parent to skip unchanged channels: its fields and versions."""
+class _Known(NamedTuple):
+    """What ``put`` needs of a parent to skip unchanged channels: its fields and versions.
+
+    A NamedTuple: one is built on every ``put``, and a frozen dataclass costs several times
+    as much to construct."""
 
     fields: frozenset[str]
     versions: dict[str, Any]
@@ -262,6 +264,9 @@ class PitstopSaver(BaseCheckpointSaver[int]):
         self._owns_store = isinstance(store, str)
         self.store: Store = open_store(store) if isinstance(store, str) else store
         self._known: BoundedCache[_Known] = BoundedCache(2048)
+        # run id -> the checkpoint this saver last wrote on it: a hint of the run's head for
+        # get_tuple (which reads the head anyway: another writer may have moved it).
+        self._wrote: BoundedCache[str] = BoundedCache(2048)
         # Checkpoints this process recorded an interrupt on. LangGraph saves a checkpoint and
         # the writes made on it concurrently, so its put may land after the interrupt: it
         # must not mark the run running again.
@@ -286,22 +291,35 @@ class PitstopSaver(BaseCheckpointSaver[int]):
         """The checkpoint named by ``config`` (or the thread's latest) with its pending writes."""
         thread_id, ns, run_id = _where(config)
         wanted = get_checkpoint_id(config)
-        if wanted:
+        if not wanted:
+            found = self.store.latest(run_id)
+            if found is None:
+                return None
+            return self._tuple(found, thread_id, ns, True, self._writes(found))
+        target = stored_id(wanted, run_id)
+        stored: StoredCheckpoint | None = None
+        head: str | _Unset | None = UNSET
+        if self._wrote.get(run_id) == target:
+            # The checkpoint this saver last wrote on the run (say a config that put or
+            # update_state returned), most likely still its head: one read of the run with
+            # its head instead of the checkpoint, then the run. The read says whether it is.
             try:
-                stored = self.store.get(stored_id(wanted, run_id))
+                run, found = self.store.latest_with_run(run_id)
+            except (RunNotFoundError, CorruptCheckpointError):
+                pass
+            else:
+                head = run.head_id
+                if found is not None and found.id == target:
+                    stored = found
+        if stored is None:
+            try:
+                stored = self.store.get(target)
             except CheckpointNotFoundError:
                 return None
             if stored.run_id != run_id:
                 return None
-            try:
-                head = self.store.get_run(run_id).head_id
-            except RunNotFoundError:
-                head = None
-        else:
-            found = self.store.latest(run_id)
-            if found is None:
-                return None
-            stored, head = found, found.id
+            if isinstance(head, _Unset):
+                head = self._head(run_id)
         return self._tuple(stored, thread_id, ns, stored.id == head, self._writes(stored))
 
     def list(
@@ -553,6 +571,8 @@ class PitstopSaver(BaseCheckpointSaver[int]):
                 run_id=run_id, stored=stored, state=state, parent_id=None, step=step,
                 meta=meta, changed=None, expected=UNSET, status=RunStatus.RUNNING,
             )
+        if written:
+            self._wrote.put(run_id, stored)
         interrupted = self._interrupted.get(stored)
         if interrupted:
             # An interrupt was recorded on this checkpoint while it was being written: the
@@ -618,7 +638,9 @@ class PitstopSaver(BaseCheckpointSaver[int]):
                     step=step,
                     metadata=meta,
                     changed=changed,
-                    workflow=WORKFLOW,
+                    # Like the status: a checkpoint continuing this saver's own head is on a
+                    # run whose workflow is already set (unnamed, the UPDATE is smaller).
+                    workflow=None if status is None else WORKFLOW,
                     # An interrupt recorded on it meanwhile has marked the run waiting.
                     status=None if self._interrupted.get(stored) else status,
                     expected_head=expected,
@@ -662,8 +684,9 @@ class PitstopSaver(BaseCheckpointSaver[int]):
         Special writes (``WRITES_IDX_MAP``) replace a previous write of the same task and
         index; regular writes are kept once (a repeated call changes nothing).
         """
-        _, _, run_id = _where(config)
-        checkpoint_id = config["configurable"]["checkpoint_id"]
+        conf = config["configurable"]
+        run_id = run_id_for(str(conf["thread_id"]), conf.get("checkpoint_ns") or "")
+        checkpoint_id = conf["checkpoint_id"]
         dumps = self.serde.dumps_typed
         records: dict[str, bytes] = {}
         interrupted = False
@@ -846,11 +869,15 @@ def _ran(seen: Mapping[str, Any], parent: _Known | None) -> str | None:
     since the parent (None if the parent is not known here)."""
     if parent is None:
         return None
-    ran = sorted(
+    before = parent.seen
+    ran = [
         node
         for node, versions in seen.items()
-        if node != INTERRUPT and parent.seen.get(node) != versions
-    )
+        if node != INTERRUPT and before.get(node) != versions
+    ]
+    if not ran:
+        return None
+    ran.sort()
     return ",".join(ran) or None
 
 
