@@ -680,6 +680,24 @@ def test_expected_head_holds_when_following_the_head(store: Store) -> None:
     assert len(store.history("r")) == 2
 
 
+def test_a_first_checkpoint_on_a_run_another_handle_wrote_is_refused(
+    store_url: str, open_store: Callable[..., Store]
+) -> None:
+    """expected_head=None (what starting a run sends) skips reading the head: the write's
+    check must still refuse it, once, when the run already has checkpoints."""
+    if store_url == "memory://":
+        pytest.skip("needs two handles on one store")
+    writer, starter = open_store(), open_store()
+    head = writer.save("r", {"a": 1})
+    with pytest.raises(ConflictError) as info:
+        starter.save("r", {"a": 2}, expected_head=None)
+    assert (info.value.expected, info.value.actual) == (None, head.id)
+    starter.create_run("empty")
+    first = starter.save("empty", {"a": 1}, expected_head=None)  # a created run has no head
+    assert first.parent_id is None and writer.latest("empty") == first
+    assert [c.id for c in writer.history("r")] == [head.id]
+
+
 def test_a_branch_from_a_pruned_away_value_is_refused_not_dangling(
     store_url: str, open_store: Callable[..., Store]
 ) -> None:

@@ -728,7 +728,11 @@ class SqlStore(Store):
             _check_id("run_id", run_id)
         follow_head = parent_id is None
         if follow_head:
-            parent_id = self._heads.get(run_id) or self._head_id(run_id)
+            parent_id = self._heads.get(run_id)
+            if parent_id is None and expected_head is not None:
+                # (expected_head=None: the caller says the run has no checkpoint yet, as
+                # when a run starts; the write checks that, so no read of the head first.)
+                parent_id = self._head_id(run_id)
         parent = self._parent(None, parent_id) if parent_id is not None else None
         fields, new, raws = self._codec.encode_state(
             run_id,
@@ -890,8 +894,8 @@ class SqlStore(Store):
             (run_id,),
         )
         actual = row[0] if row else None
-        if plan.follow_head and actual != record.parent_id:
-            raise _HeadMoved(actual)
+        # The caller's expectation first: when it fails, re-reading the head (what
+        # _HeadMoved leads to) cannot make it hold.
         if plan.expected_head is not UNSET and actual != plan.expected_head:
             raise ConflictError(
                 "another checkpoint was written first",
@@ -899,6 +903,8 @@ class SqlStore(Store):
                 expected=plan.expected_head,
                 actual=actual,
             )
+        if plan.follow_head and actual != record.parent_id:
+            raise _HeadMoved(actual)
         self._check_lease(run_id, row, plan.lease, record.created_at)
         if row is not None:  # pragma: no cover - the UPDATE would have matched
             raise _HeadMoved(actual)
