@@ -195,19 +195,7 @@ class CheckpointRecord:
     def checkpoint(self, state: dict[str, Any]) -> Checkpoint:
         """This record as a :class:`Checkpoint` holding ``state`` (no keyword plumbing: it is
         built on every save)."""
-        ckpt = object.__new__(Checkpoint)
-        ckpt._fill(
-            self.id,
-            self.run_id,
-            self.parent_id,
-            self.step,
-            self.created_at,
-            self.schema_version,
-            self.checksum,
-            self.size,
-            self.metadata,
-            self.added + len(self.metadata) + len(self.fields),  # footprint
-        )
+        ckpt = Checkpoint._from_row(*self._summary_row())
         ckpt.state = state
         ckpt.skipped = ()
         return ckpt
