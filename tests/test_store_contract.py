@@ -265,6 +265,36 @@ def test_runs_filters(store: Store) -> None:
     assert store.create_run("q1", exist_ok=True).status is RunStatus.QUEUED
 
 
+def test_runs_by_id_prefix_keyset_pages_and_counts(store: Store) -> None:
+    # Ten runs, created in one burst: some share a creation time, so the keyset must break
+    # ties by id, and every run must appear exactly once across the pages.
+    for i in range(10):
+        store.create_run(f"job-{i:02d}", workflow="w" if i % 2 else "v",
+                         status=RunStatus.QUEUED if i < 4 else RunStatus.COMPLETED)
+    store.create_run("other-1", status=RunStatus.WAITING)
+    newest_first = [r.id for r in store.runs(limit=None)]
+    seen: list[str] = []
+    before = None
+    while True:
+        page = store.runs(limit=3, before=before)
+        if not page:
+            break
+        seen.extend(r.id for r in page)
+        before = page[-1].id
+    assert seen == newest_first
+    assert len(set(seen)) == 11
+    assert {r.id for r in store.runs(id_prefix="job-0", limit=None)} == {
+        f"job-{i:02d}" for i in range(10)}
+    assert [r.id for r in store.runs(id_prefix="other")] == ["other-1"]
+    assert store.runs(id_prefix="%") == []  # not a pattern
+    assert store.runs(before="no-such-run") == []
+    assert store.count_runs() == {"queued": 4, "completed": 6, "waiting": 1}
+    assert store.count_runs(workflow="w") == {"queued": 2, "completed": 3}
+    assert store.count_runs(id_prefix="other", status="waiting") == {"waiting": 1}
+    assert store.count_runs(status="failed") == {}
+    assert asyncio.run(store.aio.count_runs(id_prefix="job")) == {"queued": 4, "completed": 6}
+
+
 def test_update_run_merges_metadata(store: Store) -> None:
     store.create_run("r", metadata={"a": 1})
     run = store.update_run("r", status=RunStatus.FAILED, metadata={"b": 2})

@@ -379,10 +379,32 @@ class Store(ABC):
         since: datetime | float | None = None,
         until: datetime | float | None = None,
         metadata: Mapping[str, Any] | None = None,
+        id_prefix: str | None = None,
+        before: str | None = None,
         limit: int | None = 100,
         offset: int = 0,
     ) -> list[Run]:
-        """Runs newest first, filtered by status, workflow, creation time and metadata values."""
+        """Runs newest first, filtered by status, workflow, creation time, metadata values
+        and the start of their id.
+
+        Paginate with ``before=<id of the last run of the previous page>`` (keyset paging:
+        as fast on the thousandth page as on the first, and no run is skipped or repeated
+        when new runs arrive meanwhile), or with ``offset``.
+        """
+
+    @abstractmethod
+    def count_runs(
+        self,
+        *,
+        status: RunStatus | str | Iterable[RunStatus | str] | None = None,
+        workflow: str | None = None,
+        since: datetime | float | None = None,
+        until: datetime | float | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        id_prefix: str | None = None,
+    ) -> dict[str, int]:
+        """How many runs match these filters (the same as :meth:`runs`), by status value;
+        statuses with no run are left out."""
 
     @abstractmethod
     def update_run(

@@ -1206,9 +1206,60 @@ class SqlStore(Store):
         since: datetime | float | None = None,
         until: datetime | float | None = None,
         metadata: Mapping[str, Any] | None = None,
+        id_prefix: str | None = None,
+        before: str | None = None,
         limit: int | None = 100,
         offset: int = 0,
     ) -> list[Run]:
+        where, params = self._run_filters(status, workflow, since, until, metadata, id_prefix)
+        if before is not None:
+            # Keyset paging: the rows after ``before`` in (created_at DESC, run_id DESC)
+            # order, found through the index however deep the page is (OFFSET walks them).
+            where.append(
+                "(created_at < (SELECT created_at FROM pitstop_runs WHERE run_id = ?) OR "
+                "(created_at = (SELECT created_at FROM pitstop_runs WHERE run_id = ?) "
+                "AND run_id < ?))"
+            )
+            params.extend([before, before, before])
+        sql = f"SELECT {_RUN} FROM pitstop_runs"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY created_at DESC, run_id DESC"
+        if limit is not None:
+            sql += " LIMIT ? OFFSET ?"
+            params.extend([limit, offset])
+        elif offset:
+            raise ValueError("offset needs a limit")
+        return [_row_to_run(r) for r in self._tx(lambda tx: tx.all(sql, params))]
+
+    def count_runs(
+        self,
+        *,
+        status: RunStatus | str | Iterable[RunStatus | str] | None = None,
+        workflow: str | None = None,
+        since: datetime | float | None = None,
+        until: datetime | float | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        id_prefix: str | None = None,
+    ) -> dict[str, int]:
+        where, params = self._run_filters(status, workflow, since, until, metadata, id_prefix)
+        sql = "SELECT status, COUNT(*) FROM pitstop_runs"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " GROUP BY status"
+        return {r[0]: int(r[1]) for r in self._tx(lambda tx: tx.all(sql, params))}
+
+    def _run_filters(
+        self,
+        status: RunStatus | str | Iterable[RunStatus | str] | None,
+        workflow: str | None,
+        since: datetime | float | None,
+        until: datetime | float | None,
+        metadata: Mapping[str, Any] | None,
+        id_prefix: str | None,
+    ) -> tuple[list[str], list[Any]]:
+        """The WHERE clauses (and their params) that :meth:`runs` and :meth:`count_runs`
+        share."""
         where: list[str] = []
         params: list[Any] = []
         statuses = _statuses(status)
@@ -1224,20 +1275,15 @@ class SqlStore(Store):
         if until is not None:
             where.append("created_at < ?")
             params.append(_ts(until))
+        if id_prefix:
+            # substr, not LIKE: no escaping of % and _, the same text on both dialects.
+            where.append("substr(run_id, 1, ?) = ?")
+            params.extend([len(id_prefix), id_prefix])
         for key, value in (metadata or {}).items():
             clause, values = self.dialect.json_equals("metadata", key, value)
             where.append(clause)
             params.extend(values)
-        sql = f"SELECT {_RUN} FROM pitstop_runs"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY created_at DESC, run_id DESC"
-        if limit is not None:
-            sql += " LIMIT ? OFFSET ?"
-            params.extend([limit, offset])
-        elif offset:
-            raise ValueError("offset needs a limit")
-        return [_row_to_run(r) for r in self._tx(lambda tx: tx.all(sql, params))]
+        return where, params
 
     def update_run(
         self,
