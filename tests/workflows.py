@@ -7,6 +7,7 @@ state deterministically, every 7th recording an external effect into a log file 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 import uuid
@@ -122,3 +123,48 @@ jobs_short_lease = make_jobs(lease_ttl=2.0)
 def jobs_expected(n: int, log: str) -> dict[str, Any]:
     return {"n": n, "log": log, "trail": ["fetch", "transform", "load"],
             "fetch": n * 5, "transform": n * 9, "load": n * 4}
+
+
+# -- ctx.map: the crash-test workflow -------------------------------------------------------------
+
+MAP_ITEMS = 50
+MAP_CONCURRENCY = 5
+
+
+def _append(path: str, line: str) -> None:
+    with open(path, "a") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _mail(path: str, item: int, *, idempotency_key: str) -> str:
+    nonce = uuid.uuid4().hex
+    _append(path, f"mail {os.getpid()} {item} {nonce}")
+    return nonce
+
+
+mapper = pitstop.Workflow("mapper")
+
+
+@mapper.step
+def fan_out(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
+    """50 items, 5 at a time, each sending an "e-mail" through ctx.effect and taking 30 ms."""
+    log = state["log"]
+
+    def item(i: int) -> dict[str, Any]:
+        _append(log, f"start {os.getpid()} {i}")
+        nonce = ctx.effect(f"mail-{i}", _mail, log, i)
+        time.sleep(0.03)
+        return {"square": i * i, "pid": os.getpid(), "nonce": nonce}
+
+    async def async_item(i: int) -> dict[str, Any]:
+        _append(log, f"start {os.getpid()} {i}")
+        nonce = await ctx.aeffect(f"mail-{i}", _mail, log, i)
+        await asyncio.sleep(0.03)
+        return {"square": i * i, "pid": os.getpid(), "nonce": nonce}
+
+    fn = async_item if os.environ.get("MAPPER_KIND") == "async" else item
+    out = ctx.map(fn, range(MAP_ITEMS), concurrency=MAP_CONCURRENCY, name="items")
+    return {"squares": [r["square"] for r in out], "pids": [r["pid"] for r in out],
+            "nonces": [r["nonce"] for r in out]}

@@ -197,12 +197,35 @@ class SchemaVersionError(PitstopError):
         super().__init__(f"run {run_id!r}, checkpoint {checkpoint_id}: {message}")
 
 
+class MapItemError(PitstopError):
+    """An item of ``ctx.map`` raised: names the run, the step and the item
+    (``map[name][index]``); the item's own exception is ``error`` (and ``__cause__``).
+
+    The items that completed are recorded, so the step's retry runs only the others.
+    """
+
+    def __init__(
+        self, run_id: str, step: str, name: str, index: int, error: BaseException
+    ) -> None:
+        self.run_id = run_id
+        self.step = step
+        self.name = name
+        self.index = index
+        self.error = error
+        super().__init__(
+            f"run {run_id!r}, step {step!r}: map[{name}][{index}] raised "
+            f"{type(error).__name__}: {error}"
+        )
+        self.__cause__ = error
+
+
 __all__ = [
     "CheckpointNotFoundError",
     "ConflictError",
     "CorruptCheckpointError",
     "InputError",
     "LeaseLostError",
+    "MapItemError",
     "NotFoundError",
     "PitstopError",
     "RunBusyError",

@@ -6,7 +6,7 @@ import asyncio
 import inspect
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +47,7 @@ class StepContext:
         self.timed_out = timed_out
         self._effects: set[str] = set()
         self._timers = 0
+        self._maps: set[str] = set()
 
     @property
     def log(self) -> logging.LoggerAdapter[logging.Logger]:
@@ -128,6 +129,81 @@ class StepContext:
         return await asyncio.to_thread(
             store.record_effect, self._x.run_id, key, result, checkpoint_id=self._x.parent_id
         )
+
+    # -- parallel work -----------------------------------------------------------------------
+
+    def map(
+        self,
+        fn: Callable[[Any], Any],
+        items: Iterable[Any],
+        /,
+        *,
+        concurrency: int = 8,
+        name: str | None = None,
+        return_exceptions: bool = False,
+    ) -> list[Any]:
+        """``[fn(item) for item in items]``, ``concurrency`` items at a time; results in the
+        order of ``items``.
+
+        Sync functions run in a pool of ``concurrency`` threads, async ones as tasks on an
+        event loop. Each item's result is recorded as soon as it completes (keyed by the
+        map's ``name`` — the function's name by default — and the item's index), so when
+        this step runs again after a crash or a retry only the items without a result run.
+        An item that raises fails the step with :class:`~pitstop.MapItemError` naming its
+        index once the items in flight finished (their results are kept); with
+        ``return_exceptions=True`` the exception is that item's result instead (and the
+        item runs again if the step does). Results must be serialisable like state.
+        """
+        from .parallel import MapPlan, is_async_callable, run_map
+
+        if is_async_callable(self._x.wf.steps[self.step].fn):
+            raise TypeError(
+                f"run {self.run_id!r}, step {self.step!r}: use `await ctx.amap(...)` in an "
+                "async step"
+            )
+        plan = MapPlan(self, fn, items, concurrency=concurrency, name=name,
+                       return_exceptions=return_exceptions)
+        return run_map(plan)
+
+    async def amap(
+        self,
+        fn: Callable[[Any], Any],
+        items: Iterable[Any],
+        /,
+        *,
+        concurrency: int = 8,
+        name: str | None = None,
+        return_exceptions: bool = False,
+    ) -> list[Any]:
+        """:meth:`map` for async steps: async functions run as tasks on this event loop,
+        sync ones in a pool of ``concurrency`` threads."""
+        from .parallel import MapPlan, run_amap
+
+        plan = MapPlan(self, fn, items, concurrency=concurrency, name=name,
+                       return_exceptions=return_exceptions)
+        return await run_amap(plan)
+
+    def _map_name(self, name: str | None, fn: Callable[..., Any]) -> str:
+        """The map's name in its records: the one given (unique in the step), or the
+        function's name, numbered from the second map of that function on."""
+        if name is not None:
+            if not isinstance(name, str) or not name:
+                raise TypeError(f"run {self.run_id!r}, step {self.step!r}: a map's name must "
+                                f"be a non-empty string, not {name!r}")
+            if name in self._maps:
+                raise ValueError(
+                    f"run {self.run_id!r}, step {self.step!r}: map {name!r} used twice in one "
+                    "step; give each map its own name"
+                )
+            self._maps.add(name)
+            return name
+        base = getattr(fn, "__name__", None) or type(fn).__name__
+        candidate, n = base, 1
+        while candidate in self._maps:
+            n += 1
+            candidate = f"{base}#{n}"
+        self._maps.add(candidate)
+        return candidate
 
     # -- checkpoints and timers -------------------------------------------------------------------
 

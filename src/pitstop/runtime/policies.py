@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
 
+from ..errors import MapItemError
+
 WorkflowDurability = Literal["full", "normal", "background"]
 """``full``: every checkpoint is on stable storage before the next step starts.
 ``normal``: every checkpoint survives a crash of the process (not necessarily power loss).
@@ -90,7 +92,12 @@ class Retry:
         return max(0.0, base * (1 + random.uniform(-self.jitter, self.jitter)))
 
     def retries(self, exc: BaseException, attempt: int) -> bool:
-        return attempt < self.attempts and isinstance(exc, self.on)
+        if attempt >= self.attempts:
+            return False
+        # A ctx.map item's failure is judged by the item's own exception.
+        return isinstance(exc, self.on) or (
+            isinstance(exc, MapItemError) and isinstance(exc.error, self.on)
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,221 @@
+"""Parallel work benchmark (issue #17): what ``ctx.map`` costs over running items by hand.
+
+    .venv/bin/python bench/parallel.py            # full run
+    .venv/bin/python bench/parallel.py --quick
+
+1. Wall time of 100 async items that each await 50 ms, ``concurrency=20`` (target: <= 0.4 s,
+   about five rounds of 50 ms), through ``await ctx.amap`` in an async step and ``ctx.map``
+   in a sync step, next to the floor: the same items under an ``asyncio.Semaphore`` with
+   nothing recorded.
+2. Recording overhead per item on SQLite (target: <= 0.2 ms): a map of items that return at
+   once, minus the same items run without pitstop, divided by the item count. Measured for
+   async items at concurrency 20 (results that finish together share a write), for async
+   items one at a time (every result its own write: the worst case) and for sync items in
+   the thread pool; next to recording each item by hand with ``ctx.aeffect`` (a lookup and
+   a write per item), what a step without ``ctx.map`` would do.
+
+Rounds are interleaved (each round measures every variant once) and figures are medians, so
+a slow spell of the shared machine lands on all variants alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from _common import fmt_time, save_results, table  # bench/_common.py (takes bench/ off the path)
+
+import pitstop
+
+
+async def sleepy(x: int) -> int:
+    await asyncio.sleep(0.05)
+    return x
+
+
+async def instant(x: int) -> int:
+    return x
+
+
+def instant_sync(x: int) -> int:
+    return x
+
+
+class Timed:
+    """A workflow of one step whose body is timed from inside (no run start/finish cost)."""
+
+    def __init__(self, store: pitstop.Store, name: str, body: Callable[..., Any]) -> None:
+        self.store = store
+        self.seconds = 0.0
+        self.wf = pitstop.Workflow(name)
+        timed = self
+
+        if asyncio.iscoroutinefunction(body):
+
+            @self.wf.step(name="fan")
+            async def fan_async(state: dict[str, Any], ctx: pitstop.StepContext) -> Any:
+                t0 = time.perf_counter()
+                out = await body(ctx)
+                timed.seconds = time.perf_counter() - t0
+                return {"n": len(out)}
+        else:
+
+            @self.wf.step(name="fan")
+            def fan(state: dict[str, Any], ctx: pitstop.StepContext) -> Any:
+                t0 = time.perf_counter()
+                out = body(ctx)
+                timed.seconds = time.perf_counter() - t0
+                return {"n": len(out)}
+
+    def once(self) -> float:
+        if asyncio.iscoroutinefunction(self.wf.steps["fan"].fn):
+            result = asyncio.run(self.wf.astart(self.store, {}))
+        else:
+            result = self.wf.start(self.store, {})
+        assert result.status is pitstop.RunStatus.COMPLETED, result.error
+        return self.seconds
+
+
+def floor_async(fn: Callable[[int], Coroutine[Any, Any, int]], n: int, concurrency: int) -> float:
+    async def main() -> float:
+        gate = asyncio.Semaphore(concurrency)
+
+        async def one(x: int) -> int:
+            async with gate:
+                return await fn(x)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(x) for x in range(n)))
+        return time.perf_counter() - t0
+
+    return asyncio.run(main())
+
+
+def floor_threads(n: int, concurrency: int) -> float:
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(instant_sync, range(n)))
+    return time.perf_counter() - t0
+
+
+def primitives(store: pitstop.Store, n: int = 200) -> dict[str, float]:
+    """What one write and one thread hop cost right now: the load the figures were taken
+    under, since a map one item at a time pays one of each per item."""
+    store.create_run("primitives", exist_ok=True)
+    t0 = time.perf_counter()
+    for i in range(n):
+        store.record_effects("primitives", {f"k{time.time_ns()}-{i}": i})
+    commit = (time.perf_counter() - t0) / n
+
+    async def hops() -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            await asyncio.to_thread(int)
+        return (time.perf_counter() - t0) / n
+
+    return {"one SQLite write (1 row)": commit, "one asyncio.to_thread hop": asyncio.run(hops())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds")
+    args = parser.parse_args()
+    rounds = 5 if args.quick else 15
+    items = 500  # per overhead measurement
+
+    with tempfile.TemporaryDirectory() as tmp:
+        store = pitstop.open_store(f"sqlite:///{Path(tmp) / 'bench.db'}")
+
+        async def amap_sleepy(ctx: pitstop.StepContext) -> list[Any]:
+            return await ctx.amap(sleepy, range(100), concurrency=20)
+
+        def map_sleepy(ctx: pitstop.StepContext) -> list[Any]:
+            return ctx.map(sleepy, range(100), concurrency=20)
+
+        def amap_instant(concurrency: int) -> Callable[..., Any]:
+            async def body(ctx: pitstop.StepContext) -> list[Any]:
+                return await ctx.amap(instant, range(items), concurrency=concurrency)
+
+            return body
+
+        def map_threads(ctx: pitstop.StepContext) -> list[Any]:
+            return ctx.map(instant_sync, range(items), concurrency=8)
+
+        async def by_hand(ctx: pitstop.StepContext) -> list[Any]:
+            gate = asyncio.Semaphore(20)
+
+            async def one(x: int) -> Any:
+                async with gate:
+                    return await ctx.aeffect(f"item-{x}", instant, x)
+
+            return await asyncio.gather(*(one(x) for x in range(items)))
+
+        wall = {
+            "await ctx.amap (async step)": Timed(store, "wall-amap", amap_sleepy),
+            "ctx.map (sync step)": Timed(store, "wall-map", map_sleepy),
+        }
+        overhead = {
+            "async, concurrency 20": (Timed(store, "ov-a20", amap_instant(20)),
+                                      lambda: floor_async(instant, items, 20)),
+            "async, concurrency 1": (Timed(store, "ov-a1", amap_instant(1)),
+                                     lambda: floor_async(instant, items, 1)),
+            "sync threads, concurrency 8": (Timed(store, "ov-t8", map_threads),
+                                            lambda: floor_threads(items, 8)),
+            "ctx.aeffect per item (by hand), concurrency 20": (
+                Timed(store, "ov-hand", by_hand), lambda: floor_async(instant, items, 20)),
+        }
+        samples: dict[str, list[float]] = {name: [] for name in [*wall, "floor (asyncio)"]}
+        per_item: dict[str, list[float]] = {name: [] for name in overhead}
+        for _ in range(2):  # warm-up
+            for timed in wall.values():
+                timed.once()
+            for timed, floor in overhead.values():
+                timed.once()
+                floor()
+        reference: dict[str, list[float]] = {}
+        for _ in range(rounds):
+            for name, seconds in primitives(store).items():
+                reference.setdefault(name, []).append(seconds)
+            samples["floor (asyncio)"].append(floor_async(sleepy, 100, 20))
+            for name, timed in wall.items():
+                samples[name].append(timed.once())
+            for name, (timed, floor) in overhead.items():
+                mapped = timed.once()
+                per_item[name].append((mapped - floor()) / items)
+        store.close()
+
+    wall_rows = [
+        [name, fmt_time(statistics.median(s)), "<= 0.4 s" if name != "floor (asyncio)" else ""]
+        for name, s in samples.items()
+    ]
+    over_rows = [[name, fmt_time(statistics.median(s)), "<= 0.2 ms"] for name, s in
+                 per_item.items()]
+    over_rows += [[f"(reference) {name}", fmt_time(statistics.median(s)), ""]
+                  for name, s in reference.items()]
+    markdown = (
+        "100 async items x 50 ms, concurrency=20 (median of "
+        f"{rounds} rounds):\n\n"
+        + table(["variant", "wall time", "target"], wall_rows)
+        + f"\n\nRecording overhead per item on SQLite ({items} items that return at once, "
+        "minus the same items without pitstop):\n\n"
+        + table(["variant", "per item", "target"], over_rows)
+    )
+    print(markdown)
+    data = {
+        "wall_seconds": {k: statistics.median(v) for k, v in samples.items()},
+        "overhead_per_item_seconds": {k: statistics.median(v) for k, v in per_item.items()},
+        "reference_seconds": {k: statistics.median(v) for k, v in reference.items()},
+        "rounds": rounds,
+    }
+    print("\nresults:", save_results("parallel", "bench/parallel.py", data, markdown))
+
+
+if __name__ == "__main__":
+    main()
