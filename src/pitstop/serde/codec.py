@@ -32,6 +32,7 @@ import ormsgpack
 
 from pitstop.errors import SerializationError, UnregisteredTypeError
 
+from . import tensors
 from .base import UnknownObject, defined_in_python, type_name_of
 from .registry import (
     BUILTIN_BASES,
@@ -80,6 +81,8 @@ class ExtCode(enum.IntEnum):
     # 48-63: numpy.
     NDARRAY = 48  # [dtype descr, [dim, ...], raw bytes in C order]
     NUMPY_SCALAR = 49  # [dtype descr, raw bytes]
+    # 64-79: torch (see serde/tensors.py).
+    TENSOR = 64  # [dtype name, [dim, ...], dims order in memory | nil, raw bytes, flags]
     # tz above: nil (naive) | str (zoneinfo key) | [offset µs] | [offset µs, name] (timezone)
 
 
@@ -286,6 +289,10 @@ def _encode_numpy_scalar(value: Any, kids: _Children, reg: Any) -> tuple[int, ob
     return ExtCode.NUMPY_SCALAR, [_numpy_descr(value.dtype), value.tobytes()]
 
 
+def _encode_tensor(value: Any, kids: _Children, reg: Any) -> tuple[int, object]:
+    return ExtCode.TENSOR, tensors.encode_tensor(value)
+
+
 def _date_parts(v: Any) -> list[object]:
     return [v.year, v.month, v.day]
 
@@ -389,6 +396,8 @@ def _encoder_for(cls: type, registry: TypeRegistry) -> tuple[Encoder, Registrati
             return _encode_ndarray, None
         if issubclass(cls, np.generic):
             return _encode_numpy_scalar, None
+    if module.startswith("torch") and tensors.is_tensor_class(cls):
+        return _encode_tensor, None
     raise _unsupported(cls)
 
 
@@ -820,6 +829,10 @@ def _decode_ndarray(payload: Any, kids: _Children, dec: _Decoder) -> object:
     return np.frombuffer(raw, dtype=dtype, count=count).reshape(dims).copy()  # copy: writable
 
 
+def _decode_tensor(payload: Any, kids: _Children, dec: _Decoder) -> object:
+    return tensors.decode_tensor(_expect(payload, list), dec.strict)
+
+
 def _decode_numpy_scalar(payload: Any, kids: _Children, dec: _Decoder) -> object:
     descr, raw = _expect(payload, list)
     np = _numpy_or_none(dec)
@@ -859,6 +872,7 @@ _DECODERS: Final[dict[int, Decoder]] = {
     ExtCode.BUILTIN_SUBCLASS: _decode_builtin_subclass,
     ExtCode.NDARRAY: _decode_ndarray,
     ExtCode.NUMPY_SCALAR: _decode_numpy_scalar,
+    ExtCode.TENSOR: _decode_tensor,
 }
 
 

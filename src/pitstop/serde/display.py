@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .base import UnknownObject, type_name_of
+from .tensors import is_tensor_class
 
 _MAX_DEPTH = 64
 _BYTES_PREVIEW = 32
@@ -75,6 +76,13 @@ class _View:
         module = cls.__module__
         if module == "numpy" or module.startswith("numpy."):
             return self._numpy(value, depth)
+        if module.startswith("torch") and is_tensor_class(cls):
+            flat = value.detach().reshape(-1)[:_ARRAY_PREVIEW]
+            return {
+                "$tensor": str(value.dtype).removeprefix("torch."),
+                "shape": list(value.shape),
+                "preview": self.convert(flat.tolist(), depth + 1),
+            }
         # Subclasses of the basic types, reduced through the base type so no override runs.
         if isinstance(value, bool):
             return bool(value)
