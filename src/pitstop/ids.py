@@ -11,6 +11,7 @@ the id. Two properties matter beyond the RFC:
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -20,7 +21,14 @@ _last = 0  # last (unix_ms << 12 | seq) handed out by this process
 _last_id = ""  # and the id made from it
 
 _MAX_SEQ = 0xFFF
-_getrandbits = random.getrandbits
+# A generator of our own, seeded from the OS: the global one belongs to the program. Drawing
+# from it would shift a seeded program's random stream whenever it checkpoints (a resumed
+# training run would not match an uninterrupted one), and a program that seeds it would make
+# every process draw the same "random" bits. Reseeded in a forked child, as random's is.
+_random = random.Random()
+_getrandbits = _random.getrandbits
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_random.seed)
 
 
 def _parse(uuid_str: str) -> int:
@@ -43,8 +51,7 @@ def new_id(after: str | None = None) -> str:
     with _lock:
         ms_seq = max(_last + 1, now, floor + 1)
         _last = ms_seq
-        # 48-bit ms, version 7, 12-bit sequence, variant 0b10 and 62 random bits (random's
-        # generator is seeded from the OS and reseeded in a forked child), formatted in one
+        # 48-bit ms, version 7, 12-bit sequence, variant 0b10 and 62 random bits, formatted in one
         # pass: ms high/low, version + sequence, variant + random high, random low.
         ms = ms_seq >> 12
         rand = _getrandbits(62)
