@@ -31,6 +31,7 @@ from .errors import (
     UnsupportedStoreError,
 )
 from .model import Checkpoint, CheckpointSummary, Run, RunStatus
+from .rng import rng_state, set_rng_state
 from .serde import MsgpackSerializer, PickleSerializer, TypeRegistry, register
 from .store import (
     Input,
@@ -48,12 +49,13 @@ __version__ = "0.1.0"
 # The runtime (and asyncio with it) is imported on first use, so tools that only read a store,
 # like `pitstop runs`, start fast.
 _RUNTIME = frozenset(
-    {"CheckpointPolicy", "Retry", "RunResult", "StepContext", "StepFailedError", "Worker",
-     "Workflow", "finish", "goto", "send"}
+    {"CheckpointPolicy", "Checkpointer", "Retry", "RunResult", "StepContext", "StepFailedError",
+     "Worker", "Workflow", "finish", "goto", "send"}
 )
 
 if TYPE_CHECKING:
     from .runtime import (
+        Checkpointer,
         CheckpointPolicy,
         Retry,
         RunResult,
@@ -81,6 +83,7 @@ __all__ = [
     "CheckpointNotFoundError",
     "CheckpointPolicy",
     "CheckpointSummary",
+    "Checkpointer",
     "ConflictError",
     "CorruptCheckpointError",
     "Input",
@@ -120,5 +123,7 @@ __all__ = [
     "goto",
     "open_store",
     "register",
+    "rng_state",
     "send",
+    "set_rng_state",
 ]

@@ -2,12 +2,14 @@
 
 from .context import StepContext
 from .engine import RunResult, StepFailedError
+from .loop import Checkpointer
 from .policies import CheckpointPolicy, Finish, Goto, Retry, WorkflowDurability, finish, goto
 from .worker import Worker, WorkerStats, run_until_idle
 from .workflow import Workflow, send
 
 __all__ = [
     "CheckpointPolicy",
+    "Checkpointer",
     "Finish",
     "Goto",
     "Retry",

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
@@ -34,12 +36,44 @@ class CheckpointPolicy:
     """Or: after a step once this many seconds have passed since the last checkpoint."""
     milestones_only: bool = False
     """Or: only after steps marked ``milestone=True`` (and the mandatory points above)."""
+    overhead: float | None = None
+    """Automatic interval (:meth:`auto`): the share of time checkpoints may take."""
+    mtbf: float | None = None
+    """Automatic interval: mean seconds between failures, for the Young/Daly optimum."""
 
     def __post_init__(self) -> None:
         if self.every < 1:
             raise ValueError("every must be >= 1")
         if self.seconds is not None and self.seconds < 0:
             raise ValueError("seconds must be >= 0")
+        if self.overhead is not None and not 0 < self.overhead < 1:
+            raise ValueError("overhead must be between 0 and 1 (0.05 is 5%)")
+        if self.mtbf is not None and self.mtbf <= 0:
+            raise ValueError("mtbf must be > 0 seconds")
+
+    @classmethod
+    def auto(
+        cls, overhead: float = 0.05, mtbf: float | timedelta | None = None
+    ) -> CheckpointPolicy:
+        """Pick the interval from measurements: checkpoints take at most ``overhead`` of the
+        time (0.05: 5%).
+
+        The policy measures what each checkpoint it takes costs the caller (the time the
+        loop or step was blocked: with asynchronous saves, only the snapshot) and checkpoints
+        again once enough work has passed that the cost stays within the budget: an interval
+        of ``cost * (1 - overhead) / overhead`` seconds. Given the mean time between failures
+        ``mtbf``, it uses the Young/Daly optimum ``sqrt(2 * cost * mtbf)`` instead, which
+        minimises the expected time lost to checkpoints plus rework, but never checkpoints
+        more often than the budget allows. The first chance after the start (or a resume)
+        takes a checkpoint, which is how the cost is first measured.
+        """
+        seconds = mtbf.total_seconds() if isinstance(mtbf, timedelta) else mtbf
+        return cls(every=_NEVER, overhead=overhead, mtbf=seconds)
+
+    def schedule(self, clock: Callable[[], float] = time.monotonic) -> Schedule:
+        """A fresh decision-maker for one run (an automatic policy's measurements are per
+        run). ``clock`` is for tests."""
+        return Schedule(self, clock)
 
     @classmethod
     def every_step(cls) -> CheckpointPolicy:
@@ -52,7 +86,7 @@ class CheckpointPolicy:
     @classmethod
     def every_seconds(cls, seconds: float | timedelta) -> CheckpointPolicy:
         s = seconds.total_seconds() if isinstance(seconds, timedelta) else float(seconds)
-        return cls(every=1_000_000_000, seconds=s)
+        return cls(every=_NEVER, seconds=s)
 
     @classmethod
     def milestones(cls) -> CheckpointPolicy:
@@ -66,6 +100,63 @@ class CheckpointPolicy:
         if self.seconds is not None and seconds_since >= self.seconds:
             return True
         return steps_since >= self.every
+
+
+_NEVER = 1_000_000_000  # "every" of a policy that counts seconds, not steps
+
+
+class Schedule:
+    """When a policy's next checkpoint is due, for one run: asked once per step or loop
+    iteration (:meth:`due`), told what each checkpoint cost (:meth:`taken`)."""
+
+    __slots__ = ("_clock", "_last_call", "_since", "cost", "policy", "step_time", "steps_since")
+
+    def __init__(self, policy: CheckpointPolicy, clock: Callable[[], float]) -> None:
+        self.policy = policy
+        self._clock = clock
+        self._since = self._last_call = clock()
+        self.steps_since = 0
+        self.cost: float | None = None
+        """Measured seconds a checkpoint blocks the caller (a moving average)."""
+        self.step_time: float | None = None
+        """Measured seconds between calls of :meth:`due` (a moving average)."""
+
+    @property
+    def interval(self) -> float | None:
+        """Seconds of work between checkpoints an automatic policy aims at (None: not
+        automatic, or no cost measured yet)."""
+        budget, cost = self.policy.overhead, self.cost
+        if budget is None or cost is None:
+            return None
+        interval = cost * (1 - budget) / budget
+        if self.policy.mtbf is not None:
+            interval = max(interval, math.sqrt(2 * cost * self.policy.mtbf))
+        return interval
+
+    def due(self, *, milestone: bool = False) -> bool:
+        """Whether to checkpoint now (one call per step or iteration; counts it)."""
+        now = self._clock()
+        step, self._last_call = now - self._last_call, now
+        self.step_time = step if self.step_time is None else 0.9 * self.step_time + 0.1 * step
+        self.steps_since += 1
+        elapsed = now - self._since
+        if self.policy.overhead is None:
+            return self.policy.due(
+                steps_since=self.steps_since, seconds_since=elapsed, milestone=milestone
+            )
+        interval = self.interval
+        if milestone or interval is None:
+            return True
+        # Due at the call nearest the interval: half a step early rather than a step late.
+        return elapsed + self.step_time / 2 >= interval
+
+    def taken(self, cost: float | None = None) -> None:
+        """A checkpoint was just written; it blocked the caller ``cost`` seconds. A cost of
+        a checkpoint the policy did not ask for (a forced one) may be left out."""
+        if cost is not None:
+            self.cost = cost if self.cost is None else 0.7 * self.cost + 0.3 * cost
+        self._since = self._last_call = self._clock()
+        self.steps_since = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +233,7 @@ __all__ = [
     "Finish",
     "Goto",
     "Retry",
+    "Schedule",
     "StepOptions",
     "WorkflowDurability",
     "finish",
