@@ -8,12 +8,15 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .iteration import Position, Resumable
 
 if TYPE_CHECKING:
     from .engine import Execution
 
 log = logging.getLogger("pitstop.step")
+T = TypeVar("T")
 
 
 class Suspend(BaseException):
@@ -204,6 +207,52 @@ class StepContext:
             candidate = f"{base}#{n}"
         self._maps.add(candidate)
         return candidate
+
+    # -- resumable iteration ----------------------------------------------------------------------
+
+    def iterate(
+        self,
+        iterable: Iterable[T],
+        *,
+        every: int | None = None,
+        seconds: float | None = None,
+        state: Any = None,
+        name: str = "items",
+    ) -> Resumable[T]:
+        """Yield the items of ``iterable``, recording the position (and ``state``) every
+        ``every`` items or ``seconds`` seconds (default: every second); if this step runs
+        again (a crash, a retry), continue after the last recorded position.
+
+        ``state`` is the caller's running value (a total, a cursor); it is recorded with the
+        position and, on a resume, comes back as the iteration's ``.state``, so keep it
+        there: ``it = ctx.iterate(rows, every=1000, state={"n": 0})`` then
+        ``it.state["n"] += 1`` in the loop. Sequences and ranges are resumed by index,
+        files by offset, other iterables by skipping the items already done. Items after the
+        last recorded position run again after a crash; their ``ctx.effect`` calls return
+        the recorded results instead of repeating the effect.
+        """
+        x = self._x
+        key = self.idempotency_key(f"iterate:{name}")
+        self._claim(f"iterate:{name}")
+        found, saved = x.store.get_effect(x.run_id, key)
+
+        def record(position: Position) -> None:
+            x.store.record_effects(
+                x.run_id, {key: {"position": position, "state": iteration.state}},
+                checkpoint_id=x.parent_id, replace=True,
+            )
+
+        iteration: Resumable[T] = Resumable(
+            iterable,
+            start=saved["position"] if found else None,
+            every=every,
+            seconds=seconds if every is not None or seconds is not None else 1.0,
+            due=None,
+            record=record,
+            done=record,
+        )
+        iteration.state = saved["state"] if found else state
+        return iteration
 
     # -- checkpoints and timers -------------------------------------------------------------------
 

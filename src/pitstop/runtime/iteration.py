@@ -67,6 +67,8 @@ class Resumable(Generic[T]):
         """Where this iteration started: the items a previous process already did."""
         self._offset: int | None = start.get("offset")
         self._started = False
+        self.state: Any = None
+        """The caller's running value recorded with each position (``ctx.iterate``)."""
 
     def snapshot(self) -> Position:
         """The current position, as it would be recorded now."""
