@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .delta import Append, Merge
 from .errors import (
     CheckpointNotFoundError,
     ConflictError,
@@ -79,6 +80,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'pitstop' has no attribute {name!r}")
 
 __all__ = [
+    "Append",
     "Checkpoint",
     "CheckpointNotFoundError",
     "CheckpointPolicy",
@@ -91,6 +93,7 @@ __all__ = [
     "Lease",
     "LeaseLostError",
     "MapItemError",
+    "Merge",
     "MsgpackSerializer",
     "NotFoundError",
     "PickleSerializer",

@@ -10,16 +10,49 @@ return the field instead (or choose ``change_detection="content"``).
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Mapping
 from typing import Any, is_typeddict
 
+from ..delta import ABSENT, Append, Merge, is_delta
+
 _MISSING = object()
+
+
+def declared_deltas(state_type: Any) -> dict[str, type[Append] | type[Merge]]:
+    """Fields declared ``Annotated[..., pitstop.Append]`` (or ``pitstop.Merge``): a step's
+    update of such a field is applied as that delta instead of replacing the value."""
+    try:
+        hints = typing.get_type_hints(state_type, include_extras=True)
+    except Exception:
+        return {}
+    out: dict[str, type[Append] | type[Merge]] = {}
+    for name, hint in hints.items():
+        if typing.get_origin(hint) is typing.Annotated:
+            for marker in hint.__metadata__:
+                if marker is Append or marker is Merge:
+                    out[name] = marker
+    return out
 
 
 class StateAdapter:
     """Plain dicts (and TypedDicts)."""
 
     type: Any = dict
+    deltas: dict[str, type[Append] | type[Merge]] = {}
+
+    def declare(self, state_type: Any) -> StateAdapter:
+        if state_type is not None and state_type is not dict:
+            self.deltas = declared_deltas(state_type)
+        return self
+
+    def as_updates(self, updates: dict[str, Any]) -> dict[str, Any]:
+        """Returned updates of fields declared as deltas, wrapped in their delta."""
+        for name, kind in self.deltas.items():
+            value = updates.get(name, _MISSING)
+            if value is not _MISSING and not is_delta(value):
+                updates[name] = kind(value)
+        return updates
 
     def fields_of(self, value: Any) -> dict[str, Any]:
         if value is None:
@@ -43,7 +76,7 @@ class StateAdapter:
     def updates_from(self, value: Any, fields: dict[str, Any]) -> dict[str, Any]:
         """A step's return value as updates (a mapping, or a whole new state)."""
         if isinstance(value, Mapping):
-            return dict(value)
+            return self.as_updates(dict(value))
         raise TypeError(
             "a step must return None, a mapping of updated fields, pitstop.goto(...) or "
             f"pitstop.finish(...), not {type(value).__name__}"
@@ -83,7 +116,7 @@ class DataclassAdapter(StateAdapter):
 
     def updates_from(self, value: Any, fields: dict[str, Any]) -> dict[str, Any]:
         if isinstance(value, self.type):
-            return self.changes(value, fields)
+            return self.as_updates(self.changes(value, fields))
         return super().updates_from(value, fields)
 
 
@@ -105,11 +138,11 @@ class PydanticAdapter(DataclassAdapter):
 
 def adapter_for(state_type: Any) -> StateAdapter:
     if state_type is None or state_type is dict or is_typeddict(state_type):
-        return StateAdapter()
+        return StateAdapter().declare(state_type)
     if isinstance(state_type, type) and dataclasses.is_dataclass(state_type):
-        return DataclassAdapter(state_type)
+        return DataclassAdapter(state_type).declare(state_type)
     if isinstance(state_type, type) and hasattr(state_type, "model_fields"):
-        return PydanticAdapter(state_type)
+        return PydanticAdapter(state_type).declare(state_type)
     raise TypeError(
         f"unsupported state type {state_type!r}: use dict, a TypedDict, a dataclass or a "
         "pydantic model"
@@ -117,11 +150,14 @@ def adapter_for(state_type: Any) -> StateAdapter:
 
 
 def merged(fields: dict[str, Any], updates: Mapping[str, Any]) -> dict[str, Any]:
-    """A new field dict with ``updates`` applied (a removed field is marked ``_MISSING``)."""
+    """A new field dict with ``updates`` applied (a removed field is marked ``_MISSING``; an
+    :class:`~pitstop.Append` or :class:`~pitstop.Merge` is applied to the field's value)."""
     out = {**fields, **updates}
     for name, value in updates.items():
         if value is _MISSING:
             del out[name]
+        elif is_delta(value):
+            out[name] = value.apply(fields.get(name, ABSENT), field=name)
     return out
 
 

@@ -1,0 +1,578 @@
+"""Large values as content-addressed chunks: the chunker, the manifest and the assembly.
+
+A field whose value serialises to at least :data:`CHUNKED_MIN` bytes and is a list, a dict with
+str keys, ``bytes``/``bytearray`` or a numpy array is stored as *chunks* plus a small
+*manifest* instead of one value, so that a new version of the value writes only the chunks
+that changed. Nothing here touches a store: this module turns values into chunks and back.
+
+* **Chunks are item-aligned.** A list chunk is the msgpack encodings of consecutive items
+  concatenated; a dict chunk the encodings of consecutive ``key, value`` pairs; a buffer chunk
+  a slice of the bytes. So the whole value is the container header followed by the chunks,
+  joined: a restore decodes it in one ``loads`` call, never one per chunk.
+* **Boundaries are content-defined** (for lists and dicts): a chunk ends after an item whose
+  fast hash falls below a threshold proportional to the item's size (so chunks average
+  :attr:`Params.target` bytes whatever the items' sizes), or at :attr:`Params.max`. Whether
+  an item ends a chunk depends on that item alone, so an insertion, a deletion or an edit
+  anywhere changes the chunk around it and no other (a minimum chunk size would make the cuts
+  depend on their neighbours and let one edit shift the chunks after it).
+  Buffers are cut at fixed offsets (an array's regions keep their positions).
+* **Keys are content hashes** (:func:`chunk_key`: a kind byte and xxh3-128, ~30x the speed
+  of SHA-256). A save that has only the whole new value serialises it once, item by item,
+  and finds the unchanged chunks by their keys: nothing unchanged is compressed or hashed
+  with anything slower. A save that knows the change (:class:`~pitstop.Append`,
+  :class:`~pitstop.Merge`) re-chunks only around it (:func:`split_delta`), O(change).
+* **The manifest is a small tree.** Leaves are grouped into *nodes* (chunks holding entry
+  lists) at content-defined points too, so a value of thousands of chunks has a root of a few
+  entries; the trailing entries that are not yet part of a full group stay in the root. A
+  growing list therefore rewrites its last chunk (until it is cut), and nothing else.
+
+A list's last chunk is *open* (it ended with the value, not at a boundary): appending items
+extends it. :attr:`Split.extended` lists the parent's open chunks that a new chunk extends, so
+a store can keep the old one as "the first N bytes of the new one" instead of twice.
+"""
+
+from __future__ import annotations
+
+import bisect
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, NamedTuple
+
+import ormsgpack
+import xxhash
+
+MANIFEST_VERSION: Final = 1
+CHUNKED_MIN: Final = 64 * 1024
+"""Values serialising to fewer bytes are stored whole, as before."""
+
+KEY_XXH3: Final = 0x01
+"""Kind byte of a chunk key: xxh3-128. (SHA-256 value keys are 32 bytes with no kind byte.)"""
+KEY_SIZE: Final = 17
+
+# Entry flags.
+CUT: Final = 1
+"""The chunk ended at a content-defined boundary (or at the maximum size): it is final."""
+NODE: Final = 2
+"""The entry is a node: its chunk is an encoded list of entries, not data."""
+
+
+class Params(NamedTuple):
+    """Where chunks of one kind of value are cut."""
+
+    target: int
+    """Mean chunk size: an item of ``n`` bytes ends its chunk with probability
+    ``n / target``, decided by the item's own hash."""
+    max: int
+    """A chunk is cut after the item that takes it to this size, whatever the hashes say."""
+
+
+# A conversation wants few, large chunks (a restore reads each one); a dict with one key
+# changed per save wants small ones (each save rewrites the chunk holding the key).
+LIST_PARAMS: Final = Params(target=32 * 1024, max=128 * 1024)
+DICT_PARAMS: Final = Params(target=3 * 1024, max=12 * 1024)
+BUFFER_CHUNK: Final = 1 << 20
+"""Buffers (bytes, arrays) are cut every MiB: a region changed in a large array rewrites the
+chunks it touches, and a 64 MiB array is 64 chunks."""
+
+NODE_MASK: Final = 7
+NODE_MAX: Final = 64
+ROOT_NODES: Final = 8
+"""A level with more sealed nodes than this is grouped again into a level above it."""
+
+KINDS: Final = ("list", "dict", "bytes", "bytearray", "ndarray")
+
+
+def chunk_key(format_id: int, raw: bytes | memoryview) -> bytes:
+    """The content address of a chunk: the kind byte, then xxh3-128 seeded by the format."""
+    return b"\x01" + xxhash.xxh3_128_digest(raw, seed=format_id)
+
+
+class Entry(NamedTuple):
+    """One chunk (or node) of a manifest."""
+
+    key: bytes
+    items: int
+    """Items covered: list items, dict entries or buffer bytes."""
+    size: int
+    """Raw (serialised, uncompressed) bytes covered."""
+    flags: int
+
+    @property
+    def is_node(self) -> bool:
+        return bool(self.flags & NODE)
+
+
+def _pack_entries(entries: Sequence[Entry]) -> bytes:
+    return ormsgpack.packb([list(e) for e in entries])
+
+
+def _unpack_entries(data: bytes) -> list[Entry]:
+    out = []
+    for key, items, size, flags in ormsgpack.unpackb(data):
+        if type(key) is not bytes or len(key) != KEY_SIZE:
+            raise ValueError("malformed manifest entry")
+        out.append(Entry(key, items, size, flags))
+    return out
+
+
+@dataclass(slots=True)
+class Layout:
+    """A chunked value's structure: what a manifest describes, with what was computed for it.
+
+    ``leaves`` (the data chunks in order) and ``nodes`` (node key -> entries) are known to the
+    process that made or read it, so the next save of the field compares against them without
+    reading anything.
+    """
+
+    kind: str
+    meta: Any
+    """Per kind: None, or ``[dtype descr, shape]`` for an array."""
+    items: int
+    root: list[Entry]
+    leaves: list[Entry]
+    nodes: dict[bytes, list[Entry]] = field(default_factory=dict)
+    format_id: int = 0
+    starts: list[int] = field(default_factory=list)
+    """Item offset of each leaf (computed on demand)."""
+
+    def leaf_starts(self) -> list[int]:
+        if len(self.starts) != len(self.leaves):
+            acc, starts = 0, []
+            for leaf in self.leaves:
+                starts.append(acc)
+                acc += leaf.items
+            self.starts = starts
+        return self.starts
+
+    @property
+    def size(self) -> int:
+        """Raw bytes of the whole value's chunks."""
+        return sum(e.size for e in self.root)
+
+    def keys(self) -> set[bytes]:
+        """Every chunk this value references: leaves and nodes."""
+        return {e.key for e in self.leaves} | set(self.nodes)
+
+    def manifest(self) -> bytes:
+        return encode_manifest(self)
+
+
+def encode_manifest(layout: Layout) -> bytes:
+    return ormsgpack.packb(
+        [
+            MANIFEST_VERSION,
+            layout.kind,
+            layout.items,
+            layout.meta,
+            [list(e) for e in layout.root],
+        ]
+    )
+
+
+class Manifest(NamedTuple):
+    kind: str
+    items: int
+    meta: Any
+    root: list[Entry]
+
+
+def decode_manifest(data: bytes) -> Manifest:
+    """The manifest's parts; ``ValueError`` if it is not one this version reads."""
+    try:
+        version, kind, items, meta, root = ormsgpack.unpackb(data)
+    except Exception as exc:
+        raise ValueError(f"unreadable manifest ({exc})") from None
+    if version != MANIFEST_VERSION:
+        raise ValueError(f"manifest version {version} (written by a newer pitstop?)")
+    if kind not in KINDS:
+        raise ValueError(f"unknown chunked value kind {kind!r}")
+    entries = [Entry(bytes(k), n, s, f) for k, n, s, f in root]
+    return Manifest(kind, items, meta, entries)
+
+
+def expand(root: Sequence[Entry], nodes: Mapping[bytes, bytes | list[Entry]]) -> list[Entry]:
+    """The leaves under ``root``, given the node chunks (raw bytes, or decoded entries)."""
+    leaves: list[Entry] = []
+
+    def walk(entries: Iterable[Entry]) -> None:
+        for entry in entries:
+            if entry.flags & NODE:
+                found = nodes[entry.key]
+                walk(_unpack_entries(found) if isinstance(found, bytes | bytearray) else found)
+            else:
+                leaves.append(entry)
+
+    walk(root)
+    return leaves
+
+
+def node_keys(entries: Iterable[Entry]) -> list[bytes]:
+    return [e.key for e in entries if e.flags & NODE]
+
+
+# -- the tree ---------------------------------------------------------------------------------
+
+
+def _group(
+    entries: Sequence[Entry], format_id: int, nodes: dict[bytes, list[Entry]]
+) -> tuple[list[Entry], list[Entry]]:
+    """Sealed nodes made of ``entries`` and the trailing entries not in a full group."""
+    sealed: list[Entry] = []
+    current: list[Entry] = []
+    for entry in entries:
+        current.append(entry)
+        # Cut only after a final entry: a node never holds a list's open last chunk, which
+        # the next append replaces.
+        if entry.flags & CUT and (
+            len(current) >= NODE_MAX or (len(current) >= 2 and not entry.key[-1] & NODE_MASK)
+        ):
+            raw = _pack_entries(current)
+            key = chunk_key(format_id, raw)
+            nodes[key] = current
+            sealed.append(
+                Entry(key, sum(e.items for e in current), sum(e.size for e in current), CUT | NODE)
+            )
+            current = []
+    return sealed, current
+
+
+def build_tree(
+    leaves: list[Entry], format_id: int
+) -> tuple[list[Entry], dict[bytes, list[Entry]]]:
+    """The root entries over ``leaves`` and the nodes they reference."""
+    nodes: dict[bytes, list[Entry]] = {}
+    tails: list[list[Entry]] = []
+    level = leaves
+    while len(level) > ROOT_NODES:
+        sealed, trailing = _group(level, format_id, nodes)
+        if not sealed:
+            break
+        tails.append(trailing)
+        level = sealed
+    root = list(level)
+    for trailing in reversed(tails):
+        root.extend(trailing)
+    return root, nodes
+
+
+# -- item encodings ---------------------------------------------------------------------------
+
+
+def kind_of(value: Any) -> str | None:
+    """Which chunked kind ``value`` would be stored as (None: stored whole)."""
+    cls = type(value)
+    if cls is list:
+        return "list"
+    if cls is dict:
+        return "dict"
+    if cls is bytes:
+        return "bytes"
+    if cls is bytearray:
+        return "bytearray"
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and cls is numpy.ndarray and not value.dtype.hasobject:
+        return "ndarray"
+    return None
+
+
+Dumps = Callable[[Any], bytes]
+
+_STR_HEADS: Final = frozenset(range(0xA0, 0xC0)) | {0xD9, 0xDA, 0xDB}
+
+
+def _encode_dict_item(dumps: Dumps, key: Any, value: Any) -> bytes | None:
+    if type(key) is not str:
+        return None
+    encoded = dumps(key)
+    if encoded[0] not in _STR_HEADS:  # a str msgpack cannot hold as is (lone surrogates)
+        return None
+    return encoded + dumps(value)
+
+
+def _container_header(kind: str, n: int) -> bytes:
+    if kind == "list":
+        small, mid, big = 0x90, 0xDC, 0xDD
+    else:
+        small, mid, big = 0x80, 0xDE, 0xDF
+    if n < 16:
+        return bytes((small | n,))
+    if n < 1 << 16:
+        return bytes((mid,)) + n.to_bytes(2, "big")
+    return bytes((big,)) + n.to_bytes(4, "big")
+
+
+def _cuts(encodings: Sequence[bytes], params: Params) -> list[tuple[int, int, bool]]:
+    """``(first, last + 1, cut)`` item ranges of ``encodings``, content-defined."""
+    hi = params.max
+    scale = (1 << 64) // params.target
+    digest = xxhash.xxh3_64_intdigest
+    ranges: list[tuple[int, int, bool]] = []
+    first, size = 0, 0
+    for i, encoded in enumerate(encodings):
+        n = len(encoded)
+        size += n
+        if size >= hi or digest(encoded) < n * scale:
+            ranges.append((first, i + 1, True))
+            first, size = i + 1, 0
+    if first < len(encodings):
+        ranges.append((first, len(encodings), False))
+    return ranges
+
+
+class Split(NamedTuple):
+    """A value cut into chunks, relative to its parent's layout."""
+
+    layout: Layout
+    new: dict[bytes, bytes]
+    """Chunks (and nodes) the parent did not reference: key -> raw bytes."""
+    extended: list[tuple[bytes, bytes, int]]
+    """``(old key, new key, old size)``: the parent's open chunk ``old key`` is the first
+    ``old size`` bytes of the new chunk ``new key``."""
+
+
+def _finish(
+    kind: str,
+    meta: Any,
+    items: int,
+    leaves: list[Entry],
+    raws: dict[bytes, bytes],
+    format_id: int,
+    parent: Layout | None,
+) -> Split:
+    root, nodes = build_tree(leaves, format_id)
+    layout = Layout(kind, meta, items, root, leaves, nodes, format_id)
+    known = parent.keys() if parent is not None else set()
+    new = {k: raw for k, raw in raws.items() if k not in known}
+    for key, entries in nodes.items():
+        if key not in known:
+            new[key] = _pack_entries(entries)
+    extended: list[tuple[bytes, bytes, int]] = []
+    if parent is not None and parent.kind == kind and parent.leaves:
+        last = parent.leaves[-1]
+        if not last.flags & CUT:
+            start = parent.leaf_starts()[-1]
+            starts = layout.leaf_starts()
+            i = bisect.bisect_left(starts, start)
+            if i < len(leaves) and starts[i] == start:
+                leaf = leaves[i]
+                raw = raws.get(leaf.key)
+                if (
+                    raw is not None
+                    and leaf.key in new
+                    and leaf.size > last.size
+                    and chunk_key(format_id, memoryview(raw)[: last.size]) == last.key
+                ):
+                    extended.append((last.key, leaf.key, last.size))
+    return Split(layout, new, extended)
+
+
+def _buffer_of(kind: str, value: Any) -> tuple[memoryview, Any]:
+    if kind == "ndarray":
+        from numpy.lib import format as npy_format
+
+        array = value if value.flags.c_contiguous else value.copy(order="C")
+        meta = [npy_format.dtype_to_descr(array.dtype), list(array.shape)]
+        return memoryview(array.reshape(-1).view("u1")), meta
+    return memoryview(value), None
+
+
+def split(value: Any, dumps: Dumps, format_id: int, parent: Layout | None = None) -> Split | None:
+    """``value`` as chunks, or None if it is not a chunked kind (or a dict msgpack cannot
+    hold as a plain map). Every item is serialised once; chunks the parent has are found by
+    their keys."""
+    kind = kind_of(value)
+    if kind is None:
+        return None
+    raws: dict[bytes, bytes] = {}
+    leaves: list[Entry] = []
+    if kind in ("list", "dict"):
+        if kind == "list":
+            encodings = [dumps(item) for item in value]
+            params = LIST_PARAMS
+        else:
+            encodings = []
+            for k, v in value.items():
+                encoded = _encode_dict_item(dumps, k, v)
+                if encoded is None:
+                    return None
+                encodings.append(encoded)
+            params = DICT_PARAMS
+        for first, stop, cut in _cuts(encodings, params):
+            raw = b"".join(encodings[first:stop])
+            key = chunk_key(format_id, raw)
+            raws[key] = raw
+            leaves.append(Entry(key, stop - first, len(raw), CUT if cut else 0))
+        return _finish(kind, None, len(encodings), leaves, raws, format_id, parent)
+    buffer, meta = _buffer_of(kind, value)
+    known = parent.keys() if parent is not None else set()
+    total = len(buffer)
+    for offset in range(0, total, BUFFER_CHUNK):
+        piece = buffer[offset : offset + BUFFER_CHUNK]
+        key = chunk_key(format_id, piece)
+        if key not in known and key not in raws:
+            raws[key] = piece.tobytes()  # copied only when new
+        leaves.append(Entry(key, len(piece), len(piece), CUT))
+    return _finish(kind, meta, total, leaves, raws, format_id, parent)
+
+
+def encoded_size(layout: Layout) -> int:
+    """Bytes of the value's serialised form (as ``dumps`` of the whole value would be)."""
+    if layout.kind in ("list", "dict"):
+        return len(_container_header(layout.kind, layout.items)) + layout.size
+    return layout.size
+
+
+# -- deltas -----------------------------------------------------------------------------------
+
+
+def split_delta(
+    parent: Layout,
+    value: Any,
+    dirty: Iterable[int],
+    dumps: Dumps,
+) -> Split:
+    """``value`` as chunks when only the items at positions ``dirty`` (and any beyond the
+    parent's length) may differ from the parent's, which ``parent`` describes.
+
+    Only the chunks around a dirty position are serialised again: from the start of the
+    parent's chunk holding it until a new boundary falls on one of the parent's (from where
+    the chunks are the parent's again). O(change), not O(size).
+    """
+    kind = parent.kind
+    if kind not in ("list", "dict") or kind_of(value) != kind:
+        raise TypeError(f"a delta applies to a chunked list or dict, not to {parent.kind}")
+    params = LIST_PARAMS if kind == "list" else DICT_PARAMS
+    n = len(value)
+    old_leaves = parent.leaves
+    starts = parent.leaf_starts()
+    ends = {s + leaf.items: i for i, (s, leaf) in enumerate(zip(starts, old_leaves, strict=True))}
+    if n < parent.items:
+        raise ValueError("a delta cannot remove items")
+    points = sorted({d for d in dirty if d < parent.items})
+    if n > parent.items:
+        points.append(parent.items)
+    items: list[Any] | None = None
+
+    def encode(first: int, stop: int) -> list[bytes]:
+        nonlocal items
+        if kind == "list":
+            return [dumps(item) for item in value[first:stop]]
+        if items is None:
+            items = list(value.items())
+        out = []
+        for k, v in items[first:stop]:
+            encoded = _encode_dict_item(dumps, k, v)
+            if encoded is None:
+                raise TypeError("the dict has a key msgpack cannot hold as a plain map key")
+            out.append(encoded)
+        return out
+
+    fmt = parent.format_id
+    leaves: list[Entry] = []
+    raws: dict[bytes, bytes] = {}
+
+    def emit(chunk: list[bytes], flags: int) -> None:
+        raw = b"".join(chunk)
+        key = chunk_key(fmt, raw)
+        raws[key] = raw
+        leaves.append(Entry(key, len(chunk), len(raw), flags))
+
+    digest = xxhash.xxh3_64_intdigest
+    hi = params.max
+    scale = (1 << 64) // params.target
+    leaf = 0  # the next parent leaf not yet passed
+    p = 0  # the next dirty point not yet passed
+    while p < len(points):
+        point = points[p]
+        # The parent's final leaves entirely before the dirty point are the new value's too
+        # (the parent's open last chunk never is: it is re-chunked with what follows it).
+        while (
+            leaf < len(old_leaves)
+            and starts[leaf] + old_leaves[leaf].items <= point
+            and old_leaves[leaf].flags & CUT
+        ):
+            leaves.append(old_leaves[leaf])
+            leaf += 1
+        position = starts[leaf] if leaf < len(old_leaves) else parent.items
+        chunk: list[bytes] = []
+        size = 0
+        resumed = False
+        # Re-chunk from there until a cut lands where one of the parent's did, past every
+        # dirty point met on the way: from there on the parent's chunks are this value's.
+        while position < n and not resumed:
+            for encoded in encode(position, min(n, position + 64)):
+                chunk.append(encoded)
+                size += len(encoded)
+                position += 1
+                if size >= hi or digest(encoded) < len(encoded) * scale:
+                    emit(chunk, CUT)
+                    chunk, size = [], 0
+                    while p < len(points) and points[p] < position:
+                        p += 1
+                    j = ends.get(position)
+                    if j is not None and old_leaves[j].flags & CUT:
+                        leaf = j + 1
+                        resumed = True
+                        break
+        if not resumed:
+            if chunk:
+                emit(chunk, 0)
+            leaf = len(old_leaves)
+            break
+    # After the last dirty point the parent's leaves carry on unchanged.
+    leaves.extend(old_leaves[leaf:])
+    return _finish(kind, parent.meta, n, leaves, raws, parent.format_id, parent)
+
+
+# -- assembly ---------------------------------------------------------------------------------
+
+
+def assemble(
+    kind: str, meta: Any, items: int, leaves: Sequence[Entry], raws: Mapping[bytes, bytes]
+) -> Any:
+    """The value from its leaves' raw chunks: encoded bytes for ``loads`` (lists and dicts,
+    returned as ``bytes``), or the value itself for buffers (returned as is)."""
+    parts = [raws[leaf.key] for leaf in leaves]
+    if kind in ("list", "dict"):
+        return _container_header(kind, items) + b"".join(parts)
+    if kind == "bytes":
+        return b"".join(parts)
+    if kind == "bytearray":
+        return bytearray().join(parts)
+    import numpy
+
+    descr, shape = meta
+    from numpy.lib import format as npy_format
+
+    dtype = npy_format.descr_to_dtype(descr)
+    buffer = bytearray().join(parts)
+    if not shape or 0 in shape:
+        return numpy.zeros(tuple(shape), dtype=dtype)
+    return numpy.frombuffer(buffer, dtype=dtype).reshape(tuple(shape))
+
+
+def check_chunk(key: bytes, format_id: int, raw: bytes | memoryview) -> bool:
+    """Whether ``raw`` is the chunk ``key`` names (the integrity check of every chunk read)."""
+    return len(key) == KEY_SIZE and key[0] == KEY_XXH3 and chunk_key(format_id, raw) == key
+
+
+__all__ = [
+    "CHUNKED_MIN",
+    "CUT",
+    "NODE",
+    "Entry",
+    "Layout",
+    "Manifest",
+    "Split",
+    "assemble",
+    "build_tree",
+    "check_chunk",
+    "chunk_key",
+    "decode_manifest",
+    "encode_manifest",
+    "expand",
+    "kind_of",
+    "split",
+    "split_delta",
+]
