@@ -188,6 +188,18 @@ class InputError(PitstopError, ValueError):
         super().__init__(f"run {run_id!r}, input {name!r}: {message}")
 
 
+class FieldEditError(PitstopError, ValueError):
+    """An edit of a state field that cannot be applied (``pitstop fork --set``,
+    :func:`pitstop.edits.apply_field_edits`): an unknown field, or a value that does not
+    convert to the type the field holds. Raised before anything is written."""
+
+    def __init__(self, message: str, *, field: str) -> None:
+        self.field = field
+        """The field path at fault, as given (``plan`` or ``plan.steps[0]``)."""
+        self.reason = message
+        super().__init__(f"field {field!r}: {message}")
+
+
 class SchemaVersionError(PitstopError):
     """A checkpoint's state schema version is newer than the code, or no migration reaches it."""
 
@@ -223,6 +235,7 @@ __all__ = [
     "CheckpointNotFoundError",
     "ConflictError",
     "CorruptCheckpointError",
+    "FieldEditError",
     "InputError",
     "LeaseLostError",
     "MapItemError",

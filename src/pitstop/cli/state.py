@@ -10,44 +10,11 @@ way as everything else. Paths use one syntax everywhere (``messages[3].content``
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_TOKEN = re.compile(r"""\.?([A-Za-z_][A-Za-z0-9_]*)|\[(-?\d+)\]|\[("(?:[^"\\]|\\.)*")\]""")
-
-
-def key_path(parent: str, key: str) -> str:
-    if _IDENT.match(key):
-        return f"{parent}.{key}" if parent else key
-    return f"{parent}[{json.dumps(key, ensure_ascii=False)}]"
-
-
-def index_path(parent: str, index: int) -> str:
-    return f"{parent}[{index}]"
-
-
-def parse_path(path: str) -> list[str | int]:
-    """``messages[3].content`` -> ``["messages", 3, "content"]``; ValueError if malformed."""
-    parts: list[str | int] = []
-    pos = 0
-    while pos < len(path):
-        match = _TOKEN.match(path, pos)
-        if match is None or (pos == 0 and path.startswith(".")):
-            raise ValueError(f"malformed field path {path!r} at {path[pos:]!r}")
-        name, index, quoted = match.groups()
-        if name is not None:
-            parts.append(name)
-        elif index is not None:
-            parts.append(int(index))
-        else:
-            parts.append(json.loads(quoted))
-        pos = match.end()
-    if not parts:
-        raise ValueError("empty field path")
-    return parts
+from pitstop.fieldpath import index_path, key_path, parse_path
 
 
 class PathNotFound(LookupError):

@@ -244,7 +244,7 @@ def is_struct(cls: type) -> bool:
     return msgspec is not None and issubclass(cls, msgspec.Struct)
 
 
-def _is_namedtuple(cls: type) -> bool:
+def is_namedtuple(cls: type) -> bool:
     return issubclass(cls, tuple) and hasattr(cls, "_fields")
 
 
@@ -258,7 +258,7 @@ def _auto_registrable(cls: type) -> bool:
         dataclasses.is_dataclass(cls)
         or is_pydantic_model(cls)
         or (is_struct(cls) and cls.__module__ != "msgspec")
-        or _is_namedtuple(cls)
+        or is_namedtuple(cls)
     )
 
 
@@ -294,14 +294,15 @@ def _annotation_children(item: object) -> list[object]:
     if (
         dataclasses.is_dataclass(item)
         or is_struct(item)
-        or _is_namedtuple(item)
+        or is_namedtuple(item)
         or typing.is_typeddict(item)
     ):
-        return list(_type_hints(item).values())
+        return list(type_hints(item).values())
     return []
 
 
-def _type_hints(cls: type) -> dict[str, object]:
+def type_hints(cls: type) -> dict[str, object]:
+    """The resolved annotations of ``cls`` (extras kept), skipping only those that fail."""
     try:
         return typing.get_type_hints(cls, include_extras=True)
     except Exception:
