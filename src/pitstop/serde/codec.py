@@ -951,7 +951,7 @@ class _Decoder:
                 return None
             raise UnregisteredTypeError(
                 f"the stored value is a {name}, which is not registered in this process; "
-                "register the class to load it, or load with strict=False to inspect it",
+                + self.registry.why_missing(name),
                 path=kids.path,
                 type_name=name,
             )

@@ -4,6 +4,11 @@ Loading a checkpoint must never be a way to run code. Stored class references ar
 plain names that are looked up here and nowhere else: no import, no ``getattr`` on a module.
 A class that is not registered is refused when it is *saved* (so the mistake shows up in a
 test run, not when a resume fails at 3 a.m.) and reported, not rebuilt, when it is loaded.
+
+Default names do not depend on how a module was started: a class in a script run as
+``python agent.py`` is named ``agent.Plan``, as it is when ``pitstop resume --workflow
+agent:wf`` imports that file, not ``__main__.Plan``. Values stored under ``__main__.X`` by older
+versions still load, as the one registered class whose qualified name is ``X``.
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ import inspect
 import sys
 import threading
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any, TypeVar, overload
 
 from .base import NATIVE_TYPES, defined_in_python, type_name_of
@@ -57,6 +63,8 @@ class Registration:
     has_dict: bool = True
     #: For BUILTIN_SUBCLASS: the builtin type in BUILTIN_BASES that holds the value.
     base: type | None = None
+    #: Other names that load as this class (old names); values are always written as ``name``.
+    aliases: tuple[str, ...] = ()
 
 
 class TypeRegistry:
@@ -69,6 +77,10 @@ class TypeRegistry:
     def __init__(self) -> None:
         self._by_name: dict[str, Registration] = {}
         self._by_class: dict[type, Registration] = {}
+        self._aliases: dict[str, Registration] = {}
+        # "__main__.QualName" -> the one default-named class with that qualified name (None
+        # when several have it: then only an explicit alias decides).
+        self._main_names: dict[str, Registration | None] = {}
         self._lock = threading.Lock()
 
     @overload
@@ -77,6 +89,7 @@ class TypeRegistry:
         cls: type[T],
         *,
         name: str | None = None,
+        aliases: Iterable[str] = (),
         encode: Encode | None = None,
         decode: Decode | None = None,
     ) -> type[T]: ...
@@ -87,6 +100,7 @@ class TypeRegistry:
         cls: None = None,
         *,
         name: str | None = None,
+        aliases: Iterable[str] = (),
         encode: Encode | None = None,
         decode: Decode | None = None,
     ) -> Callable[[type[T]], type[T]]: ...
@@ -96,13 +110,18 @@ class TypeRegistry:
         cls: type[T] | None = None,
         *,
         name: str | None = None,
+        aliases: Iterable[str] = (),
         encode: Encode | None = None,
         decode: Decode | None = None,
     ) -> type[T] | Callable[[type[T]], type[T]]:
         """Allow instances of ``cls`` in checkpoints; usable as ``@register`` or ``@register(...)``.
 
-        ``name`` defaults to ``"module.QualName"``; pass a fixed one (``"invoice.v1"``) to keep
-        old checkpoints loadable when the class moves. ``encode(obj)`` must return a value the
+        ``name`` defaults to ``"module.QualName"``, where a module run as a script
+        (``__main__``) is named as it is when imported (``agent`` for ``python agent.py``,
+        ``pkg.agent`` inside a package, the ``-m`` name for ``python -m``); pass a fixed one
+        (``"invoice.v1"``) to keep old checkpoints loadable when the class moves or its module
+        is renamed. ``aliases`` are further names that load as this class (the names it had
+        before); values are always written under ``name``. ``encode(obj)`` must return a value the
         serialiser supports and ``decode(data)`` must rebuild the object from it; without them
         the object's attributes are stored and restored without calling ``__init__``.
         Put ``@register`` above ``@dataclass`` so that it sees the finished class.
@@ -110,32 +129,46 @@ class TypeRegistry:
         if (encode is None) != (decode is None):
             raise ValueError("pass both encode= and decode=, or neither")
 
+        alias_names = (aliases,) if isinstance(aliases, str) else tuple(aliases)
+
         def apply(klass: type[T]) -> type[T]:
-            self._add(klass, name, encode, decode)
+            self._add(klass, name, alias_names, encode, decode)
             return klass
 
         return apply if cls is None else apply(cls)
 
     def _add(
-        self, cls: type, name: str | None, encode: Encode | None, decode: Decode | None
+        self,
+        cls: type,
+        name: str | None,
+        aliases: tuple[str, ...],
+        encode: Encode | None,
+        decode: Decode | None,
     ) -> None:
         if not isinstance(cls, type):
             raise TypeError(f"register() takes a class, got {cls!r}")
         if cls in NATIVE_TYPES:
             raise ValueError(f"{type_name_of(cls)} is supported without registration")
+        default_name = name is None
         if name is None:
-            name = f"{cls.__module__}.{cls.__qualname__}"
+            name = f"{stable_module_name(cls)}.{cls.__qualname__}"
         elif not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty str, got {name!r}")
-        registration = _describe(cls, name, encode, decode)
+        for alias in aliases:
+            if not isinstance(alias, str) or not alias or alias == name:
+                raise ValueError(f"aliases must be non-empty names other than {name!r}, "
+                                 f"got {alias!r}")
+        registration = dataclasses.replace(_describe(cls, name, encode, decode), aliases=aliases)
         with self._lock:
             same_name = self._by_name.get(name)
             if same_name is not None and same_name.cls is not cls and _redefinition(
                 same_name.cls, cls
             ):
-                # The same class defined again (a reloaded module, a re-run notebook cell):
-                # the new definition replaces the old one.
-                self._by_class.pop(same_name.cls, None)
+                # The same class defined again: a reloaded module or a re-run notebook cell
+                # (the new definition replaces the old one), or a script's module imported
+                # under its own name as well (both classes exist: instances of either save).
+                if "__main__" not in (same_name.cls.__module__, cls.__module__):
+                    self._by_class.pop(same_name.cls, None)
                 same_name = None
             if same_name is not None and same_name.cls is not cls:
                 raise ValueError(
@@ -150,16 +183,61 @@ class TypeRegistry:
                     f"{type_name_of(cls)} is already registered as {previous.name!r} "
                     "with a different name or encode/decode"
                 )
+            for alias in aliases:
+                taken = self._by_name.get(alias) or self._aliases.get(alias)
+                if taken is not None and taken.cls is not cls and not _redefinition(
+                    taken.cls, cls
+                ):
+                    raise ValueError(
+                        f"cannot use {alias!r} as an alias of {type_name_of(cls)}: it already "
+                        f"names {type_name_of(taken.cls)}"
+                    )
             self._by_name[name] = registration
             self._by_class[cls] = registration
+            for alias in aliases:
+                self._aliases[alias] = registration
+            if default_name:
+                main_name = f"__main__.{cls.__qualname__}"
+                if main_name in self._main_names:
+                    known = self._main_names[main_name]
+                    if known is not None and not _redefinition(known.cls, cls):
+                        self._main_names[main_name] = None  # ambiguous: explicit aliases decide
+                    elif known is not None:
+                        self._main_names[main_name] = registration
+                else:
+                    self._main_names[main_name] = registration
 
     def registration_for(self, cls: type) -> Registration | None:
         """The registration of exactly ``cls`` (subclasses must be registered themselves)."""
         return self._by_class.get(cls)
 
     def lookup(self, name: str) -> Registration | None:
-        """The registration stored under ``name``: the only way a load obtains a class."""
-        return self._by_name.get(name)
+        """The registration stored under ``name``: the only way a load obtains a class.
+
+        Besides registered names: aliases, and ``__main__.X`` (what a script's classes were
+        called before their module got its real name) as the one default-named class ``X``.
+        """
+        found = self._by_name.get(name)
+        if found is None:
+            found = self._aliases.get(name)
+        if found is None and name.startswith("__main__."):
+            found = self._main_names.get(name)
+        return found
+
+    def why_missing(self, name: str) -> str:
+        """What to do about a stored class name that :meth:`lookup` does not know."""
+        if name.startswith("__main__."):
+            qualname = name.removeprefix("__main__.")
+            if self._main_names.get(name, False) is None:
+                candidates = sorted(r.name for r in self._by_class.values()
+                                    if r.cls.__qualname__ == qualname)
+                return (f"several registered classes are called {qualname} "
+                        f"({', '.join(candidates)}); register the one it was with "
+                        f"aliases=[{name!r}]")
+            return (f"it was saved by a script run as __main__; import the module that defines "
+                    f"{qualname} (e.g. --workflow MODULE:ATTR) so that it is registered, or "
+                    f"register it with aliases=[{name!r}]")
+        return "register the class to load it, or load with strict=False to inspect it"
 
     def name_of(self, cls: type) -> str | None:
         registration = self._by_class.get(cls)
@@ -331,8 +409,47 @@ def type_hints(cls: type) -> dict[str, object]:
 default_registry = TypeRegistry()
 register = default_registry.register
 
-__all__ = ["Kind", "Registration", "TypeRegistry", "default_registry", "register"]
+__all__ = [
+    "Kind",
+    "Registration",
+    "TypeRegistry",
+    "default_registry",
+    "main_module_name",
+    "register",
+    "stable_module_name",
+]
 
 
 def _redefinition(old: type, new: type) -> bool:
-    return (old.__module__, old.__qualname__) == (new.__module__, new.__qualname__)
+    return (stable_module_name(old), old.__qualname__) == \
+        (stable_module_name(new), new.__qualname__)
+
+
+def stable_module_name(cls: type) -> str:
+    """``cls.__module__``, except that a module run as a script is given the name it has
+    when imported, so that default registration names do not depend on how it started."""
+    module = cls.__module__
+    if module != "__main__":
+        return module
+    return main_module_name() or module
+
+
+def main_module_name() -> str | None:
+    """The import name of the module running as ``__main__``: its ``-m`` name, or the name
+    its file has on ``sys.path`` (with its package, if its directory is one). None when
+    there is no file (``python -c``, an interactive session, a notebook)."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    spec_name = getattr(spec, "name", None)
+    if isinstance(spec_name, str) and spec_name and spec_name != "__main__":
+        return spec_name
+    file = getattr(main, "__file__", None)
+    if not isinstance(file, str) or not file.endswith(".py"):
+        return None
+    path = Path(file).resolve()
+    parts = [path.stem]
+    directory = path.parent
+    while (directory / "__init__.py").is_file() and directory.name.isidentifier():
+        parts.insert(0, directory.name)
+        directory = directory.parent
+    return ".".join(parts) if all(p.isidentifier() for p in parts) else None
