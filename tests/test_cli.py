@@ -217,7 +217,7 @@ def test_operating_runs(url: str, store: Store, pitstop_cli: Callable[..., Resul
     assert shown.code == 0
     assert "step:        3 · draft" in shown.out
     assert "waiting for: approval" in shown.out
-    state = json.loads(shown.out[shown.out.index("\n{") :])
+    state = json.loads(shown.out[shown.out.index("\n{") : shown.out.rindex("}") + 1])
     assert state["contract"] == {"vendor": "Acme", "budget": 1000}
     field = pitstop_cli("show", acme, "--field", "messages[1].content", "--json", store=url).json
     assert field["value"] == "scan passed"
@@ -619,7 +619,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(
         (["resume", acme, "--workflow", "wf_ok:not_a_workflow"], "is a int, not a pitstop"),
         (["fork", first, "--set", "budget={", "--workflow", "wf_ok:approval"],
          "--set budget is not valid JSON"),
-        (["fork", first, "--set", "budget", "--workflow", "wf_ok:approval"], "field=JSON"),
+        (["fork", first, "--set", "budget", "--workflow", "wf_ok:approval"], "FIELD=JSON"),
         (["fork", first, "--workflow", "wf_ok:approval", "--run-id", acme], "already exists"),
         (["runs", "--since", "someday"], "neither a duration"),
         (["runs", "--status", "sleeping"], "Invalid value for '--status'"),
@@ -678,7 +678,7 @@ def test_resume_and_fork_with_a_workflow_module(url: str, store: Store, tmp_path
 
     decided = next(h for h in store.history(acme) if h.metadata.get("step_name") == "decide")
     forked = subprocess_cli("fork", f"{acme}@{decided.id[-8:]}", "--set", "approved=false",
-                            "--set", 'note="re-run"', "--workflow", "flows:approval",
+                            "--set", 'note="re-run"', "--add", "--workflow", "flows:approval",
                             "--run-id", "acme-rejected", store=url, cwd=tmp_path)
     assert forked.code == 0, forked.err
     assert "completed" in forked.out

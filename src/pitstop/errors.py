@@ -160,9 +160,24 @@ class RunBusyError(PitstopError):
         self.owner = owner
         self.expires_at = expires_at
         super().__init__(
-            f"run {run_id!r} is owned by {owner!r} (lease expires at {expires_at}); "
-            "it can be taken over only after the lease expires"
+            f"run {run_id!r} is owned by {owner!r} ({_lease_from_now(expires_at)}); it is "
+            "taken over when that lease expires, or at once on the owner's host if its "
+            "process is gone"
         )
+
+
+def _lease_from_now(expires_at: float | None) -> str:
+    """``lease expires in 12s``: a time from now, never an epoch number."""
+    if expires_at is None:
+        return "no lease expiry known"
+    import time
+
+    left = expires_at - time.time()
+    if left <= 0:
+        return "its lease has just expired"
+    amount = f"{left:.0f}s" if left < 120 else (f"{left / 60:.0f}m" if left < 7200
+                                                 else f"{left / 3600:.0f}h")
+    return f"lease expires in {amount}"
 
 
 class LeaseLostError(PitstopError):

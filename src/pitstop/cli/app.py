@@ -19,7 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from pitstop.errors import CorruptCheckpointError, PitstopError, RunExistsError, StoreSchemaError
+from pitstop.errors import (
+    CorruptCheckpointError,
+    FieldEditError,
+    PitstopError,
+    RunExistsError,
+    StoreSchemaError,
+)
+from pitstop.failures import failure_in
 from pitstop.model import CheckpointSummary, Run, RunStatus
 
 from .common import (
@@ -30,6 +37,7 @@ from .common import (
     CliError,
     Session,
     checkpoint_json,
+    configure_logging,
     connect,
     find_in_run,
     handling_broken_pipe,
@@ -41,10 +49,12 @@ from .common import (
     resolve,
     short,
 )
-from .render import Column, age, error_line, human_bytes, local_time, status_cell, styled
+from .render import Cell, Column, age, error_line, human_bytes, local_time, status_cell, styled
 
 if TYPE_CHECKING:
-    from pitstop.runtime import RunResult
+    from pitstop.failures import RunFailure
+    from pitstop.owners import Ownership
+    from pitstop.runtime import RunResult, Workflow
     from pitstop.store.base import Progress
 
 STORE_HELP = "Store URL (default: $PITSTOP_STORE, else sqlite:///pitstop.db)."
@@ -79,6 +89,18 @@ def _version() -> str:
     return __version__
 
 
+LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
+
+
+def _logging_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``-v``, ``-q`` and ``--log-level``: accepted before the command and after it."""
+    fn = click.option("--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False),
+                      help="Log messages of this level and above to stderr.")(fn)
+    fn = click.option("-q", "--quiet", is_flag=True, help="Log errors only.")(fn)
+    return click.option("-v", "--verbose", count=True,
+                        help="Log more (-v: info, -vv: debug).")(fn)
+
+
 @click.group(
     cls=_Ordered,
     help=HELP,
@@ -86,36 +108,46 @@ def _version() -> str:
     epilog="\b\nExample:\n  PITSTOP_STORE=sqlite:///runs.db pitstop runs --status waiting",
 )
 @click.option("--store", "store_url", metavar="URL", help=STORE_HELP)
+@_logging_options
 @click.version_option(_version(), "--version", prog_name="pitstop")
 @click.pass_context
-def cli(ctx: click.Context, store_url: str | None) -> None:
-    ctx.obj = store_url
+def cli(ctx: click.Context, store_url: str | None, verbose: int, quiet: bool,
+        log_level: str | None) -> None:
+    ctx.obj = {"store": store_url, "verbose": verbose, "quiet": quiet, "log_level": log_level}
 
 
 def command(
-    name: str, *, examples: Sequence[str], **attrs: Any
+    name: str, *, examples: Sequence[str], log_level: str = "WARNING", **attrs: Any
 ) -> Callable[[Callable[..., int | None]], click.Command]:
-    """Register a subcommand with what every command has: ``--store``, ``--json``, an
-    example in its help, a :class:`Session` (closed afterwards) as first argument."""
+    """Register a subcommand with what every command has: ``--store``, ``--json``, the
+    logging options, an example in its help, a :class:`Session` (closed afterwards) as first
+    argument. ``log_level`` is what the command logs without ``-v``/``-q``."""
 
     def decorate(fn: Callable[..., int | None]) -> click.Command:
         @functools.wraps(fn)
-        def invoke(*, store_url: str | None, as_json: bool, **kwargs: Any) -> int:
-            root = click.get_current_context().find_root().obj
-            session = Session(store_url or root, as_json=as_json)
+        def invoke(*, store_url: str | None, as_json: bool, verbose: int, quiet: bool,
+                   log_level: str | None, **kwargs: Any) -> int:
+            root = click.get_current_context().find_root().obj or {}
+            configure_logging(
+                log_level or root.get("log_level"), default=default_level,
+                verbose=verbose + root.get("verbose", 0), quiet=quiet or root.get("quiet", False),
+            )
+            session = Session(store_url or root.get("store"), as_json=as_json)
             try:
                 with handling_broken_pipe():
                     return fn(session, **kwargs) or EXIT_OK
             finally:
                 session.close()
 
-        invoke = click.option("--json", "as_json", is_flag=True,
-                              help="Print one JSON document (for scripts).")(invoke)
-        invoke = click.option("--store", "store_url", metavar="URL", help=STORE_HELP)(invoke)
+        default_level = log_level
+        wrapped = _logging_options(invoke)
+        wrapped = click.option("--json", "as_json", is_flag=True,
+                               help="Print one JSON document (for scripts).")(wrapped)
+        wrapped = click.option("--store", "store_url", metavar="URL", help=STORE_HELP)(wrapped)
         epilog = "\b\nExample" + ("s" if len(examples) > 1 else "") + ":\n" + "\n".join(
             f"  {e}" for e in examples
         )
-        return cli.command(name, epilog=epilog, **attrs)(invoke)
+        return cli.command(name, epilog=epilog, **attrs)(wrapped)
 
     return decorate
 
@@ -148,26 +180,57 @@ RUN_COLUMNS = [
     Column("status"),
     Column("workflow", max_width=30),
     Column("step", right=True),
-    Column("waiting for", max_width=30),
     Column("age", right=True),
     Column("size", right=True),
     Column("checkpoints", right=True),
+    Column("detail", max_width=80),
 ]
 
 
 def _waiting(run: Run, now: datetime) -> str:
     """What a waiting run needs: input names, and when its timer (a sleep, or the deadline
     of the wait) wakes it."""
-    if run.status is not RunStatus.WAITING:
-        return "-"
     parts = list(run.waiting_for)
     if run.wake_at is not None:
         parts.append("wake due" if run.wake_at <= now else "wakes " + age(run.wake_at, now))
     return ", ".join(parts) or "-"
 
 
-def _run_json(run: Run) -> dict[str, Any]:
-    return {
+def _lease_text(lease: Ownership, now: datetime) -> str:
+    """The lease as a time from now, never an epoch: ``lease expires in 12s``."""
+    if lease.expires_at is None:
+        return ""
+    if lease.expires_at <= now:
+        return f"lease expired {age(lease.expires_at, now)} ago"
+    return f"lease expires {age(lease.expires_at, now)}"
+
+
+def _status_text(run: Run, lease: Ownership) -> str:
+    if run.status is RunStatus.RUNNING and lease.owner_gone:
+        return "running, owner gone"
+    return run.status.value
+
+
+def _detail(run: Run, lease: Ownership, failure: RunFailure | None, now: datetime) -> Cell:
+    """The one thing to know about a run beyond its status, for the DETAIL column."""
+    if run.status is RunStatus.WAITING:
+        return styled(_waiting(run, now), "yellow")
+    if failure is not None:
+        return styled(f"{failure.headline} (in {failure.step or '?'})", "red")
+    if lease.state == "owner_gone":
+        return styled(f"owner {lease.owner} is gone ({_lease_text(lease, now)})", "red")
+    if lease.state == "expired":
+        return styled(f"{_lease_text(lease, now)}; the next worker takes it", "red")
+    if lease.state == "released" or (run.status is RunStatus.QUEUED and lease.state == "none"):
+        return "waiting for a worker"
+    if lease.state == "held":
+        return f"{_lease_text(lease, now)} ({lease.owner})"
+    return "-"
+
+
+def _run_json(run: Run, lease: Ownership | None = None,
+              failure: RunFailure | None = None) -> dict[str, Any]:
+    doc = {
         "id": run.id,
         "status": run.status.value,
         "workflow": run.workflow,
@@ -184,6 +247,12 @@ def _run_json(run: Run) -> dict[str, Any]:
         "priority": run.priority,
         "metadata": dict(run.metadata),
     }
+    if lease is not None:
+        doc["lease"] = lease.state
+    if failure is not None:
+        doc["error"] = {"step": failure.step, "type": failure.type, "message": failure.message,
+                        "attempt": failure.attempt}
+    return doc
 
 
 @command("runs", examples=["pitstop runs --status waiting --since 2h",
@@ -200,28 +269,38 @@ def runs(
     s: Session, *, statuses: tuple[str, ...], workflow: str | None, since: datetime | None,
     limit: int, offset: int,
 ) -> None:
-    """List runs, newest first: status, position, what they wait for, size."""
-    found = s.store().runs(
+    """List runs, newest first: status, position, size, and what each waits for, why it
+    failed, or who holds it (``running, owner gone``: its owner died; a worker takes it)."""
+    from pitstop.failures import run_failure
+    from pitstop.owners import ownership
+
+    store = s.store()
+    found = store.runs(
         status=statuses or None, workflow=workflow, since=since, limit=limit + 1, offset=offset
     )
     more = len(found) > limit
     found = found[:limit]
-    if s.as_json:
-        s.out.json({"runs": [_run_json(r) for r in found], "more": more})
-        return
     now = datetime.now(UTC)
+    leases = [ownership(r, now) for r in found]
+    failures = [run_failure(store, r) for r in found]
+    if s.as_json:
+        s.out.json({"runs": [_run_json(r, lease, failure)
+                             for r, lease, failure in zip(found, leases, failures, strict=True)],
+                    "more": more})
+        return
     rows = [
         [
             r.id,
-            status_cell(r.status.value),
+            styled(_status_text(r, lease), "bold red") if lease.owner_gone
+            and r.status is RunStatus.RUNNING else status_cell(r.status.value),
             r.workflow or "-",
             "-" if r.step is None else str(r.step),
-            styled(_waiting(r, now), "yellow" if r.status is RunStatus.WAITING else ""),
             age(r.created_at, now),
             human_bytes(r.bytes),
             str(r.checkpoints),
+            _detail(r, lease, failure, now),
         ]
-        for r in found
+        for r, lease, failure in zip(found, leases, failures, strict=True)
     ]
     s.out.table(RUN_COLUMNS, rows, empty="no runs match")
     if more:
@@ -231,17 +310,25 @@ def runs(
 # -- show ------------------------------------------------------------------------------------
 
 
-def _header(run: Run, ckpt: CheckpointSummary) -> list[tuple[str, Any]]:
+def _header(run: Run, ckpt: CheckpointSummary,
+            failure: RunFailure | None) -> list[tuple[str, Any]]:
     meta = ckpt.metadata
     name = meta.get("step_name")
     head = " (head)" if ckpt.id == run.head_id else ""
     waiting = meta.get("waiting_for") or ()
+    failed: list[tuple[str, Any]] = []
+    if failure is not None:
+        attempt = f" (attempt {failure.attempt})" if failure.attempt else ""
+        label = "failed step" if meta.get("status") == RunStatus.FAILED.value else "retried step"
+        failed = [(label, styled(f"{failure.step or '?'}{attempt}", "bold red")),
+                  ("error", styled(failure.headline, "red"))]
     return [
         ("run", f"{run.id} ({run.workflow or 'no workflow'})"),
         ("run status", status_cell(run.status.value)),
         ("checkpoint", ckpt.id + head),
         ("step", f"{ckpt.step}" + (f" · {name}" if name else "")),
         ("status", status_cell(meta.get("status"))),
+        *failed,
         ("source", ckpt.source or "-"),
         ("time", f"{local_time(ckpt.created_at)} ({age(ckpt.created_at)} ago)"),
         ("size", f"{human_bytes(ckpt.size)} state, +{human_bytes(ckpt.added)} stored"),
@@ -252,18 +339,26 @@ def _header(run: Run, ckpt: CheckpointSummary) -> list[tuple[str, Any]]:
 
 
 @command("show", examples=["pitstop show 7f3a9c", "pitstop show 7f3a9c --checkpoint 1b2c3d4e",
-                           "pitstop show 7f3a9c --field 'messages[-1].content'"])
+                           "pitstop show 7f3a9c --field 'messages[-1].content'",
+                           "pitstop show 7f3a9c --full | less"])
 @click.argument("run_id", metavar="RUN")
 @click.option("--checkpoint", "-c", "ref", metavar="ID",
               help="A checkpoint of the run (full id or the short id `history` shows). "
                    "Default: the latest.")
 @click.option("--field", "-f", "path", metavar="PATH",
-              help="Show only this field: a name or a path like messages[3].content.")
-def show(s: Session, run_id: str, ref: str | None, path: str | None) -> None:
-    """Show a run's state (its latest checkpoint, or the one named) with its header."""
+              help="Show only this field, whole: a name or a path like messages[3].content.")
+@click.option("--full", is_flag=True,
+              help="Show long values whole (by default long strings and lists are shortened, "
+                   "with a marker; --json is never shortened).")
+def show(s: Session, run_id: str, ref: str | None, path: str | None, full: bool) -> None:
+    """Show a run's state (its latest checkpoint, or the one named) with its header.
+
+    For a failed run: the failed step, the exception and its traceback.
+    """
+    from pitstop.failures import failure_in
     from pitstop.serde import to_jsonable
 
-    from .state import PathNotFound, lookup
+    from .state import PathNotFound, lookup, shorten
 
     store = s.store()
     run = store.get_run(run_id)
@@ -274,6 +369,7 @@ def show(s: Session, run_id: str, ref: str | None, path: str | None) -> None:
         if latest is None:
             raise CliError(f"run {run_id!r} has no checkpoints yet")
         ckpt = latest
+    failure = failure_in(ckpt)
     view = to_jsonable(ckpt.state)
     if path is not None:
         try:
@@ -284,13 +380,23 @@ def show(s: Session, run_id: str, ref: str | None, path: str | None) -> None:
         doc: dict[str, Any] = {
             "run": {"id": run.id, "status": run.status.value, "workflow": run.workflow},
             "checkpoint": checkpoint_json(ckpt, head_id=run.head_id),
+            "error": failure.to_json() if failure is not None else None,
         }
         doc.update({"field": path, "value": view} if path is not None else {"state": view})
         s.out.json(doc)
         return
-    s.out.fields(_header(run, ckpt) + ([("field", path)] if path else []))
+    s.out.fields(_header(run, ckpt, failure) + ([("field", path)] if path else []))
+    if failure is not None and failure.traceback:
+        s.out.line()
+        s.out.line(failure.traceback.rstrip("\n"), "red")
     s.out.line()
+    shortened = 0
+    if not full and path is None:
+        view, shortened = shorten(view)
     s.out.value(view)
+    if shortened:
+        s.out.note(f"{shortened} long value{'s' if shortened != 1 else ''} shortened (marked …); "
+                   "--full shows everything, --field PATH one value whole")
 
 
 # -- history ---------------------------------------------------------------------------------
@@ -332,6 +438,9 @@ def _note(entry: CheckpointSummary, head_id: str | None, branch_point: bool) -> 
     origin = _forked_from(entry)
     if origin is not None and _ends_here(entry):
         notes.append(f"forked from {origin.get('run_id')}@{short(origin.get('checkpoint_id'))}")
+    failure = failure_in(entry)
+    if failure is not None:
+        notes.append(f"{failure.headline} (in {failure.step or '?'})")
     return ", ".join(notes)
 
 
@@ -493,13 +602,89 @@ def _result(s: Session, result: RunResult) -> int:
             ("waiting for", ", ".join(result.waiting_for)),
             ("wake at", local_time(result.wake_at) if result.wake_at else ""),
             ("checkpoint", result.checkpoint_id or "-"),
-            ("error", f"{error.get('type')}: {error.get('message')}" if error else ""),
+            ("error", _headline(error) if error else ""),
         ])
+        if error:
+            s.out.note(f"pitstop show {result.run_id} shows the traceback")
     return EXIT_PROBLEMS if result.status is RunStatus.FAILED else EXIT_OK
+
+
+def _headline(error: Mapping[str, Any]) -> str:
+    message = str(error.get("message") or "").strip()
+    first = message.splitlines()[0] if message else ""
+    return f"{error.get('type')}: {first}" if first else str(error.get("type"))
 
 
 WORKFLOW_HELP = ("The workflow object, as module:attr (the current directory is importable). "
                  "Default: $PITSTOP_WORKFLOW.")
+
+
+INPUT_HELP = ("The run's input (its first state): JSON inline, @file.json, or - for stdin. "
+              "Converted to the workflow's state type like fork --set. Default: no input.")
+
+
+def _input(workflow: Workflow, text: str | None) -> dict[str, Any]:
+    """The ``--input`` of ``start``/``enqueue`` as the workflow's state fields, typed by its
+    state type (nested dataclasses built from JSON objects), or one error line."""
+    from pitstop.edits import apply_field_edits
+
+    if text is None:
+        return {}
+    value = parse_json(text, "--input")
+    if not isinstance(value, Mapping):
+        raise CliError(f"--input must be a JSON object of state fields, not {type(value).__name__}")
+    try:
+        fields = apply_field_edits({}, value, add=True, state_type=workflow.state_type)
+        workflow.adapter.fields_of(fields)  # what start would do: refuse it before writing
+    except FieldEditError as exc:
+        raise CliError(f"--input: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise CliError(f"--input does not fit the state of workflow {workflow.name!r}: "
+                       f"{' '.join(str(exc).split())}") from None
+    return fields
+
+
+@command("start", examples=["pitstop start flows:approval --input '{\"vendor\": \"Acme\"}'",
+                            "pitstop start flows:approval --input @vendor.json --run-id acme-1",
+                            "cat vendor.json | pitstop start flows:approval --input -"])
+@click.argument("spec", metavar="MODULE:ATTR")
+@click.option("--input", "input_text", metavar="JSON|@FILE|-", help=INPUT_HELP)
+@click.option("--run-id", "run_id", metavar="ID", help="Id of the new run (default: a new id).")
+def start(s: Session, spec: str, input_text: str | None, run_id: str | None) -> int:
+    """Start a run of a workflow and execute it here until it completes, waits or fails.
+
+    MODULE:ATTR names the workflow object (the current directory is importable). Creates
+    the store if there is none yet. Exits 1 if the run failed; `pitstop show RUN` says why.
+    """
+    workflow = load_workflow(spec)
+    fields = _input(workflow, input_text)
+    store = s.store(create=True, upgrade=True)
+    return _result(s, workflow.start(store, fields, run_id=run_id))
+
+
+@command("enqueue", examples=[
+    "pitstop enqueue flows:approval --input '{\"vendor\": \"Acme\"}' --priority 5",
+    "pitstop enqueue flows:approval --input @vendor.json --run-id acme-1 --json"])
+@click.argument("spec", metavar="MODULE:ATTR")
+@click.option("--input", "input_text", metavar="JSON|@FILE|-", help=INPUT_HELP)
+@click.option("--run-id", "run_id", metavar="ID", help="Id of the new run (default: a new id).")
+@click.option("--priority", type=int, default=0, show_default=True,
+              help="Workers take runs of higher priority first.")
+def enqueue(s: Session, spec: str, input_text: str | None, run_id: str | None,
+            priority: int) -> None:
+    """Queue a run of a workflow for a worker (`pitstop worker`) and return at once.
+
+    Creates the store if there is none yet.
+    """
+    workflow = load_workflow(spec)
+    fields = _input(workflow, input_text)
+    store = s.store(create=True, upgrade=True)
+    run = workflow.enqueue(store, fields, run_id=run_id, priority=priority)
+    if s.as_json:
+        s.out.json(_run_json(run))
+        return
+    s.out.line(f"queued run {run.id} ({workflow.name})", "green")
+    s.out.note(f"a worker runs it: pitstop worker --workflow {spec}")
 
 
 @command("resume", examples=["pitstop resume 7f3a9c --workflow flows:approval",
@@ -521,41 +706,60 @@ def resume(s: Session, run_id: str, ref: str | None, spec: str) -> int:
     return _result(s, workflow.resume(store, run_id, from_checkpoint=checkpoint_id))
 
 
-def _updates(assignments: Sequence[str]) -> dict[str, Any]:
-    updates: dict[str, Any] = {}
+def _edits(assignments: Sequence[str]) -> dict[str, Any]:
+    edits: dict[str, Any] = {}
     for item in assignments:
         name, sep, text = item.partition("=")
         if not sep or not name:
-            raise CliError(f"--set {item!r} must look like field=JSON (e.g. --set 'count=3')")
-        updates[name] = parse_json(text, f"--set {name}")
-    return updates
+            raise CliError(f"--set {item!r} must look like FIELD=JSON (e.g. --set 'count=3' "
+                           "or --set 'plan.goal=\"ship\"')")
+        edits[name] = parse_json(text, f"--set {name}")
+    return edits
 
 
 @command("fork", examples=["pitstop fork 7f3a9c@1b2c3d4e --set 'budget=5000' "
                            "--workflow flows:approval",
+                           "pitstop fork 7f3a9c --set 'plan.goal=\"ship\"' --workflow flows:wf",
                            "pitstop fork 7f3a9c --workflow flows:approval --run-id 7f3a9c-retry"])
 @click.argument("ref", metavar="CHECKPOINT")
 @click.option("--set", "assignments", multiple=True, metavar="FIELD=JSON",
-              help="Replace a state field in the new run (repeatable).")
+              help="Replace a state field, or a value inside one (plan.goal, messages[-1]), "
+                   "in the new run (repeatable). The JSON is converted to the type the field "
+                   "holds (a dataclass, a pydantic model, a datetime...) or refused.")
+@click.option("--add", is_flag=True,
+              help="Allow --set to add fields (and mapping keys) the state does not have yet.")
 @click.option("--workflow", "spec", metavar="MODULE:ATTR", required=True,
               envvar="PITSTOP_WORKFLOW", help=WORKFLOW_HELP)
 @click.option("--run-id", "new_run_id", metavar="NEW", help="Id of the new run (default: new).")
 def fork(
-    s: Session, ref: str, assignments: tuple[str, ...], spec: str, new_run_id: str | None
+    s: Session, ref: str, assignments: tuple[str, ...], add: bool, spec: str,
+    new_run_id: str | None,
 ) -> int:
     """Start a new run from a checkpoint (of any run), optionally with edited fields, and run it.
 
     CHECKPOINT is a checkpoint id, a run id (its latest checkpoint) or RUN@ID. The source
-    run is not changed. Exits 1 if the new run failed.
+    run is not changed. An edit naming a field the state does not have, or a value that does
+    not fit the field's type, is refused (exit 2) and nothing is written. Exits 1 if the new
+    run failed.
     """
-    updates = _updates(assignments)
+    from pitstop.edits import apply_field_edits
+
+    edits = _edits(assignments)
     workflow = load_workflow(spec)
     store = s.store()
     checkpoint_id = resolve(store, ref)
+    updates: dict[str, Any] = {}
+    if edits:
+        source = load_checkpoint(store, checkpoint_id)
+        try:
+            updates = apply_field_edits(source.state, edits, add=add,
+                                        state_type=workflow.state_type)
+        except FieldEditError as exc:
+            raise CliError(f"--set: {exc} (nothing was written)") from None
     return _result(s, workflow.fork(store, checkpoint_id, update=updates, run_id=new_run_id))
 
 
-@command("worker", examples=[
+@command("worker", log_level="INFO", examples=[
     "pitstop worker --workflow flows:approval --concurrency 8",
     "pitstop worker --store postgresql://db/app --workflow a:wf --workflow b:wf --until-idle"])
 @click.option("--workflow", "specs", metavar="MODULE:ATTR", multiple=True, required=True,
@@ -576,8 +780,6 @@ def worker(s: Session, specs: tuple[str, ...], concurrency: int, limits: tuple[s
     like on every machine that shares the store. SIGTERM or Ctrl-C: each run finishes its
     current step, checkpoints and is handed back; then the worker exits 0.
     """
-    import logging
-
     from ..runtime import Worker
 
     caps: dict[str, int] = {}
@@ -587,7 +789,6 @@ def worker(s: Session, specs: tuple[str, ...], concurrency: int, limits: tuple[s
             raise CliError(f"--limit {item!r} must look like WORKFLOW=N (e.g. --limit approval=2)")
         caps[name] = int(count)
     workflows = [load_workflow(spec) for spec in specs]
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     stats = Worker(s.store(), workflows, concurrency=concurrency, poll_interval=poll,
                    limits=caps).run(until_idle=until_idle)
     summary = {"executed": stats.executed, "by_status": dict(stats.by_status),

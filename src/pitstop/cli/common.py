@@ -110,6 +110,40 @@ class Session:
             self._store = None
 
 
+# -- logging ---------------------------------------------------------------------------------
+
+_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
+
+
+def configure_logging(
+    level: str | None, *, default: str = "WARNING", verbose: int = 0, quiet: bool = False
+) -> None:
+    """Send pitstop's log records to stderr, one line each, at the level asked for.
+
+    ``level`` (``--log-level``) wins; otherwise ``default`` made more verbose by each ``-v``
+    or reduced to errors by ``-q``. The lines are ``TIME LEVEL LOGGER message`` with the
+    message written as ``key=value`` pairs by pitstop (``run=... step=... attempt=...``), so
+    ``grep run=01a2`` follows one run through a worker's log.
+    """
+    import logging
+
+    if level is None:
+        index = _LEVELS.index(default.upper())
+        index = len(_LEVELS) - 1 if quiet else max(0, index - verbose)
+        level = _LEVELS[index]
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(
+        "%(asctime)s.%(msecs)03d %(levelname)s %(name)s %(message)s", "%Y-%m-%dT%H:%M:%S"
+    ))
+    logger = logging.getLogger("pitstop")
+    for old in list(logger.handlers):
+        if getattr(old, "_pitstop_cli", False):
+            logger.removeHandler(old)
+    handler._pitstop_cli = True  # type: ignore[attr-defined]  # replaced on the next command
+    logger.addHandler(handler)
+    logger.setLevel(level.upper())
+
+
 # -- parsing what people type ------------------------------------------------------------------
 
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d|w)?\s*\Z", re.IGNORECASE)
@@ -324,6 +358,7 @@ __all__ = [
     "CliError",
     "Session",
     "checkpoint_json",
+    "configure_logging",
     "connect",
     "find_in_run",
     "load_checkpoint",

@@ -96,6 +96,46 @@ def _diff(old: Any, new: Any, path: str, out: list[Change]) -> None:
         out.append(Change("changed", path or "(state)", old=old, new=new))
 
 
+MAX_CHARS = 400
+"""Strings longer than this are shortened by ``show`` (to their first ``KEEP_CHARS``)."""
+KEEP_CHARS = 300
+MAX_ITEMS = 50
+"""Lists and mappings with more members are shortened to their first ``KEEP_ITEMS``."""
+KEEP_ITEMS = 20
+
+
+def shorten(view: Any) -> tuple[Any, int]:
+    """``view`` with long strings, lists and mappings cut, each with a marker saying how much
+    was left out; and how many values were cut. For reading: ``--full`` and ``--field`` show
+    the whole value, and ``--json`` is never shortened."""
+    count = 0
+
+    def cut(value: Any) -> Any:
+        nonlocal count
+        if isinstance(value, str):
+            if len(value) <= MAX_CHARS:
+                return value
+            count += 1
+            return f"{value[:KEEP_CHARS]}… [+{len(value) - KEEP_CHARS:,} chars]"
+        if isinstance(value, list):
+            items = [cut(v) for v in value[:KEEP_ITEMS if len(value) > MAX_ITEMS else None]]
+            if len(value) > MAX_ITEMS:
+                count += 1
+                items.append(f"… [+{len(value) - KEEP_ITEMS:,} more items]")
+            return items
+        if isinstance(value, Mapping):
+            keys = list(value)
+            kept = keys[:KEEP_ITEMS] if len(keys) > MAX_ITEMS else keys
+            out = {k: cut(value[k]) for k in kept}
+            if len(keys) > MAX_ITEMS:
+                count += 1
+                out["…"] = f"[+{len(keys) - KEEP_ITEMS:,} more keys]"
+            return out
+        return value
+
+    return cut(view), count
+
+
 def compact(value: Any, width: int = 100) -> str:
     """One-line JSON for a diff line, shortened to ``width``."""
     text = json.dumps(value, ensure_ascii=False, default=str, separators=(", ", ": "))
@@ -103,4 +143,4 @@ def compact(value: Any, width: int = 100) -> str:
 
 
 __all__ = ["Change", "PathNotFound", "compact", "diff", "index_path", "key_path", "lookup",
-           "parse_path"]
+           "parse_path", "shorten"]

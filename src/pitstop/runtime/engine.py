@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
+import os
 import threading
 import time
 import traceback
@@ -18,6 +20,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import LeaseLostError, PitstopError
+from ..logfmt import kv
 from ..model import Checkpoint, RunStatus, utc
 from ..store import Lease, Store
 from .context import StepContext, Suspend
@@ -28,6 +31,8 @@ from .writer import writer_for
 
 if TYPE_CHECKING:
     from .workflow import StepSpec, Workflow
+
+log = logging.getLogger("pitstop.runtime")
 
 
 class StepFailedError(PitstopError):
@@ -433,7 +438,12 @@ class Execution:
                 if retry is not None and retry.retries(exc, attempt):
                     self.changed = self.step_start_changed
                     yield from self.checkpoint(RunStatus.RUNNING, source="retry", error=error)
-                    yield _Sleep(retry.delay(attempt))
+                    delay = retry.delay(attempt)
+                    log.info(kv(event="retry", run=self.run_id, step=spec.name, attempt=attempt,
+                                delay=f"{delay:g}s", error=f"{error['type']}: {exc}"),
+                             extra={"run_id": self.run_id, "step": spec.name,
+                                    "attempt": attempt})
+                    yield _Sleep(delay)
                     continue
                 self.changed = self.step_start_changed
                 return (yield from self._fail(error, step=spec.name))
@@ -540,13 +550,22 @@ class Execution:
         return self.result(RunStatus.FAILED, error=error, step=step or self.next)
 
 
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
 def _describe(exc: BaseException, step: str, attempt: int) -> dict[str, Any]:
+    # The traceback starts at the user's step: the frames of pitstop's own loop and drivers
+    # above it say nothing about why the step failed.
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None and \
+            tb.tb_frame.f_code.co_filename.startswith(_PACKAGE):
+        tb = tb.tb_next
     return {
         "type": f"{type(exc).__module__}.{type(exc).__qualname__}".removeprefix("builtins."),
         "message": str(exc),
         "step": step,
         "attempt": attempt,
-        "traceback": "".join(traceback.format_exception(exc)),
+        "traceback": "".join(traceback.format_exception(type(exc), exc, tb)),
         "at": time.time(),
     }
 

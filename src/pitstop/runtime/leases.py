@@ -9,50 +9,15 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
 
 from ..errors import LeaseLostError, PitstopError, RunBusyError
+from ..owners import owner_id, owner_is_dead
 from ..store import Lease, Store
 
 log = logging.getLogger("pitstop.runtime")
-
-
-def owner_id() -> str:
-    """A name for this owner that an operator can trace back to a host and process."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-
-
-def owner_is_dead(owner: str | None) -> bool:
-    """True if ``owner`` was a process on this host that no longer runs.
-
-    Lets a run whose process crashed be resumed on the same machine at once instead of after
-    its lease expires. Only ever says "dead" for a pid that does not exist (or is a zombie);
-    if it were ever wrong, fencing still rejects the old owner's writes.
-    """
-    if not owner:
-        return False
-    host, _, rest = owner.partition(":")
-    pid_text = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid_text.isdigit():
-        return False
-    pid = int(pid_text)
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def acquire(store: Store, run_id: str, owner: str, ttl: float) -> Lease:

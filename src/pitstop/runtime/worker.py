@@ -3,7 +3,8 @@
 Start as many as you like, on as many machines as share the store (``pitstop worker`` or
 :class:`Worker`). Each claims runs with a lease — queued runs, waiting runs whose inputs
 arrived or whose timer is due, and runs whose owner's lease expired — so a run is executed by
-one worker at a time, and a worker that dies has its runs taken over by the others.
+one worker at a time, and a worker that dies has its runs taken over by the others: at once
+by a worker on the dead worker's host (its pid is gone), after the lease expires elsewhere.
 On PostgreSQL claims use ``FOR UPDATE SKIP LOCKED`` and workers are woken by LISTEN/NOTIFY;
 on SQLite (one machine) the same semantics come from SQLite's write lock, and workers poll.
 """
@@ -11,9 +12,11 @@ on SQLite (one machine) the same semantics come from SQLite's write lock, and wo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import signal
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -21,9 +24,11 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-from ..errors import PitstopError
+from ..errors import PitstopError, RunBusyError
+from ..logfmt import kv
+from ..model import RunStatus
+from ..owners import owner_alive, owner_id
 from ..store import Lease, Store
-from .leases import owner_id
 from .workflow import Workflow
 
 log = logging.getLogger("pitstop.worker")
@@ -72,6 +77,8 @@ class Worker:
         self._slot_freed = threading.Event()
         self._active: dict[Future[Any], str] = {}
         self._lock = threading.Lock()
+        self._orphans_checked = -float("inf")
+        self._orphans_elsewhere = False
 
     def stop(self) -> None:
         """Finish the current steps, checkpoint, release the runs; :meth:`run` then returns."""
@@ -103,17 +110,68 @@ class Worker:
                 leases += self.store.claim(self.owner, workflows=[name], limit=room, ttl=ttl)
         return leases
 
+    _ORPHAN_SCAN = 200
+    """Leased runs per workflow looked at for a dead owner on each scan."""
+
+    def _adopt_orphans(self, free: int) -> list[Lease]:
+        """Take over runs whose owner's process is gone from this host, without waiting for
+        their leases to expire; note whether runs wait for a lease held elsewhere (an owner
+        that may have died: ``until_idle`` keeps going until that lease expires or ends).
+
+        At most once per poll interval: it lists the leased runs of these workflows.
+        """
+        now = time.monotonic()
+        if now - self._orphans_checked < self.poll_interval:
+            return []
+        self._orphans_checked = now
+        adopted: list[Lease] = []
+        elsewhere = False
+        for name in self._eligible():
+            wf = self.workflows[name]
+            candidates = self.store.runs(status=(RunStatus.RUNNING, RunStatus.QUEUED),
+                                         workflow=name, limit=self._ORPHAN_SCAN)
+            for run in candidates:
+                if run.owner is None or run.owner == self.owner or run.lease_expires_at is None:
+                    continue
+                if run.lease_expires_at.timestamp() <= time.time():
+                    elsewhere = True  # expired: the next claim takes it
+                    continue
+                alive = owner_alive(run.owner)
+                if alive is None:
+                    elsewhere = True
+                if alive is not False:
+                    continue
+                if len(adopted) >= free:
+                    elsewhere = True
+                    continue
+                try:
+                    lease = self.store.acquire(run.id, self.owner, ttl=wf.lease_ttl,
+                                               takeover=run.owner)
+                except RunBusyError:
+                    continue  # another worker on this host was quicker
+                log.warning(kv(event="takeover", run=run.id, workflow=name,
+                               previous_owner=run.owner, reason="owner process is gone"),
+                            extra={"run_id": run.id, "workflow": name})
+                adopted.append(dataclasses.replace(lease, workflow=name))
+        self._orphans_elsewhere = elsewhere
+        return adopted
+
     def _execute(self, lease: Lease, workflow: str) -> None:
         wf = self.workflows[workflow]
+        fields = {"run_id": lease.run_id, "workflow": workflow}
+        log.info(kv(event="claimed", run=lease.run_id, workflow=workflow, token=lease.token),
+                 extra=fields)
         try:
             result = wf.resume(self.store, lease.run_id, lease=lease, stop=self._stop)
         except PitstopError as exc:
-            log.warning("run %s (%s): %s", lease.run_id, workflow, exc)
+            log.warning(kv(event="error", run=lease.run_id, workflow=workflow,
+                           error=f"{type(exc).__name__}: {exc}"), extra=fields)
             with self._lock:
                 self.stats.errors += 1
             return
-        except Exception:
-            log.exception("run %s (%s) crashed the worker thread", lease.run_id, workflow)
+        except Exception as exc:
+            log.exception(kv(event="crashed", run=lease.run_id, workflow=workflow,
+                             error=f"{type(exc).__name__}: {exc}"), extra=fields)
             with self._lock:
                 self.stats.errors += 1
             with contextlib.suppress(PitstopError):
@@ -122,7 +180,17 @@ class Worker:
         with self._lock:
             self.stats.executed += 1
             self.stats.by_status[result.status.value] += 1
-        log.info("run %s (%s): %s", lease.run_id, workflow, result.status.value)
+        error = result.error or {}
+        done = {**fields, "status": result.status.value, "step": result.step,
+                "attempt": error.get("attempt")}
+        message = kv(event="finished", run=lease.run_id, workflow=workflow,
+                     status=result.status.value, step=result.step, attempt=error.get("attempt"),
+                     waiting_for=",".join(result.waiting_for) or None,
+                     error=f"{error.get('type')}: {error.get('message')}" if error else None)
+        if result.status is RunStatus.FAILED:
+            log.warning(message, extra=done)
+        else:
+            log.info(message, extra=done)
 
     def _done(self, future: Future[Any]) -> None:
         with self._lock:
@@ -139,12 +207,15 @@ class Worker:
         """Claim and execute runs until :meth:`stop` (or SIGTERM/SIGINT).
 
         ``until_idle`` returns once nothing is runnable and nothing is executing (batch jobs,
-        tests); ``max_runs`` after that many executions were started.
+        tests), and no run of these workflows is held by an owner that may have died: runs of
+        a dead owner on this host are taken over at once, and a lease held from another host
+        is waited for until it ends or expires (then the run is taken). ``max_runs`` returns
+        after that many executions were started.
         """
         restore = self._install_signals() if handle_signals else None
         started = 0
-        log.info("worker %s: %s, concurrency %d", self.owner, ", ".join(self.workflows),
-                 self.concurrency)
+        log.info(kv(event="started", worker=self.owner, workflows=",".join(self.workflows),
+                    concurrency=self.concurrency))
         # One run at a time executes right here: no thread hand-offs per run.
         pool = (
             ThreadPoolExecutor(self.concurrency, thread_name_prefix="pitstop-run")
@@ -164,7 +235,7 @@ class Worker:
                         self._slot_freed.wait(self.poll_interval)
                         self._slot_freed.clear()
                         continue
-                    leases = self._claim(free)
+                    leases = self._claim(free) or self._adopt_orphans(free)
                     for lease in leases:
                         workflow = self._workflow_of(lease)
                         started += 1
@@ -179,7 +250,7 @@ class Worker:
                         continue
                     with self._lock:
                         busy = bool(self._active)
-                    if until_idle and not busy:
+                    if until_idle and not busy and not self._orphans_elsewhere:
                         break
                     if busy:
                         self._slot_freed.wait(min(self.poll_interval, 0.05))
@@ -189,7 +260,9 @@ class Worker:
         finally:
             if restore is not None:
                 restore()
-        log.info("worker %s stopped: %s", self.owner, dict(self.stats.by_status))
+        log.info(kv(event="stopped", worker=self.owner, executed=self.stats.executed,
+                    errors=self.stats.errors,
+                    **{f"runs_{k}": n for k, n in sorted(self.stats.by_status.items())}))
         return self.stats
 
     def _workflow_of(self, lease: Lease) -> str:
@@ -204,7 +277,8 @@ class Worker:
             return None
 
         def handler(signum: int, frame: FrameType | None) -> None:
-            log.info("worker %s: signal %d, finishing current steps", self.owner, signum)
+            log.info(kv(event="signal", worker=self.owner, signal=signum,
+                        action="finishing current steps"))
             self.stop()
 
         previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
