@@ -203,3 +203,25 @@ def test_ctx_iterate_names_must_differ_within_a_step(store: Store) -> None:
 
     result = wf.start(store, {})
     assert result.status is RunStatus.FAILED and "used twice" in str(result.error)
+
+
+def test_idempotency_key_detection_is_cached_per_function_not_per_wrapper() -> None:
+    import functools
+
+    from pitstop.runtime.context import _takes_key
+
+    def plain(x: int) -> int:
+        return x
+
+    def keyed(x: int, *, idempotency_key: str) -> int:
+        return x
+
+    def logged(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    assert [_takes_key(f) for f in (plain, keyed, plain, keyed)] == [False, True, False, True]
+    assert [_takes_key(logged(f)) for f in (plain, keyed)] == [False, True]

@@ -283,7 +283,25 @@ class StepContext:
             raise Suspend(wake_at)
 
 
+_TAKES_KEY: dict[object, bool] = {}  # by code object: one inspect per function, not per call
+
+
 def _takes_key(fn: Callable[..., Any]) -> bool:
+    func = getattr(fn, "__func__", fn)
+    # A decorator's wrapper shares one code object between every function it wraps, and the
+    # signature comes from __wrapped__: such functions are inspected each time.
+    code = None if hasattr(func, "__wrapped__") else getattr(func, "__code__", None)
+    if code is None:
+        return _inspect_takes_key(fn)
+    known = _TAKES_KEY.get(code)
+    if known is None:
+        if len(_TAKES_KEY) > 4096:
+            _TAKES_KEY.clear()
+        known = _TAKES_KEY[code] = _inspect_takes_key(fn)
+    return known
+
+
+def _inspect_takes_key(fn: Callable[..., Any]) -> bool:
     try:
         return "idempotency_key" in inspect.signature(fn).parameters
     except (TypeError, ValueError):
