@@ -42,3 +42,11 @@ def test_the_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert (tmp_path / "pitstop.db").exists()
     outbox = (tmp_path / "outbox.txt").read_text().splitlines()
     assert len(outbox) == 2  # one e-mail per approved vendor, none repeated by the crash
+
+
+def test_ci_installs_the_pinned_cpu_torch_before_the_tests() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    tests = _readme_commands()[1]
+    torch_line = ".venv/bin/pip install -q torch==2.13.0"
+    assert torch_line in ci and ci.index(torch_line) < ci.index(tests)
+    assert not re.search(r"install[^\n]*\btorch(?!==2\.13\.0)\b", ci)  # never an open range
