@@ -1242,3 +1242,17 @@ def test_to_jsonable_examples() -> None:
         "loop": ["<cycle>"],
     }
     json.dumps(view, allow_nan=False)
+
+
+def test_large_incompressible_values_skip_compression_by_a_sample() -> None:
+    from pitstop.serde.framing import SAMPLE_FROM, compressible
+
+    floats = np.random.default_rng(0).standard_normal(SAMPLE_FROM // 2, dtype=np.float32)
+    assert not compressible(floats.tobytes())  # shrinks ~8%: not worth zstd's time
+    assert frame(floats.tobytes(), 0)[0] == 0x00
+    zeros_and_noise = np.zeros(SAMPLE_FROM, dtype=np.float32)
+    zeros_and_noise[::97] = 1.5
+    assert frame(zeros_and_noise.tobytes(), 0)[0] == 0x10  # sparse: compressed
+    text = ("the same few words again " * 100_000).encode()
+    assert compressible(text) and frame(text, 0)[0] == 0x10
+    assert unframe(frame(floats.tobytes(), 0)) == (0, floats.tobytes())

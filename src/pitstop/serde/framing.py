@@ -46,16 +46,47 @@ def _check_format(format_id: int) -> None:
         raise ValueError(f"format_id must be between 0 and {_FORMAT_MASK}, got {format_id}")
 
 
+SAMPLE_FROM = 1 << 20
+"""Values at least this large are compressed only if a sample of them compresses well."""
+_SAMPLE = 16 << 10
+_SAMPLES = 4
+MIN_SAVING = 0.2
+"""The share a sample must shrink by for the whole value to be compressed."""
+
+
+def compressible(raw: bytes | memoryview, level: int = 3) -> bool:
+    """Whether zstd is worth running over ``raw``: four 16 KiB samples spread over it must
+    shrink by :data:`MIN_SAVING` together.
+
+    Float data (weights, optimizer moments, embeddings) shrinks by 5-10% at ~150 MB/s: far
+    slower than writing it raw, and slower to load again. Text, JSON-like msgpack and sparse
+    or integer arrays shrink by half or more and pass. Costs ~0.1 ms, whatever the size.
+    """
+    view = memoryview(raw).cast("B")
+    if len(view) <= _SAMPLE * _SAMPLES:
+        return True
+    step = (len(view) - _SAMPLE) // (_SAMPLES - 1)
+    compressor = _compressor(level)
+    packed = sum(
+        len(compressor.compress(view[i * step : i * step + _SAMPLE])) for i in range(_SAMPLES)
+    )
+    return packed <= _SAMPLE * _SAMPLES * (1 - MIN_SAVING)
+
+
 def frame(
     raw: bytes, format_id: int, *, compress_threshold: int | None = 4096, level: int = 3
 ) -> bytes:
     """The stored form of ``raw``: compressed only when it is big enough and it actually helps.
 
     Small values are left alone because zstd's frame overhead outweighs any gain and reading
-    them stays a plain slice; ``compress_threshold=None`` turns compression off.
+    them stays a plain slice; values of :data:`SAMPLE_FROM` bytes and more are compressed only
+    when a sample says it pays (:func:`compressible`). ``compress_threshold=None`` turns
+    compression off.
     """
     _check_format(format_id)
     if compress_threshold is not None and len(raw) >= compress_threshold:
+        if len(raw) >= SAMPLE_FROM and not compressible(raw, level):
+            return bytes((format_id,)) + raw
         packed = _compressor(level).compress(raw)
         if len(packed) < len(raw):
             return bytes((format_id | _COMPRESSED,)) + packed
@@ -90,4 +121,4 @@ def digest(format_id: int, raw: bytes) -> bytes:
     return hasher.digest()
 
 
-__all__ = ["digest", "frame", "unframe"]
+__all__ = ["compressible", "digest", "frame", "unframe"]
