@@ -409,42 +409,63 @@ def _put(saver: PitstopSaver, thread: str, parent: str | None, source: str, step
     return checkpoint["id"]
 
 
+def _read(saver: PitstopSaver, thread: str, checkpoint_id: str | None = None) -> Any:
+    cfg: Any = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+    if checkpoint_id:
+        cfg["configurable"]["checkpoint_id"] = checkpoint_id
+    return saver.get_tuple(cfg)
+
+
 def test_which_puts_must_continue_the_head(store: Store) -> None:
     saver = PitstopSaver(store)
-    root = _put(saver, "t-rules", None, "input", -1)
+    assert _read(saver, "t-rules") is None  # the thread is read as empty...
+    root = _put(saver, "t-rules", None, "input", -1)  # ...and started
     a = _put(saver, "t-rules", root, "loop", 0)
-    # A second thread start on a thread that has one: another writer started it first.
-    with pytest.raises(ThreadConflictError):
-        _put(saver, "t-rules", None, "input", -1)
-    # A loop step whose parent is no longer the head.
+    # A loop step whose parent is no longer the head: another writer moved the thread on.
     with pytest.raises(ThreadConflictError):
         _put(saver, "t-rules", root, "loop", 0)
-    # An input or update written on top of what the writer read as the latest: same.
-    read_latest = {"__pitstop_read__": {"checkpoint_id": root, "head": True}}
+    # An input or update on a checkpoint read as the latest continues the thread: its
+    # parent must still be the head when it is written.
+    assert _read(saver, "t-rules").checkpoint["id"] == a
+    _put(store_saver := PitstopSaver(store), "t-rules", a, "loop", 1)  # another process
     with pytest.raises(ThreadConflictError):
-        _put(saver, "t-rules", root, "input", 1, **read_latest)
-    # ...but one on a checkpoint the writer addressed on purpose is a branch: allowed.
-    read_old = {"__pitstop_read__": {"checkpoint_id": root, "head": False}}
-    b = _put(saver, "t-rules", root, "update", 1, **read_old)
-    _put(saver, "t-rules", root, "fork", 1)  # __copy__-style config, made by hand
-    # Configs from get_tuple carry what was read.
-    latest = saver.get_tuple(config("t-rules"))
-    assert latest is not None
-    assert latest.config["configurable"]["__pitstop_read__"]["head"] is True
-    older = saver.get_tuple({"configurable": {"thread_id": "t-rules", "checkpoint_ns": "",
-                                              "checkpoint_id": a}})
-    assert older is not None
-    assert older.config["configurable"]["__pitstop_read__"] == {"checkpoint_id": a,
-                                                                "head": False}
+        _put(saver, "t-rules", a, "input", 2)
+    # ...but one on a checkpoint read as an earlier one was addressed on purpose: a branch.
+    assert _read(saver, "t-rules", root).checkpoint["id"] == root
+    b = _put(saver, "t-rules", root, "update", 1)
+    _put(saver, "t-rules", a, "fork", 1)  # time travel without input, __copy__: branches
+    # An input on a config made by hand (never read here) is a branch; a loop step goes on.
+    _put(PitstopSaver(store), "t-rules", root, "input", 0)
+    # A parentless checkpoint in a namespace that has checkpoints (a replay into a subgraph
+    # from before its first run) is a new root, unless its writer read the thread empty.
+    _put(saver, "t-rules", None, "input", -1)
+    # Configs are exactly what LangGraph's savers return: nothing private in them.
+    latest = _read(saver, "t-rules")
+    assert latest.config == {"configurable": {"thread_id": "t-rules", "checkpoint_ns": "",
+                                              "checkpoint_id": latest.checkpoint["id"]}}
+    assert _read(saver, "t-rules", latest.checkpoint["id"]).config == latest.config
     # Putting the same checkpoint again (a retried call) is not an error.
     checkpoint = empty_checkpoint()
-    cfg: Any = {"configurable": {"thread_id": "t-rules", "checkpoint_ns": "",
-                                 "checkpoint_id": latest.checkpoint["id"]}}
     meta: Any = {"source": "loop", "step": 2, "parents": {}}
-    saver.put(cfg, checkpoint, meta, {})
-    saver.put(cfg, checkpoint, meta, {})
-    assert b != checkpoint["id"]
+    saver.put(latest.config, checkpoint, meta, {})
+    saver.put(latest.config, checkpoint, meta, {})
+    assert b != checkpoint["id"] and store_saver is not saver
     assert store.verify() == []
+
+
+def test_two_readers_in_one_saver_cannot_both_continue(store: Store) -> None:
+    """Two invocations through one saver (a server handling a duplicate request) read the
+    same latest checkpoint, or both read an empty thread: only the first write wins."""
+    saver = PitstopSaver(store)
+    assert _read(saver, "t-same") is None and _read(saver, "t-same") is None
+    root = _put(saver, "t-same", None, "input", -1)
+    with pytest.raises(ThreadConflictError):
+        _put(saver, "t-same", None, "input", -1)
+    assert _read(saver, "t-same").checkpoint["id"] == root
+    assert _read(saver, "t-same").checkpoint["id"] == root
+    _put(saver, "t-same", root, "input", 0)
+    with pytest.raises(ThreadConflictError):
+        _put(saver, "t-same", root, "update", 0)
 
 
 # -- async graphs ------------------------------------------------------------------------------

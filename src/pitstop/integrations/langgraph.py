@@ -52,19 +52,34 @@ PostgreSQL stores. How LangGraph's model maps onto pitstop's:
   a checkpoint this saver goes on from (two workers on one thread) -- stays until the thread
   is next loaded.
 * **Channel versions** are integers (``get_next_version``): pitstop deduplicates values by
-  content, so versions need no random part to keep branches' values apart.
+  content, so versions need no random part to keep branches' values apart. A thread whose
+  versions are strings (written by another saver and moved here, or migrated) goes on with
+  strings of the reference savers' shape, so LangGraph never compares ``int`` with ``str``.
 
 **No silent forks.** Two workers continuing one thread from the same checkpoint would each
 write a child of it -- two diverging histories, one of them invisible (LangGraph issue 8796).
 Here a checkpoint that *continues* a thread is written only if its parent is still the run's
-head (pitstop's compare-and-set ``expected_head``); the loser gets
-:class:`ThreadConflictError`. What continues a thread: every ``loop`` checkpoint; an
-``input`` or ``update`` checkpoint written on top of the checkpoint its writer read as the
-thread's latest (``get_tuple`` and ``list`` tag the configs they return with what was read,
-under the private key ``__pitstop_read__``); a thread's first checkpoint (``input`` at step -1
-or ``update`` at step 0 without a parent). Legitimate branches stay allowed: ``update_state``
-or a new input on an earlier checkpoint named by ``checkpoint_id``, time travel (``fork``
-checkpoints), ``update_state(..., as_node="__copy__")``.
+head (pitstop's compare-and-set ``expected_head``; ``None``: the run must still be empty);
+the loser gets :class:`ThreadConflictError` and nothing is written. Configs carry nothing
+for this -- they are exactly what LangGraph's savers return -- so the saver keeps what it
+needs: for each of the last ``_READS_KEPT`` checkpoints it read (``get_tuple``, ``list``) or
+wrote, whether it was its run's head at that moment (the latest read or write of a
+checkpoint counts), and per run the reads of its latest checkpoint that found none. A
+``put`` whose parent is P:
+
+* ``source == "fork"`` (time travel without new input, ``as_node="__copy__"``): a branch.
+* P was the head when last read or written here: a continuation, P must still be the head.
+* P was read here as an earlier checkpoint (time travel, ``update_state`` on an old config,
+  ``get_state_history``): a deliberate branch.
+* P not remembered: a ``loop`` step continues; an ``input`` or ``update`` on a config made
+  by hand is a branch.
+* No parent: the thread's first checkpoint (the run must still be empty) if a read here
+  found the run empty and no parentless put has answered that read yet (a read that finds
+  a head forgets such reads); otherwise a new root in a namespace that already has
+  checkpoints (LangGraph replaying a persistent subgraph from before its first run, or a
+  put by hand).
+
+docs/langgraph.md lists which races this catches and which it cannot.
 
 Differences from ``SqliteSaver``/``PostgresSaver``: latest means the run's head, the last
 checkpoint written, which is the newest one unless ids were made out of order by hand;
@@ -82,6 +97,7 @@ import contextlib
 import hashlib
 import heapq
 import json
+import threading
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from functools import lru_cache
 from typing import Any, Final, NamedTuple, TypeVar, cast
@@ -119,19 +135,16 @@ T = TypeVar("T")
 WORKFLOW: Final = "langgraph"
 """The workflow name of every run that holds a LangGraph thread."""
 
-READ_KEY: Final = "__pitstop_read__"
-"""Configurable key of configs returned by ``get_tuple``/``list``: which checkpoint was read
-and whether it was the thread's latest then (see "No silent forks" in the module docs)."""
-
 _NS_SEP: Final = "::"
 _ID_SEP: Final = "~"
 _TYPED: Final = "__pitstop_typed__"
 _PAGE: Final = 64
+_READS_KEPT: Final = 16384
+"""Checkpoints whose read (or write) the saver remembers to tell continuations from branches:
+each entry is a short id and a bool, so this costs ~2 MiB at most."""
 _NOT_FRAME: Final = frozenset({"id", "channel_values"})
 """Checkpoint keys not kept in the frame (metadata): the id is the pitstop id's, the values
 are the state fields."""
-_FIRST_CHECKPOINT: Final = frozenset({("input", -1), ("update", 0)})
-"""(source, step) of the first checkpoint LangGraph writes on a thread it found empty."""
 
 
 class ThreadConflictError(ConflictError):
@@ -251,7 +264,7 @@ def _where(config: RunnableConfig) -> tuple[str, str, str]:
     return thread_id, ns, run_id_for(thread_id, ns)
 
 
-class PitstopSaver(BaseCheckpointSaver[int]):
+class PitstopSaver(BaseCheckpointSaver[Any]):
     """LangGraph's ``BaseCheckpointSaver`` (sync and async) on a pitstop :class:`~pitstop.Store`.
 
     ``store`` is a store or a store URL (then the saver opens it and :meth:`close` closes it).
@@ -271,6 +284,16 @@ class PitstopSaver(BaseCheckpointSaver[int]):
         # the writes made on it concurrently, so its put may land after the interrupt: it
         # must not mark the run running again.
         self._interrupted: BoundedCache[bool] = BoundedCache(2048)
+        # What a child of a checkpoint is (see "No silent forks" in the module docs): stored
+        # id -> True if the checkpoint was the run's head when this saver last read or wrote
+        # it (a child continues the thread: compare-and-set), False if it was read as an
+        # earlier one (a child is a deliberate branch). The last read or write wins.
+        self._continues: BoundedCache[bool] = BoundedCache(_READS_KEPT)
+        # run id -> reads of the run's latest checkpoint that found none, not yet followed
+        # by a parentless put (each such put is the thread's first and takes one). A read
+        # that finds a head clears it. A lock: two readers of an empty thread both count.
+        self._empty_reads: dict[str, int] = {}
+        self._empty_lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -293,6 +316,7 @@ class PitstopSaver(BaseCheckpointSaver[int]):
         wanted = get_checkpoint_id(config)
         if not wanted:
             found = self.store.latest(run_id)
+            self._note_latest_read(run_id, empty=found is None)
             if found is None:
                 return None
             return self._tuple(found, thread_id, ns, True, self._writes(found))
@@ -451,15 +475,32 @@ class PitstopSaver(BaseCheckpointSaver[int]):
             parent = lg["parent"]
         else:
             parent = langgraph_id(stored.parent_id) if stored.parent_id else None
-        config = _config(thread_id, ns, checkpoint_id)
-        config["configurable"][READ_KEY] = {"checkpoint_id": checkpoint_id, "head": was_head}
+        self._continues.put(stored.id, was_head)
         return CheckpointTuple(
-            config=config,
+            config=_config(thread_id, ns, checkpoint_id),
             checkpoint=checkpoint,
             metadata=self._unpack(lg.get("metadata", {})),
             parent_config=_config(thread_id, ns, parent) if parent else None,
             pending_writes=writes,
         )
+
+    def _note_latest_read(self, run_id: str, *, empty: bool) -> None:
+        """Count a read of the run's latest checkpoint that found none (or forget the count)."""
+        with self._empty_lock:
+            if empty:
+                self._empty_reads[run_id] = self._empty_reads.get(run_id, 0) + 1
+                if len(self._empty_reads) > _READS_KEPT:
+                    del self._empty_reads[next(iter(self._empty_reads))]
+            else:
+                self._empty_reads.pop(run_id, None)
+
+    def _take_empty_read(self, run_id: str) -> bool:
+        """Whether a read found the run empty that no parentless put has answered yet."""
+        with self._empty_lock:
+            count = self._empty_reads.pop(run_id, 0)
+            if count > 1:
+                self._empty_reads[run_id] = count - 1
+            return count > 0
 
     def _remember(
         self, stored: str, fields: Iterable[str], frame: Mapping[str, Any], *, running: bool
@@ -540,7 +581,7 @@ class PitstopSaver(BaseCheckpointSaver[int]):
                 state[name] = _pack_typed(dumps(values[name]))
         if parent is None:
             self._create_run(run_id, thread_id, ns)
-        expected = self._expected_head(conf, parent, parent_id, source, step)
+        expected = self._expected_head(run_id, parent_id, source)
         # The run's status is written only when it may not say "running" already. Not when
         # this continues the head from a checkpoint this saver wrote as running, with no
         # interrupt recorded on it: naming the status in every save would rewrite the runs
@@ -573,6 +614,7 @@ class PitstopSaver(BaseCheckpointSaver[int]):
             )
         if written:
             self._wrote.put(run_id, stored)
+            self._continues.put(stored, True)
         interrupted = self._interrupted.get(stored)
         if interrupted:
             # An interrupt was recorded on this checkpoint while it was being written: the
@@ -589,31 +631,30 @@ class PitstopSaver(BaseCheckpointSaver[int]):
             exist_ok=True,
         )
 
-    @staticmethod
     def _expected_head(
-        conf: Mapping[str, Any],
-        parent: str | None,
-        parent_id: str | None,
-        source: Any,
-        step: int | None,
+        self, run_id: str, parent_id: str | None, source: Any
     ) -> str | _Unset | None:
         """The head the run must have for this checkpoint to be written (UNSET: any).
 
-        A checkpoint that continues the thread needs its parent to still be the head; one
-        that deliberately branches from an earlier checkpoint does not.
+        A checkpoint that continues the thread needs its parent to still be the head (None:
+        the thread to still be empty); one that deliberately branches does not. The rules
+        are in "No silent forks" in the module docs.
         """
-        if parent_id is None:
-            return None if (source, step) in _FIRST_CHECKPOINT else UNSET
-        read = conf.get(READ_KEY)
-        if isinstance(read, Mapping) and read.get("checkpoint_id") == parent:
-            # Written on top of what this writer read: a continuation only if it read the
-            # latest checkpoint; an earlier one was named on purpose (time travel, edits).
-            return parent_id if read.get("head") else UNSET
-        if read is None and source != "loop":
-            # A config made by hand (or __copy__'s parent config): an explicit branch.
+        if source == "fork":
+            # Time travel without new input, update_state(..., as_node="__copy__"): a branch
+            # by definition (and __copy__'s parent is not what its writer read).
             return UNSET
-        # A loop step, or a checkpoint on top of one this writer wrote itself.
-        return parent_id
+        if parent_id is None:
+            # The thread's first checkpoint after a read that found it empty; otherwise a
+            # new root in a namespace that has checkpoints (LangGraph replaying a subgraph
+            # from before its first run) or a put made by hand.
+            return None if self._take_empty_read(run_id) else UNSET
+        continues = self._continues.get(parent_id)
+        if continues is None:
+            # Neither read nor written here lately: a loop step continues the thread; an
+            # input or update on a config made by hand is an explicit branch.
+            return parent_id if source == "loop" else UNSET
+        return parent_id if continues else UNSET
 
     def _save(
         self,
@@ -715,13 +756,19 @@ class PitstopSaver(BaseCheckpointSaver[int]):
         with contextlib.suppress(RunNotFoundError):
             self.store.update_run(run_id, status=RunStatus.WAITING)
 
-    def get_next_version(self, current: int | None, channel: None) -> int:
-        """Integer versions: 1, 2, 3... (values are deduplicated by content, not version)."""
+    def get_next_version(self, current: int | str | None, channel: None) -> Any:
+        """Integer versions 1, 2, 3... (values are deduplicated by content, not version).
+
+        A thread whose versions are strings -- written by ``SqliteSaver``/``PostgresSaver``
+        or ``InMemorySaver`` and then stored here, or migrated from an older checkpoint
+        format -- goes on with strings of their ``"<32-digit n>.<16 chars>"`` shape:
+        LangGraph compares a channel's versions with each other, so one thread must not mix
+        ``int`` and ``str``. Without their random part: values here are not keyed by version.
+        """
         if current is None:
             return 1
         if isinstance(current, str):
-            # A thread copied from a saver with "<n>.<hash>" versions continues its numbering.
-            return int(current.split(".", 1)[0]) + 1
+            return f"{int(current.split('.', 1)[0]) + 1:032}.{0:016}"
         return int(current) + 1
 
     # -- maintenance -------------------------------------------------------------------------
@@ -882,7 +929,6 @@ def _ran(seen: Mapping[str, Any], parent: _Known | None) -> str | None:
 
 
 __all__ = [
-    "READ_KEY",
     "WORKFLOW",
     "PitstopSaver",
     "ThreadConflictError",
