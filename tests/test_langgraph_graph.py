@@ -588,7 +588,7 @@ def test_values_and_writes_in_the_earlier_format_are_read(
     saver = PitstopSaver(store)
     for thread, old in (("t-old", True), ("t-new", False)):
         if old:
-            monkeypatch.setattr(integration, "_pack_typed", lambda typed: typed)
+            monkeypatch.setattr(integration, "pack_typed", lambda typed: typed)
         checkpoint = empty_checkpoint()
         checkpoint["channel_values"] = {"a": 1, "b": ["x", b"y"]}
         checkpoint["channel_versions"] = {"a": 1, "b": 1}

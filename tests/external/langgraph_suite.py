@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -111,6 +110,10 @@ def _pitstop(backend, tmp_path):
                 conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
+# LangGraph's own ids for its savers: its snapshot files are named after them.
+SYNC_IDS = {"SqliteSaver": "sqlite", "InMemorySaver": "memory", "PostgresSaver": "postgres"}
+ASYNC_IDS = {"SqliteSaver": "sqlite_aio", "InMemorySaver": "memory",
+             "PostgresSaver": "postgres_aio"}
 SYNC_REFERENCE = {
     "SqliteSaver": reference._checkpointer_sqlite,
     "InMemorySaver": reference._checkpointer_memory,
@@ -123,9 +126,10 @@ ASYNC_REFERENCE = {
 }
 
 
-@pytest.fixture(scope="function", params=SAVERS)
+@pytest.fixture(scope="function", params=SAVERS, ids=[SYNC_IDS.get(s, s) for s in SAVERS])
 def sync_checkpointer(request, tmp_path):
     name = request.param
+    request.node.user_properties.append(("saver", name))  # for the per-saver counts
     if name.startswith("pitstop_"):
         with _pitstop(name.removeprefix("pitstop_"), tmp_path) as saver:
             yield saver
@@ -134,9 +138,10 @@ def sync_checkpointer(request, tmp_path):
             yield saver
 
 
-@pytest.fixture(scope="function", params=SAVERS)
+@pytest.fixture(scope="function", params=SAVERS, ids=[ASYNC_IDS.get(s, s) for s in SAVERS])
 async def async_checkpointer(request, tmp_path):
     name = request.param
+    request.node.user_properties.append(("saver", name))
     if name.startswith("pitstop_"):
         with _pitstop(name.removeprefix("pitstop_"), tmp_path) as saver:
             yield saver
@@ -180,21 +185,12 @@ def setup(checkout: Path, venv: Path) -> None:
     subprocess.run([*pip, "-e", f"{ROOT}[postgres]"], check=True)
 
 
-def saver_of(test_id: str, savers: list[str]) -> str | None:
-    """The saver parametrisation in a test id such as ``test_x[pitstop_sqlite-sync]``."""
-    params = re.search(r"\[(.*)\]$", test_id)
-    if params is None:
-        return None
-    parts = params.group(1).split("-")
-    found = [s for s in savers if s in parts]
-    return found[0] if len(found) == 1 else None
-
-
 def summarise(report: Path, savers: list[str]) -> dict[str, collections.Counter[str]]:
     counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for case in ET.parse(report).getroot().iter("testcase"):
-        saver = saver_of(case.get("name", ""), savers)
-        if saver is None:
+        found = [p.get("value") for p in case.iter("property") if p.get("name") == "saver"]
+        saver = found[0] if found else None
+        if saver not in savers:
             continue
         kinds = {child.tag for child in case}
         if kinds & {"failure", "error"}:
@@ -205,12 +201,14 @@ def summarise(report: Path, savers: list[str]) -> dict[str, collections.Counter[
             outcome = "passed"
         counts[saver][outcome] += 1
         if outcome == "failed":
-            counts[saver]["_failed:" + case.get("classname", "") + "::" + case.get("name", "")] += 1
+            where = case.get("classname", "") + "::" + case.get("name", "")
+            counts[saver]["_failed:" + where] += 1
     return counts
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog="Arguments after -- go to pytest.")
     parser.add_argument("checkout", type=Path, help="LangGraph repository checkout")
     parser.add_argument("--savers", default=",".join(PITSTOP),
                         help=f"comma-separated, of {', '.join(PITSTOP + REFERENCE)}")
@@ -220,8 +218,9 @@ def main() -> int:
                         help="create VENV with the checkout's packages and pitstop, then exit")
     parser.add_argument("--unwire", action="store_true", help="remove the wiring and exit")
     parser.add_argument("-n", "--workers", default="2", help="pytest-xdist workers")
-    parser.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
-    args = parser.parse_args()
+    argv = sys.argv[1:]
+    split = argv.index("--") if "--" in argv else len(argv)
+    args, extra = parser.parse_args(argv[:split]), argv[split + 1:]
     tests = tests_dir(args.checkout)
     if args.setup:
         setup(args.checkout, args.setup)
@@ -239,7 +238,7 @@ def main() -> int:
         report = Path(scratch) / "report.xml"
         done = subprocess.run(
             [args.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", args.workers,
-             f"--junitxml={report}", *SELECTION, *args.pytest_args],
+             f"--junitxml={report}", *SELECTION, *extra],
             cwd=tests.parent, env=env, check=False,
         )
         if not report.exists():

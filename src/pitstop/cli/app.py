@@ -48,6 +48,7 @@ from .common import (
     parse_since,
     resolve,
     short,
+    state_view,
 )
 from .render import Cell, Column, age, error_line, human_bytes, local_time, status_cell, styled
 
@@ -370,7 +371,7 @@ def show(s: Session, run_id: str, ref: str | None, path: str | None, full: bool)
             raise CliError(f"run {run_id!r} has no checkpoints yet")
         ckpt = latest
     failure = failure_in(ckpt)
-    view = to_jsonable(ckpt.state)
+    view = to_jsonable(state_view(store, ckpt))
     if path is not None:
         try:
             view = lookup(view, path)
@@ -524,7 +525,8 @@ def diff(s: Session, a: str, b: str, exit_code: bool) -> int:
 
     store = s.store()
     old, new = (load_checkpoint(store, resolve(store, ref)) for ref in (a, b))
-    changes = state_diff(to_jsonable(old.state), to_jsonable(new.state))
+    changes = state_diff(to_jsonable(state_view(store, old)),
+                         to_jsonable(state_view(store, new)))
     counts = {op: sum(c.op == op for c in changes) for op in ("added", "removed", "changed")}
     if s.as_json:
         s.out.json({"a": checkpoint_json(old), "b": checkpoint_json(new),

@@ -315,6 +315,16 @@ def load_checkpoint(store: Store, checkpoint_id: str) -> Checkpoint:
     return store.get(checkpoint_id, strict=False)
 
 
+def state_view(store: Store, checkpoint: Checkpoint) -> Any:
+    """A checkpoint's state as ``show`` and ``diff`` print it. A LangGraph thread's channels
+    are decoded without running code (pickle only on a store opened with PickleSerializer)."""
+    from pitstop.integrations.langgraph_values import display_state
+    from pitstop.serde import PickleSerializer
+
+    pickled = isinstance(store.serializer, PickleSerializer)
+    return display_state(checkpoint, allow_pickle=pickled)
+
+
 def checkpoint_json(summary: CheckpointSummary, *, head_id: str | None = None) -> dict[str, Any]:
     """The JSON shape of a checkpoint's record, shared by ``show``, ``history`` and ``diff``."""
     meta = summary.metadata

@@ -20,15 +20,15 @@ PostgreSQL stores. How LangGraph's model maps onto pitstop's:
   share it, so they sort as LangGraph's do. The checkpoint's parent is the config's
   ``checkpoint_id``, as in every LangGraph saver.
 * **Each channel is one state field**, stored as ``serde.dumps_typed(value)`` -- the
-  ``(type, bytes)`` pair LangGraph's own serializer makes, packed as one msgpack array
-  ``[type, bytes]`` (a byte string costs the store far less to serialise than a tuple;
-  values stored as the pair itself by earlier versions are read too) -- so any value
-  LangGraph can checkpoint works (messages included) and nothing is unpickled. pitstop
-  content-addresses each field. A channel whose version did not move since the parent (and
-  is not in ``new_versions``) is neither serialised nor stored again: its field points at the
-  parent's value, whatever its type. That is why a 1 MiB list that never changes costs its
-  bytes once, not once per step as in ``SqliteSaver`` (which rewrites the whole checkpoint)
-  or ``PostgresSaver`` (which inlines strings and numbers in every checkpoint row).
+  ``(type, bytes)`` pair LangGraph's own serializer makes, packed as one msgpack byte string
+  (:mod:`pitstop.integrations.langgraph_values`, the one place that knows the stored form) --
+  so any value LangGraph can checkpoint works (messages included) and nothing is unpickled.
+  pitstop content-addresses each field. A channel whose version did not move since the
+  parent (and is not in ``new_versions``) is neither serialised nor stored again: its field
+  points at the parent's value, whatever its type. That is why a 1 MiB list that never
+  changes costs its bytes once, not once per step as in ``SqliteSaver`` (which rewrites the
+  whole checkpoint) or ``PostgresSaver`` (which inlines strings and numbers in every
+  checkpoint row).
 * **Everything else is JSON metadata** of the pitstop checkpoint: ``source``, ``step_name`` (the
   nodes that ran in the step, for the CLI) and ``langgraph`` = ``{"metadata": <LangGraph
   metadata>, "checkpoint": <the checkpoint without id and channel values: v, ts,
@@ -37,10 +37,10 @@ PostgreSQL stores. How LangGraph's model maps onto pitstop's:
   not JSON at all is stored with LangGraph's serializer instead, base64-encoded.
 * **Pending writes** are pitstop effect records of the run, attached to the checkpoint (so
   pruning it drops them), keyed ``"<checkpoint id>/<task id>/<idx>"`` and holding the
-  msgpack array ``[task_id, channel, type, bytes, task_path, idx]`` (earlier versions stored
-  the tuple; both are read). One ``put_writes`` is one store call, one transaction. Special
-  writes (errors, interrupts, resumes...) overwrite, others are kept once, as in LangGraph's
-  savers; ``get_tuple`` returns them in ``(task_path, task_id, idx)`` order.
+  msgpack array ``[task_id, channel, type, bytes, task_path, idx]``. One ``put_writes`` is
+  one store call, one transaction. Special writes (errors, interrupts, resumes...)
+  overwrite, others are kept once, as in LangGraph's savers; ``get_tuple`` returns them in
+  ``(task_path, task_id, idx)`` order.
 * **Run status.** An interrupt marks the run ``waiting``; the next checkpoint written on it
   marks it ``running`` again. The status is written with a thread's first checkpoint, with
   one whose parent this saver did not write itself (it read it with ``get_tuple`` or
@@ -102,7 +102,6 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from functools import lru_cache
 from typing import Any, Final, NamedTuple, TypeVar, cast
 
-import ormsgpack
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
@@ -129,6 +128,7 @@ from ..model import Checkpoint as StoredCheckpoint
 from ..model import CheckpointSummary, Run, RunStatus
 from ..store import RetentionPolicy, Store, open_store
 from ..store.base import UNSET, _Unset
+from .langgraph_values import pack_typed, pack_write, unpack_typed, unpack_write
 
 T = TypeVar("T")
 
@@ -188,40 +188,6 @@ def stored_id(checkpoint_id: str, run_id: str) -> str:
 def langgraph_id(stored: str) -> str:
     """The LangGraph checkpoint id of a pitstop checkpoint id made by :func:`stored_id`."""
     return stored.rpartition(_ID_SEP)[0] or stored
-
-
-def _pack_typed(typed: tuple[str, bytes]) -> bytes:
-    """A ``serde.dumps_typed`` pair as stored: one msgpack array ``[type, bytes]``.
-
-    The store serialises a byte string in one native call; a tuple would take its extension
-    path (and a scan for buffers) at several times the cost, on every changed channel.
-    """
-    return ormsgpack.packb(typed)
-
-
-def _unpack_typed(stored: Any) -> tuple[str, bytes]:
-    """The (type, bytes) pair of a stored channel value."""
-    if isinstance(stored, bytes):
-        type_, data = ormsgpack.unpackb(stored)
-    else:  # the pair itself, as earlier versions stored it
-        type_, data = stored
-    return type_, data
-
-
-def _write_row(record: Any) -> tuple[Any, ...] | None:
-    """A pending write record as (task_id, channel, type, bytes, task_path, idx), or None for
-    an effect record that is not one. Stored as one msgpack array (earlier versions stored
-    the tuple itself; both are read)."""
-    if isinstance(record, bytes):
-        try:
-            record = ormsgpack.unpackb(record)
-        except ormsgpack.MsgpackDecodeError:
-            return None
-        if not isinstance(record, list):
-            return None
-    elif not isinstance(record, tuple):
-        return None
-    return tuple(record) if len(record) == 6 else None
 
 
 def _plain(value: Any) -> bool:
@@ -439,7 +405,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
     def _writes(self, stored: CheckpointSummary) -> builtins.list[tuple[str, str, Any]]:
         records = self.store.effects(stored.run_id, checkpoint_id=stored.id)
         rows = sorted(
-            (row for r in records.values() if (row := _write_row(r)) is not None),
+            (row for r in records.values() if (row := unpack_write(r)) is not None),
             key=lambda r: (r[4], r[0], r[5]),
         )
         return [
@@ -467,8 +433,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         lg = stored.metadata.get("langgraph", {})
         frame = self._unpack(lg.get("checkpoint", {}))
         checkpoint_id = langgraph_id(stored.id)
-        loads = self.serde.loads_typed
-        values = {name: loads(_unpack_typed(value)) for name, value in stored.state.items()}
+        values = self._decode_values(stored.state)
         checkpoint = cast(Checkpoint, {**frame, "id": checkpoint_id, "channel_values": values})
         self._remember(stored.id, stored.state, frame, running=False)
         if "parent" in lg:
@@ -483,6 +448,27 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
             parent_config=_config(thread_id, ns, parent) if parent else None,
             pending_writes=writes,
         )
+
+    # -- channel values: their stored form (see langgraph_values) ----------------------------
+
+    def _encode_values(
+        self, values: Mapping[str, Any], changed: Iterable[str] | None
+    ) -> dict[str, Any]:
+        """The state fields of a checkpoint's channel values: each named in ``changed`` (all
+        if None) serialised; the others None, which the store reads as "the parent's value"
+        (``put`` passes ``changed`` to it)."""
+        dumps = self.serde.dumps_typed
+        if changed is None:
+            return {name: pack_typed(dumps(value)) for name, value in values.items()}
+        state: dict[str, Any] = dict.fromkeys(values)
+        for name in changed:
+            state[name] = pack_typed(dumps(values[name]))
+        return state
+
+    def _decode_values(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """Channel values from a checkpoint's state fields."""
+        loads = self.serde.loads_typed
+        return {name: loads(unpack_typed(value)) for name, value in state.items()}
 
     def _note_latest_read(self, run_id: str, *, empty: bool) -> None:
         """Count a read of the run's latest checkpoint that found none (or forget the count)."""
@@ -557,12 +543,9 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
             ),
             "langgraph": lg,
         }
-        dumps = self.serde.dumps_typed
         if known is None:
             changed: builtins.list[str] | None = None
-            state: dict[str, Any] = {
-                name: _pack_typed(dumps(value)) for name, value in values.items()
-            }
+            state = self._encode_values(values, None)
         else:
             # Unchanged: same version as the parent's, not in new_versions, a field there.
             # Its field keeps pointing at the parent's value; it is not even serialised.
@@ -576,9 +559,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
                 or name not in versions
                 or versions[name] != old.get(name)
             ]
-            state = dict.fromkeys(values)
-            for name in changed:
-                state[name] = _pack_typed(dumps(values[name]))
+            state = self._encode_values(values, changed)
         if parent is None:
             self._create_run(run_id, thread_id, ns)
         expected = self._expected_head(run_id, parent_id, source)
@@ -607,7 +588,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
             # metadata and store the checkpoint whole, on the run's head.
             lg["parent"] = parent
             self._create_run(run_id, thread_id, ns)
-            state = {name: _pack_typed(dumps(value)) for name, value in values.items()}
+            state = self._encode_values(values, None)
             written = self._save(
                 run_id=run_id, stored=stored, state=state, parent_id=None, step=step,
                 meta=meta, changed=None, expected=UNSET, status=RunStatus.RUNNING,
@@ -737,10 +718,8 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
             index = idx if special is None else special
             replace = replace and special is not None
             interrupted = interrupted or channel == INTERRUPT
-            type_, data = dumps(value)
-            # One msgpack array: the store serialises a byte string far faster than a tuple.
-            records[f"{checkpoint_id}/{task_id}/{index}"] = ormsgpack.packb(
-                (task_id, channel, type_, data, task_path, index)
+            records[f"{checkpoint_id}/{task_id}/{index}"] = pack_write(
+                task_id, channel, dumps(value), task_path, index
             )
         if not records:
             return
