@@ -1026,7 +1026,7 @@ def test_ext_codes_are_pinned() -> None:
         "FROZENSET": 7, "DICT": 8, "ORDERED_DICT": 9, "COUNTER": 10, "DEQUE": 11,
         "DATETIME": 16, "DATE": 17, "TIME": 18, "TIMEDELTA": 19, "UUID": 20, "DECIMAL": 21,
         "ENUM": 32, "OBJECT": 33, "PYDANTIC": 34, "STRUCT": 35, "CUSTOM": 36,
-        "BUILTIN_SUBCLASS": 37, "NDARRAY": 48, "NUMPY_SCALAR": 49, "TENSOR": 64,
+        "BUILTIN_SUBCLASS": 37, "NDARRAY": 48, "NUMPY_SCALAR": 49, "TENSOR": 64, "BUFFER": 80,
     }  # fmt: skip
 
 

@@ -9,6 +9,7 @@ See docs/serialization.md for the wire format.
 from __future__ import annotations
 
 from .base import Serializer, UnknownObject
+from .buffers import BUFFER_MIN, Parts
 from .codec import MsgpackSerializer
 from .display import to_jsonable
 from .framing import digest, frame, unframe
@@ -16,7 +17,9 @@ from .pickling import PickleSerializer
 from .registry import TypeRegistry, default_registry, register
 
 __all__ = [
+    "BUFFER_MIN",
     "MsgpackSerializer",
+    "Parts",
     "PickleSerializer",
     "Serializer",
     "TypeRegistry",

@@ -25,15 +25,16 @@ import math
 import sys
 import uuid
 import zoneinfo
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import ormsgpack
 
 from pitstop.errors import SerializationError, UnregisteredTypeError
 
-from . import tensors
+from . import buffers, tensors
 from .base import UnknownObject, defined_in_python, type_name_of
+from .buffers import Parts
 from .registry import (
     BUILTIN_BASES,
     Kind,
@@ -83,6 +84,8 @@ class ExtCode(enum.IntEnum):
     NUMPY_SCALAR = 49  # [dtype descr, raw bytes]
     # 64-79: torch (see serde/tensors.py).
     TENSOR = 64  # [dtype name, [dim, ...], dims order in memory | nil, raw bytes, flags]
+    # 80-95: references to data kept outside the encoding.
+    BUFFER = 80  # [index, "ndarray" | "tensor", meta]: an out-of-band buffer (serde/buffers.py)
     # tz above: nil (naive) | str (zoneinfo key) | [offset µs] | [offset µs, name] (timezone)
 
 
@@ -289,6 +292,10 @@ def _encode_numpy_scalar(value: Any, kids: _Children, reg: Any) -> tuple[int, ob
     return ExtCode.NUMPY_SCALAR, [_numpy_descr(value.dtype), value.tobytes()]
 
 
+def _encode_buffer_ref(value: Any, kids: _Children, reg: Any) -> tuple[int, object]:
+    return ExtCode.BUFFER, value.payload()
+
+
 def _encode_tensor(value: Any, kids: _Children, reg: Any) -> tuple[int, object]:
     return ExtCode.TENSOR, tensors.encode_tensor(value)
 
@@ -386,6 +393,8 @@ def _encoder_for(cls: type, registry: TypeRegistry) -> tuple[Encoder, Registrati
     encoder = _NATIVE_ENCODERS.get(cls)
     if encoder is not None:
         return encoder, None
+    if cls is buffers.BufferRef:
+        return _encode_buffer_ref, None
     reg = registry.registration_for(cls)
     if reg is not None:
         return _KIND_ENCODERS[reg.kind], reg
@@ -829,6 +838,10 @@ def _decode_ndarray(payload: Any, kids: _Children, dec: _Decoder) -> object:
     return np.frombuffer(raw, dtype=dtype, count=count).reshape(dims).copy()  # copy: writable
 
 
+def _decode_buffer(payload: Any, kids: _Children, dec: _Decoder) -> object:
+    return buffers.build(_expect(payload, list), dec.buffers, dec.strict)
+
+
 def _decode_tensor(payload: Any, kids: _Children, dec: _Decoder) -> object:
     return tensors.decode_tensor(_expect(payload, list), dec.strict)
 
@@ -873,17 +886,21 @@ _DECODERS: Final[dict[int, Decoder]] = {
     ExtCode.NDARRAY: _decode_ndarray,
     ExtCode.NUMPY_SCALAR: _decode_numpy_scalar,
     ExtCode.TENSOR: _decode_tensor,
+    ExtCode.BUFFER: _decode_buffer,
 }
 
 
 class _Decoder:
     """One ``loads`` call: the fast bottom-up ``ext_hook`` and the slow top-down walk."""
 
-    __slots__ = ("failure", "hook", "registry", "strict")
+    __slots__ = ("buffers", "failure", "hook", "registry", "strict")
 
-    def __init__(self, registry: TypeRegistry, strict: bool) -> None:
+    def __init__(
+        self, registry: TypeRegistry, strict: bool, buffers: Sequence[Any] | None = None
+    ) -> None:
         self.registry = registry
         self.strict = strict
+        self.buffers = buffers
         # ormsgpack replaces whatever ext_hook raises by ValueError("ext_hook failed"), so the
         # first real exception is kept here.
         self.failure: BaseException | None = None
@@ -1021,8 +1038,27 @@ class MsgpackSerializer:
                 f"msgpack encoding failed: {exc}", path="", type_name=type_name_of(type(value))
             ) from exc
 
+    def dumps_parts(self, value: object, *, min_size: int = buffers.BUFFER_MIN) -> Parts:
+        """``value`` as a skeleton and its large arrays' and tensors' bytes, uncopied (see
+        :mod:`pitstop.serde.buffers`): what the store chunks and writes from where it is.
+        The memoryviews share the arrays' memory: use them before the arrays change."""
+        found: list[memoryview] = []
+        tree = buffers.split_buffers(value, found, min_size)
+        return Parts(self.dumps(tree), found)
+
+    def loads_parts(
+        self, skeleton: bytes, parts: Sequence[Any], *, strict: bool = True
+    ) -> object:
+        """The value from :meth:`dumps_parts`'s skeleton and one buffer per part, in order.
+        Arrays and tensors are built on those buffers without a copy: pass writable ones
+        (``bytearray``) that nothing else uses."""
+        return self._loads(skeleton, strict, parts)
+
     def loads(self, data: bytes, *, strict: bool = True) -> object:
-        decoder = _Decoder(self.registry, strict)
+        return self._loads(data, strict, None)
+
+    def _loads(self, data: bytes, strict: bool, parts: Sequence[Any] | None) -> object:
+        decoder = _Decoder(self.registry, strict, parts)
         try:
             return ormsgpack.unpackb(data, ext_hook=decoder.hook)
         except Exception:
@@ -1035,4 +1071,6 @@ class MsgpackSerializer:
         return f"MsgpackSerializer(registry with {len(self.registry)} classes)"
 
 
-__all__ = ["ExtCode", "MsgpackSerializer"]
+numpy_dtype = _numpy_dtype  # for serde/buffers.py: the one place dtypes are checked on load
+
+__all__ = ["ExtCode", "MsgpackSerializer", "numpy_dtype"]

@@ -109,15 +109,22 @@ def tensor_bytes(tensor: Any) -> memoryview:
     return memoryview(flat.view(torch.uint8).numpy()).cast("B")
 
 
-def encode_tensor(value: Any) -> list[object]:
-    """The stored form: [dtype, shape, order | nil, bytes, flags]; flags 1 = requires_grad,
-    2 = a torch.nn.Parameter."""
+def encode_meta(value: Any) -> tuple[list[Any], memoryview]:
+    """``([dtype, shape, order | nil, flags], bytes)``: a tensor's description and its bytes
+    in storage order, as a memoryview of the tensor's own memory when it is dense."""
     torch = sys.modules["torch"]
     tensor = host_tensor(value)
     name = dtype_name(tensor.dtype)
     stored, order = tensor_layout(tensor)
     flags = (1 if value.requires_grad else 0) | (2 if type(value) is torch.nn.Parameter else 0)
-    return [name, list(tensor.shape), order, bytes(tensor_bytes(stored.contiguous())), flags]
+    return [name, list(tensor.shape), order, flags], tensor_bytes(stored.contiguous())
+
+
+def encode_tensor(value: Any) -> list[object]:
+    """The stored form: [dtype, shape, order | nil, bytes, flags]; flags 1 = requires_grad,
+    2 = a torch.nn.Parameter."""
+    (name, shape, order, flags), raw = encode_meta(value)
+    return [name, shape, order, bytes(raw), flags]
 
 
 def torch_or_none(strict: bool) -> Any:
@@ -149,7 +156,8 @@ def build_tensor(torch: Any, name: object, shape: object, order: object, raw: An
         raise ValueError(f"{len(raw)} bytes do not fill a tensor of shape {dims} and {name}")
     if count == 0:
         return torch.empty(dims, dtype=dtype)
-    buffer = raw if isinstance(raw, bytearray) else bytearray(raw)  # writable memory
+    writable = isinstance(raw, bytearray) or (isinstance(raw, memoryview) and not raw.readonly)
+    buffer = raw if writable else bytearray(raw)  # the tensor needs memory of its own
     flat = torch.frombuffer(buffer, dtype=torch.uint8).view(dtype)
     if order is None:
         return flat.reshape(dims)
@@ -167,7 +175,7 @@ def decode_tensor(payload: list[Any], strict: bool) -> Any:
         from .base import UnknownObject
 
         return UnknownObject("torch.Tensor", {"dtype": name, "shape": shape})
-    if type(raw) is not bytes or type(flags) is not int:
+    if not isinstance(raw, bytes | bytearray | memoryview) or type(flags) is not int:
         raise ValueError("malformed tensor payload")
     tensor = build_tensor(torch, name, shape, order, raw)
     if flags & 2:
@@ -177,4 +185,4 @@ def decode_tensor(payload: list[Any], strict: bool) -> Any:
     return tensor
 
 
-__all__ = ["build_tensor", "decode_tensor", "encode_tensor", "is_tensor_class"]
+__all__ = ["build_tensor", "decode_tensor", "encode_meta", "encode_tensor", "is_tensor_class"]
