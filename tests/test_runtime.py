@@ -335,6 +335,28 @@ def test_wait_send_resume(store: Store) -> None:
         pitstop.send(store, "a1", "decision", {"approved": False})
 
 
+def test_a_wait_records_the_fields_its_step_shows(store: Store) -> None:
+    wf = pitstop.Workflow("show-fields")
+
+    @wf.step(wait_for="ok", show=("amount", "vendor"))
+    def ask(state: dict[str, Any], ok: Any) -> dict[str, Any]:
+        return {"done": True}
+
+    @wf.step(wait_for="again")
+    def ask_again(state: dict[str, Any], again: Any) -> dict[str, Any]:
+        return {}
+
+    assert wf.start(store, {"amount": 3, "vendor": "x", "notes": "n"}, run_id="s1").status \
+        is RunStatus.WAITING
+    head = store.latest("s1")
+    assert head is not None and head.metadata["show"] == ["amount", "vendor"]
+    pitstop.send(store, "s1", "ok", True)
+    wf.resume(store, "s1")
+    head = store.latest("s1")
+    assert head is not None and head.metadata["waiting_for"] == ["again"]
+    assert "show" not in head.metadata  # only the step that declared it
+
+
 def test_wait_timeout_runs_the_step_without_input(store: Store) -> None:
     wf = Workflow("deadline")
 

@@ -529,6 +529,7 @@ class Execution:
                 sync=True,
                 waiting_for=missing,
                 **({"wake_at": deadline} if deadline else {}),
+                **({"show": list(spec.options.show)} if spec.options.show else {}),
             )
         return self.result(
             RunStatus.WAITING, waiting_for=tuple(missing), wake_at=utc(deadline), step=spec.name

@@ -226,6 +226,8 @@ class StepOptions:
     milestone: bool = False
     checkpoint: bool | None = None
     tags: tuple[str, ...] = field(default=())
+    show: tuple[str, ...] = field(default=())
+    """State fields a person deciding the step's input should see (the inspector's inbox)."""
 
 
 __all__ = [

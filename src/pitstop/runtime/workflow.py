@@ -106,6 +106,7 @@ class Workflow:
         milestone: bool = False,
         checkpoint: bool | None = None,
         tags: Iterable[str] = (),
+        show: Iterable[str] = (),
     ) -> Callable[[F], F]: ...
 
     def step(
@@ -120,6 +121,7 @@ class Workflow:
         milestone: bool = False,
         checkpoint: bool | None = None,
         tags: Iterable[str] = (),
+        show: Iterable[str] = (),
     ) -> Any:
         """Register a step: ``fn(state, ctx)`` returning updates, ``goto(...)`` or ``finish()``.
 
@@ -128,7 +130,9 @@ class Workflow:
         and in ``ctx.inputs``. ``timeout`` bounds the wait: then the step runs with the input
         ``None`` and ``ctx.timed_out`` true. ``milestone`` always checkpoints after the
         step and tags the checkpoint (kept by retention). ``checkpoint`` forces (True) or
-        suppresses (False) the checkpoint after this step whatever the policy.
+        suppresses (False) the checkpoint after this step whatever the policy. ``show`` names
+        the state fields a person deciding the step's inputs needs (recorded with the wait;
+        ``pitstop ui``'s inbox shows those instead of the whole state).
         """
         waits = (wait_for,) if isinstance(wait_for, str) else tuple(wait_for or ())
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
@@ -139,6 +143,7 @@ class Workflow:
             milestone=milestone,
             checkpoint=checkpoint,
             tags=tuple(tags),
+            show=(show,) if isinstance(show, str) else tuple(show),
         )
 
         def register(fn: F) -> F:
