@@ -110,7 +110,7 @@ class _View:
             self._open.discard(id(value))
 
     def _container(self, value: Any, depth: int) -> object:
-        fields = _fields_of(value)
+        fields = fields_of(value)
         if fields is not None:
             name = (
                 value.type_name if isinstance(value, UnknownObject) else type_name_of(type(value))
@@ -145,7 +145,7 @@ class _View:
         return _safe_repr(value)
 
 
-def _fields_of(value: Any) -> Mapping[str, Any] | None:
+def fields_of(value: Any) -> Mapping[str, Any] | None:
     """The fields of a structured object (dataclass, model, Struct, UnknownObject), if it is one."""
     if isinstance(value, UnknownObject):
         return value.fields
@@ -167,4 +167,4 @@ def _fields_of(value: Any) -> Mapping[str, Any] | None:
     return None
 
 
-__all__ = ["to_jsonable"]
+__all__ = ["fields_of", "to_jsonable"]
