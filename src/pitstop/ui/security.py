@@ -1,0 +1,136 @@
+"""Who may use the inspector, and proof that a state-changing request came from its pages.
+
+Without tokens the inspector trusts whoever can reach it (it binds to loopback, and refuses
+another address without a token). With tokens every request names one: an
+``Authorization: Bearer`` header (scripts), or the session cookie the login form sets
+(HttpOnly, SameSite=Strict). The cookie holds an HMAC of the token, never the token itself,
+and survives a restart of the server as long as the token is the same.
+
+Cross-site requests: a state-changing request is refused when the browser says it comes from
+another site (``Sec-Fetch-Site``, ``Origin``); one carried by the cookie (or by nothing, on a
+token-less local server) must also bear the CSRF token the pages embed, or be JSON, which a
+cross-site form cannot send and a cross-site script cannot send without a preflight this
+server never answers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+COOKIE = "pitstop_session"
+CSRF_HEADER = "x-pitstop-csrf"
+MIN_TOKEN = 8
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}\Z")
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    name: str
+    """The token's name, or ``local`` on a server without tokens: what actions record."""
+    via: Literal["local", "bearer", "cookie"]
+
+
+def parse_tokens(specs: str | Iterable[str] | Mapping[str, str] | None) -> dict[str, str]:
+    """``{name: secret}`` from ``"secret"``, ``"name:secret"``, several of those separated by
+    commas, or a mapping. A bare secret is named ``token``. ValueError if one is too short or
+    two share a name."""
+    if specs is None:
+        return {}
+    if isinstance(specs, Mapping):
+        pairs = [(str(k), str(v)) for k, v in specs.items()]
+    else:
+        items = [specs] if isinstance(specs, str) else list(specs)
+        pairs = []
+        for item in items:
+            for part in item.split(","):
+                spec = part.strip()
+                if not spec:
+                    continue
+                name, sep, secret = spec.partition(":")
+                if not sep or not _NAME.match(name):
+                    name, secret = "token", spec
+                pairs.append((name, secret))
+    tokens: dict[str, str] = {}
+    for name, secret in pairs:
+        if not _NAME.match(name):
+            raise ValueError(f"token name {name!r}: use letters, digits, '_', '.' or '-'")
+        if len(secret) < MIN_TOKEN:
+            raise ValueError(f"token {name!r} is shorter than {MIN_TOKEN} characters")
+        if name in tokens:
+            raise ValueError(f"two tokens are named {name!r} (name them: --token NAME:SECRET)")
+        tokens[name] = secret
+    return tokens
+
+
+class Guard:
+    """Checks credentials and CSRF tokens for one app."""
+
+    def __init__(self, tokens: Mapping[str, str]) -> None:
+        self.tokens = dict(tokens)
+        # Per process: CSRF tokens of a previous run of the server stop working, cookies not.
+        self._csrf_key = os.urandom(32)
+
+    @property
+    def required(self) -> bool:
+        return bool(self.tokens)
+
+    def bearer(self, header: str | None) -> Identity | None:
+        if not header or header[:7].lower() != "bearer ":
+            return None
+        offered = header[7:].strip().encode()
+        found = None
+        for name, secret in self.tokens.items():  # every token compared: no timing hint
+            if hmac.compare_digest(offered, secret.encode()):
+                found = Identity(name, "bearer")
+        return found
+
+    def login(self, offered: str) -> Identity | None:
+        return self.bearer("Bearer " + offered)
+
+    def cookie_value(self, identity: Identity) -> str:
+        return f"{identity.name}.{self._seal(identity.name)}"
+
+    def cookie(self, value: str | None) -> Identity | None:
+        if not value or "." not in value:
+            return None
+        name, _, seal = value.rpartition(".")
+        if name not in self.tokens:
+            return None
+        if not hmac.compare_digest(seal.encode(), self._seal(name).encode()):
+            return None
+        return Identity(name, "cookie")
+
+    def _seal(self, name: str) -> str:
+        key = self.tokens[name].encode()
+        return hmac.new(key, b"pitstop-ui session " + name.encode(), hashlib.sha256).hexdigest()
+
+    def csrf(self, identity: Identity) -> str:
+        msg = f"{identity.via}:{identity.name}".encode()
+        return hmac.new(self._csrf_key, msg, hashlib.sha256).hexdigest()
+
+    def csrf_ok(self, identity: Identity, offered: str | None) -> bool:
+        return bool(offered) and hmac.compare_digest(
+            (offered or "").encode(), self.csrf(identity).encode()
+        )
+
+
+def cross_site(headers: Mapping[str, str], host: str | None) -> bool:
+    """Whether the browser says this request comes from another site than ours."""
+    fetch_site = headers.get("sec-fetch-site")
+    if fetch_site is not None:  # what browsers send now; it outranks Origin, which a
+        return fetch_site not in ("same-origin", "none")  # referrer policy may null
+    origin = headers.get("origin")
+    if origin is None:
+        return False
+    if origin == "null":
+        return True
+    return origin.partition("://")[2].rstrip("/").lower() != (host or "").lower()
+
+
+__all__ = ["COOKIE", "CSRF_HEADER", "Guard", "Identity", "cross_site", "parse_tokens"]

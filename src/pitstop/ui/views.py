@@ -1,0 +1,424 @@
+"""What the pages and the JSON API show, read from a store through its public API only.
+
+Each function here makes a bounded number of store calls (a page of runs and one summary of
+each head, a page of history, one checkpoint) and returns plain data: the API serialises it,
+the templates render it. Nothing takes a lease or writes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from ..errors import PitstopError
+from ..failures import failure_in
+from ..model import Checkpoint, CheckpointSummary, Run, RunStatus
+from ..owners import ownership
+from ..serde import to_jsonable
+from ..store import Store
+from . import langgraph_view
+from .graph import layout
+
+STATUSES = [s.value for s in RunStatus]
+PAGE = 50
+"""Runs on one page."""
+HISTORY_PAGE = 100
+"""Checkpoints drawn on one page of a run's tree (older ones are a click away)."""
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+# -- filters -------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class RunFilter:
+    """The filters of the runs page and of ``GET /api/runs`` (both take the same query)."""
+
+    statuses: list[str] = field(default_factory=list)
+    workflow: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    id_prefix: str | None = None
+    since: datetime | None = None
+    since_text: str = ""
+    meta_text: list[str] = field(default_factory=list)
+
+    @classmethod
+    def parse(
+        cls,
+        *,
+        statuses: Sequence[str] = (),
+        workflow: str | None = None,
+        meta: Sequence[str] = (),
+        id_prefix: str | None = None,
+        since: str | None = None,
+    ) -> RunFilter:
+        """From query parameters; ValueError naming the one that is wrong."""
+        from ..cli.common import parse_since
+
+        found = cls(workflow=workflow or None, id_prefix=id_prefix or None)
+        for status in statuses:
+            if status not in STATUSES:
+                raise ValueError(f"status {status!r}: one of {', '.join(STATUSES)}")
+            if status not in found.statuses:
+                found.statuses.append(status)
+        for item in meta:
+            if not item:
+                continue
+            key, sep, text = item.partition("=")
+            if not sep or not key:
+                raise ValueError(f"meta {item!r} must look like key=value (tier=2, team=ops)")
+            try:
+                value: Any = json.loads(text)
+            except json.JSONDecodeError:
+                value = text
+            if not _filterable(value):
+                raise ValueError(f"meta {item!r}: numbers must be finite and fit in 64 bits")
+            found.metadata[key] = value
+            found.meta_text.append(item)
+        if since:
+            try:
+                found.since = parse_since(since)
+            except (ValueError, OverflowError) as exc:
+                raise ValueError(f"since: {exc}") from None
+            found.since_text = since
+        return found
+
+    def store_filters(self) -> dict[str, Any]:
+        return {
+            "status": self.statuses or None,
+            "workflow": self.workflow,
+            "metadata": self.metadata or None,
+            "id_prefix": self.id_prefix,
+            "since": self.since,
+        }
+
+    def query(self, *, status: Sequence[str] | None = None) -> list[tuple[str, str]]:
+        """These filters as query parameters (for links), with other statuses if given."""
+        pairs = [("status", s) for s in (self.statuses if status is None else status)]
+        if self.workflow:
+            pairs.append(("workflow", self.workflow))
+        pairs.extend(("meta", m) for m in self.meta_text)
+        if self.id_prefix:
+            pairs.append(("id", self.id_prefix))
+        if self.since_text:
+            pairs.append(("since", self.since_text))
+        return pairs
+
+    @property
+    def active(self) -> bool:
+        return bool(self.query())
+
+
+def _filterable(value: Any) -> bool:
+    """A metadata filter value both backends can bind and compare."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return True
+    if isinstance(value, int):
+        return -(1 << 63) <= value < (1 << 63)
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list):
+        return all(_filterable(v) for v in value)
+    if isinstance(value, dict):
+        return all(_filterable(v) for v in value.values())
+    return False
+
+
+def text_or_none(value: Any) -> str | None:
+    """A metadata value that should be a name, as one (metadata is whatever JSON a plain
+    store user wrote)."""
+    return None if value is None else str(value)
+
+
+# -- runs ----------------------------------------------------------------------------------------
+
+
+def error_of(entry: CheckpointSummary) -> dict[str, Any] | None:
+    """The error a checkpoint records (type, message, step, attempt, traceback), if any."""
+    failure = failure_in(entry)
+    return failure.to_json() if failure is not None else None
+
+
+def run_row(run: Run, head: CheckpointSummary | None) -> dict[str, Any]:
+    """One run as the runs page and ``GET /api/runs`` show it."""
+    meta = head.metadata if head is not None else {}
+    error = error_of(head) if run.status is RunStatus.FAILED and head is not None else None
+    waiting = run.status is RunStatus.WAITING
+    owned = ownership(run)
+    lease_live = owned.state in ("held", "owner_gone", "expired")
+    return {
+        "id": run.id,
+        "status": run.status.value,
+        "workflow": run.workflow,
+        "step": run.step,
+        "step_name": text_or_none(meta.get("step_name")),
+        "next_step": text_or_none(meta.get("next")),
+        "waiting_for": list(run.waiting_for),
+        "waiting_since": head.created_at if waiting and head is not None else None,
+        "wake_at": run.wake_at,
+        "created_at": run.created_at,
+        "updated_at": run.updated_at,
+        "checkpoints": run.checkpoints,
+        "bytes": run.bytes,
+        "head_id": run.head_id,
+        "owner": run.owner if lease_live else None,
+        "lease_expires_at": run.lease_expires_at if lease_live else None,
+        "lease": owned.state,
+        "priority": run.priority,
+        "metadata": to_jsonable(dict(run.metadata)),
+        "error": None if error is None else {
+            "type": str(error.get("type", "")),
+            "message": str(error.get("message", "")),
+            "step": text_or_none(error.get("step")),
+        },
+    }
+
+
+def _head(store: Store, run: Run) -> CheckpointSummary | None:
+    if run.head_id is None:
+        return None
+    try:
+        return store.summary(run.head_id)
+    except PitstopError:  # pruned or damaged meanwhile: the row still shows the run
+        return None
+
+
+def list_runs(
+    store: Store, filters: RunFilter, *, before: str | None = None, limit: int = PAGE
+) -> dict[str, Any]:
+    """A page of runs newest first, with counts per status for the same filters (the status
+    filter aside, so the status tabs can say what each would show)."""
+    found = store.runs(**filters.store_filters(), before=before, limit=limit + 1)
+    more = len(found) > limit
+    found = found[:limit]
+    counting = filters.store_filters()
+    counting.pop("status")
+    counts = store.count_runs(**counting)
+    return {
+        "runs": [run_row(r, _head(store, r)) for r in found],
+        "counts": {s: counts.get(s, 0) for s in STATUSES},
+        "total": sum(counts.get(s, 0) for s in (filters.statuses or STATUSES)),
+        "next": found[-1].id if more and found else None,
+    }
+
+
+def inbox(store: Store, *, limit: int = PAGE) -> dict[str, Any]:
+    """Runs waiting for an input, oldest first, each with the input names and what the run
+    shows the approver: the state fields its waiting step names (``show=`` on the step),
+    or the whole state."""
+    count, waiting = oldest_waiting(store, limit)
+    items = []
+    for run in waiting:
+        head = store.latest(run.id, strict=False) if run.head_id else None
+        row = run_row(run, head)
+        row["pending"] = sorted(_pending(store, run.id))
+        row["asks"] = [name for name in run.waiting_for if name not in row["pending"]]
+        row["shown"], row["shown_fields"] = _shown(run, head)
+        items.append(row)
+    items.sort(key=lambda r: (r["waiting_since"] or r["updated_at"], r["id"]))
+    return {"runs": items, "count": count}
+
+
+def oldest_waiting(store: Store, limit: int) -> tuple[int, list[Run]]:
+    """How many runs wait, and the ``limit`` oldest of those waiting for an input (runs
+    waiting only for a timer are not for a person). Runs come newest first, so the oldest
+    are the last page: one count, then one read at that offset of the status index."""
+    count = store.count_runs(status=RunStatus.WAITING).get("waiting", 0)
+    found: list[Run] = []
+    offset = count
+    while offset > 0 and len(found) < limit:
+        page = max(limit * 2, 100)
+        offset = max(0, offset - page)
+        batch = store.runs(status=RunStatus.WAITING, limit=page, offset=offset)
+        found.extend(r for r in reversed(batch) if r.waiting_for)
+    return count, found[:limit]
+
+
+def _pending(store: Store, run_id: str) -> set[str]:
+    try:
+        return set(store.inputs(run_id))
+    except PitstopError:
+        return set()
+
+
+def _shown(run: Run, head: Checkpoint | None) -> tuple[dict[str, Any], list[str]]:
+    if head is None:
+        return {}, []
+    state: Mapping[str, Any] = head.state
+    if langgraph_view.is_thread(run.workflow):
+        state = langgraph_view.channels(state)
+    wanted = head.metadata.get("show")
+    if isinstance(wanted, list) and wanted:
+        names = [str(n) for n in wanted if n in state]
+        return {n: state[n] for n in names}, names
+    return dict(state), []
+
+
+# -- one run -------------------------------------------------------------------------------------
+
+
+def _forked_from(entry: CheckpointSummary) -> Mapping[str, Any] | None:
+    origin = entry.metadata.get("forked_from")
+    return origin if isinstance(origin, Mapping) else None
+
+
+def _ends_here(entry: CheckpointSummary) -> bool:
+    origin = _forked_from(entry)
+    return origin is not None and origin.get("checkpoint_id") == entry.parent_id
+
+
+def checkpoint_row(entry: CheckpointSummary, *, head_id: str | None) -> dict[str, Any]:
+    meta = entry.metadata
+    origin = _forked_from(entry) if _ends_here(entry) else None
+    tags = [str(t) for t in entry.tags]
+    return {
+        "id": entry.id,
+        "run_id": entry.run_id,
+        "parent_id": entry.parent_id,
+        "step": entry.step,
+        "step_name": text_or_none(meta.get("step_name")),
+        "next_step": text_or_none(meta.get("next")),
+        "source": text_or_none(entry.source),
+        "status": text_or_none(meta.get("status")),
+        "created_at": entry.created_at,
+        "size": entry.size,
+        "added": entry.added,
+        "tags": tags,
+        "milestone": bool(tags),
+        "head": entry.id == head_id,
+        "waiting_for": [str(w) for w in meta.get("waiting_for") or ()],
+        "resumed_from": text_or_none(meta.get("resumed_from")) if entry.source == "resume"
+        else None,
+        "forked_from": to_jsonable(dict(origin)) if origin else None,
+        "error": to_jsonable(error_of(entry)),
+    }
+
+
+def history(
+    store: Store, run: Run, *, before: str | None = None, limit: int = HISTORY_PAGE
+) -> dict[str, Any]:
+    """A page of the run's checkpoint tree, newest first, with the lanes to draw it."""
+    entries = store.history(run.id, limit=limit + 1, before=before)
+    more = len(entries) > limit
+    entries = entries[:limit]
+    rows = layout(entries, ends_here=_ends_here)
+    return {
+        "run_id": run.id,
+        "head_id": run.head_id,
+        "checkpoints": [
+            {**checkpoint_row(e, head_id=run.head_id), "branch_point": g.branch_point,
+             "lane": g.col}
+            for e, g in zip(entries, rows, strict=True)
+        ],
+        "graph": rows,
+        "next": entries[-1].id if more and entries else None,
+    }
+
+
+def run_detail(store: Store, run_id: str) -> dict[str, Any]:
+    """The run page's header: the run, its head's position and error, inputs, forks."""
+    run = store.get_run(run_id)
+    head = _head(store, run)
+    row = run_row(run, head)
+    row["error"] = error_of(head) if run.status is RunStatus.FAILED and head else None
+    row["pending"] = sorted(_pending(store, run.id))
+    row["asks"] = [n for n in run.waiting_for if n not in row["pending"]]
+    origin = run.metadata.get("forked_from")
+    row["forked_from"] = str(origin) if isinstance(origin, str) else None
+    row["forks"] = []  # forks_of(): a scan of every run's metadata, asked for separately
+    row["langgraph"] = langgraph_view.is_thread(run.workflow)
+    actions = run.metadata.get("ui_actions")
+    row["actions"] = list(actions)[-10:] if isinstance(actions, list) else []
+    return row
+
+
+def forks_of(store: Store, run_id: str, *, limit: int = 50) -> list[dict[str, Any]]:
+    """The runs forked from this one. Nothing indexes metadata, so this reads every run's:
+    the run page asks for it on demand, not on every load."""
+    store.get_run(run_id)
+    return [{"id": f.id, "status": f.status.value, "created_at": f.created_at}
+            for f in store.runs(metadata={"forked_from": run_id}, limit=limit)]
+
+
+def checkpoint_detail(store: Store, ckpt: Checkpoint, run: Run) -> dict[str, Any]:
+    """A checkpoint with its state (JSON view), metadata, consumed inputs and effects."""
+    row = checkpoint_row(ckpt, head_id=run.head_id)
+    state: Mapping[str, Any] = ckpt.state
+    thread = langgraph_view.is_thread(run.workflow)
+    if thread:
+        state = langgraph_view.channels(state)
+    consumed = ckpt.metadata.get("inputs")
+    inputs = []
+    if isinstance(consumed, Mapping) and consumed:
+        try:
+            delivered = {i.id: i for i in store.inputs(run.id, pending=False).values()}
+        except PitstopError:
+            delivered = {}
+        for name, input_id in consumed.items():
+            found = delivered.get(str(input_id))
+            inputs.append({
+                "name": str(name),
+                "id": str(input_id),
+                "payload": to_jsonable(found.payload) if found else None,
+                "created_at": found.created_at if found else None,
+            })
+    effects: dict[str, Any] = {}
+    if ckpt.parent_id is not None:
+        try:
+            effects = store.effects(run.id, checkpoint_id=ckpt.parent_id)
+        except PitstopError:
+            effects = {}
+    return {
+        "checkpoint": row,
+        "metadata": to_jsonable(dict(ckpt.metadata)),
+        "state": to_jsonable(dict(state)),
+        "live_state": state,
+        "inputs": inputs,
+        "effects": {str(k): to_jsonable(v) for k, v in effects.items()} if not thread else {},
+        "conversation": langgraph_view.conversation(state.get("messages")) if thread else [],
+        "langgraph": thread,
+    }
+
+
+def diff(old: Checkpoint, new: Checkpoint, *, threads: tuple[bool, bool]) -> list[dict[str, Any]]:
+    """Field-level differences from ``old`` to ``new``; changed strings carry a text diff."""
+    from ..cli.state import diff as state_diff
+    from .values import text_diff
+
+    views = []
+    for ckpt, thread in zip((old, new), threads, strict=True):
+        state: Mapping[str, Any] = ckpt.state
+        if thread:
+            state = langgraph_view.channels(state)
+        views.append(to_jsonable(dict(state)))
+    out = []
+    for change in state_diff(views[0], views[1]):
+        item = change.to_json()
+        if change.op == "changed" and isinstance(change.old, str) and isinstance(change.new, str):
+            item["text"] = [{"op": op, "text": text} for op, text in
+                            text_diff(change.old, change.new)]
+        out.append(item)
+    return out
+
+
+__all__ = [
+    "HISTORY_PAGE",
+    "PAGE",
+    "STATUSES",
+    "RunFilter",
+    "checkpoint_detail",
+    "checkpoint_row",
+    "diff",
+    "history",
+    "inbox",
+    "list_runs",
+    "run_detail",
+    "run_row",
+]
