@@ -50,6 +50,7 @@ from .common import (
     short,
     state_view,
 )
+from .graph import ends_here, fork_origin
 from .render import Cell, Column, age, error_line, human_bytes, local_time, status_cell, styled
 
 if TYPE_CHECKING:
@@ -417,16 +418,6 @@ HISTORY_COLUMNS = [
 ]
 
 
-def _forked_from(entry: CheckpointSummary) -> Mapping[str, Any] | None:
-    origin = entry.metadata.get("forked_from")
-    return origin if isinstance(origin, Mapping) else None
-
-
-def _ends_here(entry: CheckpointSummary) -> bool:
-    origin = _forked_from(entry)
-    return origin is not None and origin.get("checkpoint_id") == entry.parent_id
-
-
 def _note(entry: CheckpointSummary, head_id: str | None, branch_point: bool) -> str:
     notes = []
     if entry.id == head_id:
@@ -436,8 +427,8 @@ def _note(entry: CheckpointSummary, head_id: str | None, branch_point: bool) -> 
     resumed = entry.metadata.get("resumed_from")
     if entry.source == "resume" and resumed:
         notes.append(f"resumed from {short(resumed)}")
-    origin = _forked_from(entry)
-    if origin is not None and _ends_here(entry):
+    origin = fork_origin(entry)
+    if origin is not None and ends_here(entry):
         notes.append(f"forked from {origin.get('run_id')}@{short(origin.get('checkpoint_id'))}")
     failure = failure_in(entry)
     if failure is not None:
@@ -464,7 +455,7 @@ def history(s: Session, run_id: str, limit: int) -> None:
     more = bool(limit) and len(entries) > limit
     entries = entries[:limit] if limit else entries
     unicode = s.out.rich or (sys.stdout.encoding or "").lower().replace("-", "") == "utf8"
-    graph = layout(entries, head_id=run.head_id, ends_here=_ends_here,
+    graph = layout(entries, head_id=run.head_id, ends_here=ends_here,
                    glyphs=UNICODE if unicode else ASCII)
     if s.as_json:
         s.out.json({

@@ -10,10 +10,23 @@ checkpoint, their branches join there (a branch point).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pitstop.model import CheckpointSummary
+
+
+def fork_origin(entry: CheckpointSummary) -> Mapping[str, Any] | None:
+    """``{"run_id", "checkpoint_id"}`` a forked run's checkpoint came from, if it says."""
+    origin = entry.metadata.get("forked_from")
+    return origin if isinstance(origin, Mapping) else None
+
+
+def ends_here(entry: CheckpointSummary) -> bool:
+    """The entry's parent is in another run (a fork's first checkpoint): its lane stops."""
+    origin = fork_origin(entry)
+    return origin is not None and origin.get("checkpoint_id") == entry.parent_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,4 +104,4 @@ def layout(
     ]
 
 
-__all__ = ["ASCII", "UNICODE", "GraphRow", "layout"]
+__all__ = ["ASCII", "UNICODE", "GraphRow", "ends_here", "fork_origin", "layout"]

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from ..cli.graph import ends_here, fork_origin
 from ..errors import PitstopError
 from ..failures import failure_in
 from ..model import Checkpoint, CheckpointSummary, Run, RunStatus
@@ -264,19 +265,9 @@ def _shown(run: Run, head: Checkpoint | None) -> tuple[dict[str, Any], list[str]
 # -- one run -------------------------------------------------------------------------------------
 
 
-def _forked_from(entry: CheckpointSummary) -> Mapping[str, Any] | None:
-    origin = entry.metadata.get("forked_from")
-    return origin if isinstance(origin, Mapping) else None
-
-
-def _ends_here(entry: CheckpointSummary) -> bool:
-    origin = _forked_from(entry)
-    return origin is not None and origin.get("checkpoint_id") == entry.parent_id
-
-
 def checkpoint_row(entry: CheckpointSummary, *, head_id: str | None) -> dict[str, Any]:
     meta = entry.metadata
-    origin = _forked_from(entry) if _ends_here(entry) else None
+    origin = fork_origin(entry) if ends_here(entry) else None
     tags = [str(t) for t in entry.tags]
     return {
         "id": entry.id,
@@ -308,7 +299,7 @@ def history(
     entries = store.history(run.id, limit=limit + 1, before=before)
     more = len(entries) > limit
     entries = entries[:limit]
-    rows = layout(entries, ends_here=_ends_here)
+    rows = layout(entries, ends_here=ends_here)
     return {
         "run_id": run.id,
         "head_id": run.head_id,
