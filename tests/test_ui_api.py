@@ -435,3 +435,37 @@ def test_server_timing_header(client: TestClient) -> None:
 
 def test_workflow_option_is_importable_for_the_cli() -> None:
     assert approval.name == "invoice-approval"
+
+
+@pytest.mark.postgres
+def test_live_updates_wake_on_postgres_notify(tmp_path: Path) -> None:
+    """On PostgreSQL the stream is woken by the store's LISTEN/NOTIFY, not by polling: with
+    a poll interval of a minute, a delivered input still shows within seconds."""
+    import threading
+    import uuid
+
+    from conftest import drop_pg_schema, pg_schema_url
+
+    schema = f"ui_{uuid.uuid4().hex[:10]}"
+    try:
+        store = pitstop.open_store(pg_schema_url(schema))
+    except pitstop.StoreError as exc:
+        pytest.skip(f"PostgreSQL is not available: {exc}")
+    try:
+        approval.start(store, {"vendor": "PG", "amount": 1, "invoice": None}, run_id="pg-1")
+        app = create_app(store, poll_interval=60)
+        with TestClient(app) as c, c.stream("GET", "/events?view=run&run=pg-1") as events:
+            lines = events.iter_lines()
+            assert next(lines).startswith("retry:")
+            assert next(lines) == "event: ready"
+            timer = threading.Timer(0.5, pitstop.send, (store, "pg-1", "approval", True))
+            timer.start()
+            started = time.monotonic()
+            for line in lines:
+                if line == "event: changed":
+                    break
+            assert time.monotonic() - started < 20
+            timer.join()
+    finally:
+        store.close()
+        drop_pg_schema(schema)
