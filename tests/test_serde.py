@@ -246,6 +246,11 @@ def _same_float(a: float, b: float) -> bool:
     return a == b and math.copysign(1, a) == math.copysign(1, b)
 
 
+def _label(key: Any) -> str:
+    """A dict key for an assertion message (the repr of an int of 5,000 digits would raise)."""
+    return f"<int of {key.bit_length()} bits>" if type(key) is int else repr(key)
+
+
 def assert_same(a: Any, b: Any, path: str = "$") -> None:
     """Equal, with exactly the same types all the way down (NaN equals NaN, -0.0 is not 0.0)."""
     assert type(a) is type(b), f"{path}: {type(a)!r} != {type(b)!r}"
@@ -267,7 +272,7 @@ def assert_same(a: Any, b: Any, path: str = "$") -> None:
         assert len(a) == len(b), path
         for (ka, va), (kb, vb) in zip(a.items(), b.items(), strict=True):
             assert_same(ka, kb, f"{path}.key")
-            assert_same(va, vb, f"{path}[{ka!r}]")
+            assert_same(va, vb, f"{path}[{_label(ka)}]")
         _same_attrs(a, b, path)
     elif isinstance(a, list | tuple | collections.deque):
         assert len(a) == len(b), path
@@ -890,6 +895,28 @@ def test_malformed_blobs_raise_serialization_error(blob: bytes) -> None:
         SER.loads(blob)
 
 
+@pytest.mark.parametrize(
+    "value", [{"a": 1}, [1, (2, 3)], (1,), "text", 7, Box(1, 2)], ids=repr
+)
+@pytest.mark.parametrize("extra", [b"\x00", b"\xc0", b"junk bytes", b"\x91\x01"])
+def test_bytes_after_the_value_are_refused(value: Any, extra: bytes) -> None:
+    """A value is exactly one msgpack object: anything after it means an altered record,
+    never data to ignore (the store reports it as corruption)."""
+    blob = SER.dumps(value)
+    with pytest.raises(SerializationError, match="trailing characters") as info:
+        SER.loads(blob + extra)
+    assert info.value.action == "load"
+    with pytest.raises(SerializationError, match="trailing characters"):
+        SER.loads(blob + extra, strict=False)
+
+
+def test_bytes_after_a_nested_extension_payload_are_refused() -> None:
+    inner = ormsgpack.packb([1, 2]) + b"\x00"
+    with pytest.raises(SerializationError, match="trailing characters") as info:
+        SER.loads(ormsgpack.packb({"t": ormsgpack.Ext(ExtCode.TUPLE, inner)}))
+    assert info.value.path == ".t"
+
+
 def test_unknown_extension_code_is_kept_in_lenient_mode() -> None:
     out = SER.loads(ormsgpack.packb([_ext(99, [1])]), strict=False)
     assert out == [UnknownObject("pitstop.ext.99", {"data": ormsgpack.packb([1])})]
@@ -904,6 +931,126 @@ def test_corrupted_blobs_never_raise_anything_else(data: st.DataObject) -> None:
             blob[data.draw(st.integers(0, len(blob) - 1))] = data.draw(st.integers(0, 255))
     with contextlib.suppress(SerializationError):
         SER.loads(bytes(blob), strict=data.draw(st.booleans()))
+
+
+# -- extremes: whatever saves must load ----------------------------------------------------------
+
+
+def _nest(depth: int, wrap: Callable[[Any], Any]) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = wrap(value)
+    return value
+
+
+NESTINGS: dict[str, Callable[[Any], Any]] = {
+    "tuple": lambda v: (v,),
+    "frozenset": lambda v: frozenset([v]),
+    "deque": lambda v: collections.deque([v]),
+    "dataclass": Box,
+    "tuple-in-list": lambda v: [(v,)],
+    "int-keyed dict": lambda v: {1: v},
+}
+
+
+@pytest.mark.parametrize("kind", NESTINGS)
+def test_nesting_saves_only_as_deep_as_it_loads(kind: str) -> None:
+    """Every extension level costs stack when decoding: past ``MAX_DEPTH`` a value is refused
+    at save time, and up to it a save always loads again, even from a deep call stack."""
+    wrap = NESTINGS[kind]
+    deepest = None
+    for depth in (codec.MAX_DEPTH - 1, codec.MAX_DEPTH, codec.MAX_DEPTH + 1, 700, 5000):
+        value = _nest(depth, wrap)
+        try:
+            blob = SER.dumps(value)
+        except SerializationError as exc:
+            message = str(exc)
+            if "nested too deeply" not in message:
+                raise
+            continue
+        deepest = depth
+
+        def load_from(frames: int, blob: bytes = blob) -> Any:
+            return load_from(frames - 1) if frames else SER.loads(blob)
+
+        assert SER.dumps(load_from(150)) == blob
+    # (The slow path, which dicts with non-str keys take, runs out of stack sooner: still
+    # refused at save, never written.)
+    assert deepest is None or deepest <= codec.MAX_DEPTH
+    if kind == "tuple":
+        assert deepest == codec.MAX_DEPTH
+
+
+def test_deeply_nested_blob_is_refused_on_load_not_crashing() -> None:
+    blob = ormsgpack.packb(1)
+    for _ in range(3000):  # a crafted value: tuples in tuples, far deeper than any save
+        blob = ormsgpack.packb(ormsgpack.Ext(ExtCode.TUPLE, b"\x91" + blob))
+    with pytest.raises(SerializationError, match="nested too deeply") as info:
+        SER.loads(blob)
+    assert info.value.action == "load"
+
+
+def test_huge_ints_round_trip_and_display() -> None:
+    for value in (10**4301, -(10**5000) - 7, 2**70000, {10**4400: [10**4400]}):
+        roundtrip(value)
+        json.dumps(to_jsonable(value))  # shown by size, never a ValueError
+    shown = to_jsonable([10**5000, 10**5000 + 1])
+    assert isinstance(shown, list) and shown[0] != shown[1]  # a diff tells them apart
+    assert "5,001 digits" in shown[0]
+
+
+def test_numpy_scalars_of_zero_itemsize_round_trip() -> None:
+    for value in (np.str_(""), np.bytes_(b""), np.void(b"")):
+        roundtrip(value)
+
+
+_EXTREME_OFFSETS = st.sampled_from(
+    [datetime.timedelta(hours=23, minutes=59, seconds=59, microseconds=999999),
+     -datetime.timedelta(hours=23, minutes=59, seconds=59, microseconds=999999),
+     datetime.timedelta(0), datetime.timedelta(microseconds=1)]
+).map(datetime.timezone)
+extreme_leaves = st.one_of(
+    # (Built by map: the repr of a strategy holding an int of 5,000 digits would raise.)
+    st.builds(lambda bits, offset, sign: sign * (2**bits + offset),
+              st.integers(0, 25_000), st.integers(-1000, 1000), st.sampled_from([1, -1])),
+    st.sampled_from([4299, 4300, 4301, 6000]).map(lambda digits: 10**digits),
+    st.sampled_from([2**64, 2**64 - 1, -(2**63), -(2**63) - 1]),
+    st.floats(),
+    st.sampled_from([5e-324, -5e-324, sys.float_info.max, -0.0, math.inf, -math.inf]),
+    st.decimals(),
+    st.sampled_from([decimal.Decimal("9.999E+999999999"), decimal.Decimal("-1E-999999999"),
+                     decimal.Decimal("-sNaN123456789")]),
+    st.just(5000).map(lambda digits: decimal.Decimal(10**digits)),
+    st.datetimes(timezones=st.none() | _EXTREME_OFFSETS | tzinfos, allow_imaginary=False),
+    st.sampled_from([datetime.datetime.min, datetime.datetime.max, datetime.date.min,
+                     datetime.date.max, datetime.time.max, datetime.timedelta.max,
+                     datetime.timedelta.min]),
+    st.timedeltas(),
+    st.text(st.characters(codec=None), max_size=40),  # lone surrogates included
+    st.binary(max_size=70_000),
+    st.complex_numbers(),
+    st.uuids(),
+    st.sampled_from([np.str_(""), np.bytes_(b""), np.void(b""), np.datetime64("NaT"),
+                     np.longdouble(1) / 3, np.float16(-0.0)]),
+    numpy_values,
+    st.builds(lambda d: _nest(d, lambda v: (v,)), st.integers(0, codec.MAX_DEPTH + 5)),
+    st.builds(lambda d: _nest(d, Box), st.integers(0, codec.MAX_DEPTH + 5)),
+)
+extremes = st.recursive(extreme_leaves, _containers, max_leaves=6)
+
+
+@FAST
+@given(extremes)
+def test_extreme_values_round_trip_or_are_refused_at_save(value: Any) -> None:
+    """A value either saves and then loads back the same, or is refused at save time with a
+    SerializationError: never a checkpoint that cannot be loaded again."""
+    try:
+        blob = SER.dumps(value)
+    except SerializationError:
+        return
+    assert_same(value, SER.loads(blob))
+    assert_same(value, SER.loads(unframe(frame(blob, 0, compress_threshold=64))[1]))
+    json.dumps(to_jsonable(value), allow_nan=False)
 
 
 # -- the registry ------------------------------------------------------------------------------

@@ -104,6 +104,53 @@ _CONTAINERS: Final = frozenset({dict, list})
 _INT_MIN: Final = -(2**63)
 _INT_MAX: Final = 2**64 - 1
 
+MAX_DEPTH: Final = 255
+"""How deeply extension values (tuples, sets, objects...) may nest inside one another.
+
+ormsgpack caps plain list/dict nesting at this depth itself; extension values are packed one
+call per level, so the cap is pitstop's to keep. Decoding an extension level costs Python
+stack frames, and a value that saved must always load: deeper values are refused at save
+time, where the error can name the path, and never written."""
+
+
+class _Framing:
+    """Where a msgpack object ends is known only by walking it; ormsgpack does not say and
+    ignores whatever follows. msgspec's decoder into Raw walks the structure in C without
+    building any object (about a tenth of the decoding time) and refuses trailing bytes.
+    Imported on the first load (~30 ms), so commands that never load a value skip it."""
+
+    check: Callable[[bytes], object] | None = None
+    error: type[Exception] = Exception
+
+    @classmethod
+    def load(cls) -> Callable[[bytes], object]:
+        import msgspec
+
+        cls.error = msgspec.DecodeError
+        cls.check = msgspec.msgpack.Decoder(msgspec.Raw).decode
+        return cls.check
+
+
+def _unpack_exact(data: bytes, ext_hook: Callable[[int, bytes], object]) -> Any:
+    """``ormsgpack.unpackb``, refusing data with bytes after the end of its one object:
+    pitstop never writes any, so they mean the record was altered (or crafted)."""
+    check = _Framing.check or _Framing.load()
+    try:
+        check(data)
+    except _Framing.error as exc:
+        raise ValueError(str(exc)) from None
+    return ormsgpack.unpackb(data, ext_hook=ext_hook)
+
+
+class _TooDeep(Exception):
+    """Nesting past MAX_DEPTH met on the fast path: the slow path names where."""
+
+
+_TOO_DEEP: Final = (
+    f"the value is nested too deeply: at most {MAX_DEPTH} tuples, sets, objects and other "
+    "values that are not lists or str-keyed dicts may be nested inside one another"
+)
+
 
 # -- paths ------------------------------------------------------------------------------------
 
@@ -289,7 +336,9 @@ def _encode_ndarray(value: Any, kids: _Children, reg: Any) -> tuple[int, object]
 
 
 def _encode_numpy_scalar(value: Any, kids: _Children, reg: Any) -> tuple[int, object]:
-    return ExtCode.NUMPY_SCALAR, [_numpy_descr(value.dtype), value.tobytes()]
+    # numpy.str_("") has a dtype of itemsize 0 whose tobytes() is nevertheless 4 bytes.
+    raw = value.tobytes() if value.dtype.itemsize else b""
+    return ExtCode.NUMPY_SCALAR, [_numpy_descr(value.dtype), raw]
 
 
 def _encode_buffer_ref(value: Any, kids: _Children, reg: Any) -> tuple[int, object]:
@@ -515,12 +564,13 @@ class _Collected(_Children):
 class _FastEncoder:
     """One ``dumps`` call on the fast path; any failure sends the value to the slow path."""
 
-    __slots__ = ("_hook", "_kids", "_registry", "interrupt")
+    __slots__ = ("_depth", "_hook", "_kids", "_registry", "interrupt")
 
     def __init__(self, registry: TypeRegistry) -> None:
         self._registry = registry
         self._kids = _Collected()
         self._hook = self.hook
+        self._depth = 0
         # ormsgpack turns whatever the hook raises into a TypeError; a KeyboardInterrupt must
         # not be mistaken for an unsupported value, so it is kept here and re-raised.
         self.interrupt: BaseException | None = None
@@ -540,9 +590,14 @@ class _FastEncoder:
         try:
             encoder, reg = _encoder_for(type(value), self._registry)
             code, payload = encoder(value, self._kids, reg)
-            return ormsgpack.Ext(
-                code, ormsgpack.packb(payload, default=self._hook, option=_PASSTHROUGH)
-            )
+            if self._depth >= MAX_DEPTH:
+                raise _TooDeep
+            self._depth += 1
+            try:
+                packed = ormsgpack.packb(payload, default=self._hook, option=_PASSTHROUGH)
+            finally:
+                self._depth -= 1
+            return ormsgpack.Ext(code, packed)
         except BaseException as exc:
             if not isinstance(exc, Exception):
                 self.interrupt = exc
@@ -562,11 +617,12 @@ def _utf8(text: str) -> bool:
 class _Walker:
     """One ``dumps`` call on the slow path: converts the value into a natively packable tree."""
 
-    __slots__ = ("_open", "_registry")
+    __slots__ = ("_depth", "_open", "_registry")
 
     def __init__(self, registry: TypeRegistry) -> None:
         self._registry = registry
         self._open: set[int] = set()  # ids of the containers being converted: cycle detection
+        self._depth = 0  # extension values being converted, one inside the other
 
     def convert(self, value: Any, path: str) -> object:
         cls = type(value)
@@ -600,7 +656,10 @@ class _Walker:
         self._open.add(id(value))
 
     def _ext(self, value: object, cls: type, path: str) -> ormsgpack.Ext:
+        if self._depth >= MAX_DEPTH:
+            raise SerializationError(_TOO_DEEP, path=path, type_name=type_name_of(cls))
         self._enter(value, path)
+        self._depth += 1
         try:
             encoder, reg = _encoder_for(cls, self._registry)
             code, payload = encoder(value, _Tracked(path, self.convert), reg)
@@ -617,6 +676,7 @@ class _Walker:
                 f"{type(exc).__name__}: {exc}", path=path, type_name=type_name_of(cls)
             ) from exc
         finally:
+            self._depth -= 1
             self._open.discard(id(value))
 
 
@@ -917,13 +977,17 @@ class _Decoder:
     def locate(self, data: bytes) -> object:
         """Decode again, top-down, so that an error names the path where it happened."""
         try:
-            tree = ormsgpack.unpackb(data, ext_hook=_RawExt)
+            tree = _unpack_exact(data, _RawExt)
         except Exception as exc:
-            raise SerializationError(f"not a valid msgpack blob ({exc})", path="") from exc
+            raise SerializationError(
+                f"not a valid msgpack blob ({exc})", path="", action="load"
+            ) from exc
         try:
             return self._resolve(tree, "")
         except RecursionError as exc:
-            raise SerializationError("the value is nested too deeply", path="") from exc
+            raise SerializationError(
+                "the value is nested too deeply", path="", action="load"
+            ) from exc
 
     def _resolve(self, item: Any, path: str) -> object:
         cls = type(item)
@@ -943,20 +1007,25 @@ class _Decoder:
             if not self.strict:
                 return UnknownObject(f"pitstop.ext.{code}", {"data": data})
             raise SerializationError(
-                f"unknown extension type code {code} (written by a newer pitstop?)", path=kids.path
+                f"unknown extension type code {code} (written by a newer pitstop?)",
+                path=kids.path,
+                action="load",
             )
         try:
-            return decoder(ormsgpack.unpackb(data, ext_hook=ext_hook), kids, self)
+            return decoder(_unpack_exact(data, ext_hook), kids, self)
         except SerializationError as exc:
             if exc.path is not None or kids.path is None:
-                raise
-            raise type(exc)(exc.reason, path=kids.path, type_name=exc.type_name) from exc
+                raise exc.located(action="load") from None
+            raise type(exc)(
+                exc.reason, path=kids.path, type_name=exc.type_name, action="load"
+            ) from exc
         except RecursionError:
             raise
         except Exception as exc:
             raise SerializationError(
                 f"malformed {ExtCode(code).name.lower()} value ({type(exc).__name__}: {exc})",
                 path=kids.path,
+                action="load",
             ) from exc
 
     def lookup(self, stored_name: object, kind: Kind, kids: _Children) -> Registration | None:
@@ -1031,7 +1100,7 @@ class MsgpackSerializer:
             raise
         except RecursionError as exc:
             raise SerializationError(
-                "the value is nested too deeply", path="", type_name=type_name_of(type(value))
+                _TOO_DEEP, path="", type_name=type_name_of(type(value))
             ) from exc
         except Exception as exc:  # ormsgpack's own limits, e.g. nesting deeper than it allows
             raise SerializationError(
@@ -1060,7 +1129,7 @@ class MsgpackSerializer:
     def _loads(self, data: bytes, strict: bool, parts: Sequence[Any] | None) -> object:
         decoder = _Decoder(self.registry, strict, parts)
         try:
-            return ormsgpack.unpackb(data, ext_hook=decoder.hook)
+            return _unpack_exact(data, decoder.hook)
         except Exception:
             failure = decoder.failure
             if failure is not None and not isinstance(failure, Exception):

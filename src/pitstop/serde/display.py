@@ -11,6 +11,7 @@ import dataclasses
 import datetime
 import decimal
 import enum
+import hashlib
 import json
 import math
 import sys
@@ -33,11 +34,32 @@ def to_jsonable(value: object) -> object:
 
 
 def _safe_repr(value: object) -> str:
+    if type(value) is int:
+        return str(_int(value))
     try:
         text = repr(value)
     except Exception:
         return f"<{type_name_of(type(value))} (repr failed)>"
     return text if len(text) <= _REPR_LIMIT else text[: _REPR_LIMIT - 3] + "..."
+
+
+# Python refuses to turn ints of more than 4,300 digits into decimal text (a guard against
+# quadratic-time conversions), and JSON has no other form for them: show those by size, with
+# their first hex digits and a digest so that two different ones never look alike in a diff.
+_INT_TEXT_MAX_BITS = 14_000  # ~4,214 digits: safely under the limit
+
+
+def _int(value: int) -> object:
+    if value.bit_length() <= _INT_TEXT_MAX_BITS:
+        return value
+    digits = math.floor(value.bit_length() * math.log10(2)) + 1
+    magnitude = abs(value)
+    raw = magnitude.to_bytes((magnitude.bit_length() + 7) // 8, "big")
+    sign = "-" if value < 0 else ""
+    return (
+        f"<int of about {digits:,} digits: {sign}0x{raw[:8].hex()}..., "
+        f"sha256 {hashlib.sha256(raw).hexdigest()[:16]}>"
+    )
 
 
 def _float(value: float) -> object:
@@ -66,8 +88,10 @@ class _View:
 
     def _convert(self, value: Any, depth: int) -> object:
         cls = type(value)
-        if value is None or cls is bool or cls is str or cls is int:
+        if value is None or cls is bool or cls is str:
             return value
+        if cls is int:
+            return _int(value)
         if cls is float:
             return _float(value)
         if isinstance(value, enum.Enum):
@@ -87,7 +111,7 @@ class _View:
         if isinstance(value, bool):
             return bool(value)
         if isinstance(value, int):
-            return int.__int__(value)
+            return _int(int.__int__(value))
         if isinstance(value, float):
             return _float(float.__float__(value))
         if isinstance(value, str):
