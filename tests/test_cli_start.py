@@ -114,8 +114,13 @@ def test_an_existing_run_id_is_refused(cwd: Path) -> None:
     assert pitstop_exe("start", "shop:plain", "--run-id", "x", store=url, cwd=cwd).code == 0
     before = sqlite_rows(url)
     assert "already exists" in one_error_line(
-        pitstop_exe("start", "shop:plain", "--run-id", "x", store=url, cwd=cwd))
+        pitstop_exe("start", "shop:plain", "--run-id", "x", "--input", '{"n": 2}', store=url,
+                    cwd=cwd))
     assert sqlite_rows(url) == before
+    # The same start again (after an error that left its outcome unknown, say) converges on
+    # the run instead of being refused (#18): it reports where the run stands.
+    again = pitstop_exe("start", "shop:plain", "--run-id", "x", store=url, cwd=cwd)
+    assert again.code == 0 and "waiting for: go" in again.out
 
 
 def test_every_command_takes_the_logging_options(cwd: Path) -> None:

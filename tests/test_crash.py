@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import os
 import random
 import signal
@@ -19,9 +20,12 @@ from typing import Any
 
 import pytest
 
+import faults
 import pitstop
+import workflows
 from conftest import ROOT
 from pitstop import RunStatus
+from pitstop.runtime import run_until_idle
 
 pytestmark = pytest.mark.slow
 
@@ -315,3 +319,57 @@ def test_processes_sharing_a_sqlite_file_never_see_database_is_locked(tmp_path: 
         assert all(len(store.history(f"p{i}", limit=None)) == 150 for i in range(4))
         assert store.verify() == []
 
+
+
+# -- a run killed between its creation and its first checkpoint ---------------------------------
+
+BIRTH = faults.KILL_AT_STATEMENT + """
+import json, sys
+import pitstop, workflows
+url, action, points = sys.argv[1], sys.argv[2], range(int(sys.argv[3]))
+
+def birth(at):
+    store = pitstop.open_store(url)
+    if action == "start":
+        workflows.approval.start(store, {"n": 1}, run_id=f"born-{at}")
+    else:
+        workflows.approval.enqueue(store, {"n": 1}, run_id=f"born-{at}")
+
+print(json.dumps(fork_each(points, birth, r"INSERT INTO pitstop_runs\\b")))
+"""
+
+
+@pytest.mark.parametrize("action", ["start", "enqueue"])
+def test_killed_between_creating_a_run_and_its_first_checkpoint(
+    shared_url: str, action: str
+) -> None:
+    """SIGKILL at every SQL statement from the run's row to the end of ``start``/``enqueue``
+    (a forked process per kill point): whichever it hit, the same call again converges on one
+    run, and workers then drain every run, the healthy ones queued behind included (no
+    wedged pool)."""
+    with pitstop.open_store(shared_url) as store:
+        for i in range(3):
+            workflows.approval.enqueue(store, {"n": 1}, run_id=f"healthy-{i}")
+    points = 24  # more statements than either call runs after the run's row
+    proc = faults.run(faults.python(BIRTH, shared_url, action, str(points)), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    outcomes = json.loads(proc.stdout)
+    assert outcomes.count(-signal.SIGKILL) >= 3, outcomes
+    assert outcomes[-1] == 0, (outcomes, proc.stderr)  # the last point is past the call's end
+    with pitstop.open_store(shared_url) as store:
+        for at in range(points):
+            run_id = f"born-{at}"
+            if action == "start":
+                again = workflows.approval.start(store, {"n": 1}, run_id=run_id)
+                assert again.status is RunStatus.WAITING, at
+            else:
+                assert workflows.approval.enqueue(store, {"n": 1}, run_id=run_id).id == run_id
+                assert store.history(run_id, limit=None), at
+        started = time.monotonic()
+        stats = run_until_idle(store, workflows.approval)
+        assert time.monotonic() - started < 60
+        assert stats.errors == 0
+        for run in store.runs(limit=None):
+            assert run.status is RunStatus.WAITING, run  # every run reached its wait
+            assert store.latest(run.id) is not None
+        assert store.verify() == []

@@ -16,6 +16,8 @@ from pitstop import (
     InputError,
     Retry,
     RunBusyError,
+    RunExistsError,
+    RunNotStartedError,
     RunStatus,
     SchemaVersionError,
     StepFailedError,
@@ -530,6 +532,36 @@ def test_enqueue_then_resume(store: Store) -> None:
     assert run.status is RunStatus.QUEUED and run.owner is None
     result = wf.resume(store, "q")
     assert result.status is RunStatus.COMPLETED
+
+
+def test_starting_a_run_again_with_the_same_input_converges(store: Store) -> None:
+    """A start (or enqueue) repeated after an error that left its outcome unknown must not
+    fork the run or be refused: the same id and input is the same run."""
+    wf = linear()
+    first = wf.start(store, {"x": 1}, run_id="again")
+    again = wf.start(store, {"x": 1}, run_id="again")
+    assert again.status is RunStatus.COMPLETED and again.checkpoint_id == first.checkpoint_id
+    assert len(store.history("again", limit=None)) == 4  # nothing written twice
+    with pytest.raises(RunExistsError):
+        wf.start(store, {"x": 2}, run_id="again")  # other input: another run
+    with pytest.raises(RunExistsError):
+        linear("other").start(store, {"x": 1}, run_id="again")
+    queued = wf.enqueue(store, {"x": 3}, run_id="q")
+    assert wf.enqueue(store, {"x": 3}, run_id="q") == queued
+    with pytest.raises(RunExistsError):
+        wf.enqueue(store, {"x": 4}, run_id="q")
+
+
+def test_a_run_created_without_its_first_checkpoint_is_started_by_the_next_start(
+    store: Store,
+) -> None:
+    wf = linear()
+    store.create_run("orphan", workflow=wf.name)  # what a process killed right here left
+    with pytest.raises(RunNotStartedError, match="has no checkpoint to continue from"):
+        wf.resume(store, "orphan")
+    assert wf.start(store, {"x": 1}, run_id="orphan").status is RunStatus.COMPLETED
+    store.create_run("queued-orphan", workflow=wf.name, status=RunStatus.QUEUED)
+    assert wf.enqueue(store, {"x": 1}, run_id="queued-orphan").head_id is not None
 
 
 def test_background_durability(store: Store, tmp_path: Any) -> None:

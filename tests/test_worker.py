@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import signal
 import subprocess
@@ -12,9 +13,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import pitstop
 from conftest import ROOT
-from pitstop import RunStatus, Worker
+from pitstop import Retry, RunStatus, Worker
 
 WORKER = """
 import logging, sys
@@ -206,3 +209,40 @@ def test_sigterm_finishes_the_step_releases_and_exits_0(shared_url: str, tmp_pat
     assert finisher.communicate(timeout=120)[0].split()[0] == "4"
     with pitstop.open_store(shared_url) as store:
         _assert_exclusive_and_complete(store, runs, log)
+
+
+# -- runs that cannot be executed ------------------------------------------------------------
+
+FAST_RETRY = Retry(attempts=3, backoff=0.05, multiplier=2.0, jitter=0.0)
+
+
+def test_a_run_that_cannot_be_executed_is_backed_off_then_failed_not_spun_on(
+    shared_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A queued run with no checkpoint (created, its input never saved) used to wedge the
+    pool: 55,772 log lines in 15 s, the healthy runs behind it never executed. Now it is
+    retried with backoff a bounded number of times, then marked failed with the error."""
+    import workflows
+
+    with pitstop.open_store(shared_url) as store:
+        store.create_run("broken", workflow="approval", status=RunStatus.QUEUED, priority=9)
+        healthy = [workflows.approval.enqueue(store, {}).id for _ in range(3)]
+        worker = Worker(store, [workflows.approval], poll_interval=0.05, on_error=FAST_RETRY)
+        started = time.monotonic()
+        with caplog.at_level(logging.INFO, logger="pitstop.worker"):
+            stats = worker.run(until_idle=True, max_runs=30, handle_signals=False)
+        assert time.monotonic() - started < 20
+        assert stats.errors == FAST_RETRY.attempts  # tried three times, not spun on
+        assert stats.given_up == 1
+        assert stats.by_status["waiting"] == 3
+        for run_id in healthy:
+            assert store.get_run(run_id).status is RunStatus.WAITING
+        broken = store.get_run("broken")
+        assert broken.status is RunStatus.FAILED
+        error = broken.metadata["error"]
+        assert error["type"] == "pitstop.errors.RunNotStartedError"
+        assert "has no checkpoint" in error["message"] and error["attempts"] == 3
+        assert broken.owner is None  # its lease was given back
+        claims = [r for r in caplog.records
+                  if "event=claimed" in r.getMessage() and "run=broken" in r.getMessage()]
+        assert len(claims) == FAST_RETRY.attempts

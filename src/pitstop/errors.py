@@ -123,6 +123,19 @@ class RunNotFoundError(NotFoundError):
         super().__init__(f"no run {run_id!r} in this store")
 
 
+class RunNotStartedError(RunNotFoundError):
+    """The run exists but has no checkpoint: it was created and its input was never saved."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        NotFoundError.__init__(
+            self,
+            f"run {run_id!r} has no checkpoint to continue from (it was created, but its "
+            f"first checkpoint was never written); start it again with its input and "
+            f"run_id={run_id!r}",
+        )
+
+
 class CheckpointNotFoundError(NotFoundError):
     def __init__(self, checkpoint_id: str, *, run_id: str | None = None) -> None:
         self.checkpoint_id = checkpoint_id
@@ -259,6 +272,7 @@ __all__ = [
     "RunBusyError",
     "RunExistsError",
     "RunNotFoundError",
+    "RunNotStartedError",
     "SchemaVersionError",
     "SerializationError",
     "StoreError",

@@ -20,11 +20,27 @@ from ..store import Lease, Store
 log = logging.getLogger("pitstop.runtime")
 
 
+# Owners of this process that gave up mid-call (a start whose commit may or may not have
+# happened): a lease one of them may hold is taken over at once, as a dead process's is.
+_abandoned: set[str] = set()
+_ABANDONED_MAX = 1000
+
+
+def abandon(owner: str) -> None:
+    """Declare that ``owner`` (of this process) will never use a lease it may hold."""
+    if len(_abandoned) >= _ABANDONED_MAX:
+        _abandoned.pop()
+    _abandoned.add(owner)
+
+
 def acquire(store: Store, run_id: str, owner: str, ttl: float) -> Lease:
-    """``store.acquire``, taking over at once from an owner whose process is known dead."""
+    """``store.acquire``, taking over at once from an owner whose process is known dead (or
+    that this process abandoned)."""
     try:
         return store.acquire(run_id, owner, ttl=ttl)
     except RunBusyError as busy:
+        if busy.owner in _abandoned:
+            return store.acquire(run_id, owner, ttl=ttl, takeover=busy.owner)
         if not owner_is_dead(busy.owner):
             raise
         log.warning("run %r: owner %s is dead; taking the run over", run_id, busy.owner)
@@ -94,4 +110,4 @@ class LeaseKeeper:
 
 keeper = LeaseKeeper()
 
-__all__ = ["Held", "LeaseKeeper", "acquire", "keeper", "owner_id", "owner_is_dead"]
+__all__ = ["Held", "LeaseKeeper", "abandon", "acquire", "keeper", "owner_id", "owner_is_dead"]

@@ -7,6 +7,12 @@ one worker at a time, and a worker that dies has its runs taken over by the othe
 by a worker on the dead worker's host (its pid is gone), after the lease expires elsewhere.
 On PostgreSQL claims use ``FOR UPDATE SKIP LOCKED`` and workers are woken by LISTEN/NOTIFY;
 on SQLite (one machine) the same semantics come from SQLite's write lock, and workers poll.
+
+A worker never spins. A run it cannot execute (its checkpoint does not load, it has none, the
+store failed under it) is retried with backoff while the worker keeps the run's lease, so no
+other worker spins on it either; after the policy's attempts it is marked failed with the
+error, and the worker goes on with the others. A store that cannot be reached is retried with
+backoff too, however long it stays away.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import logging
 import signal
 import threading
 import time
+import traceback
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,11 +31,19 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-from ..errors import PitstopError, RunBusyError
+from ..errors import (
+    LeaseLostError,
+    PitstopError,
+    RunBusyError,
+    RunNotFoundError,
+    SchemaVersionError,
+    StoreError,
+)
 from ..logfmt import kv
 from ..model import RunStatus
 from ..owners import owner_alive, owner_id
 from ..store import Lease, Store
+from .policies import Retry
 from .workflow import Workflow
 
 log = logging.getLogger("pitstop.worker")
@@ -41,6 +56,23 @@ class WorkerStats:
     executed: int = 0
     by_status: Counter[str] = field(default_factory=Counter)
     errors: int = 0
+    """Executions that raised instead of returning (each is retried, see ``on_error``)."""
+    given_up: int = 0
+    """Runs marked failed because they could not be executed within ``on_error.attempts``."""
+
+
+ON_ERROR = Retry(attempts=5, backoff=1.0, multiplier=2.0, max_delay=60.0)
+"""The default ``on_error`` policy: retries after 1, 2, 4 and 8 seconds, then the run fails."""
+
+
+@dataclass
+class _Backoff:
+    """A run this worker could not execute, held (by its lease) until it is tried again."""
+
+    lease: Lease
+    workflow: str
+    attempts: int
+    due: float
 
 
 class Worker:
@@ -50,6 +82,13 @@ class Worker:
     CPU-bound steps start more worker processes. ``limits`` caps how many runs of a workflow
     this worker executes at once. :meth:`stop` (and SIGTERM/SIGINT under :meth:`run`) lets
     each running run finish its current step, checkpoint, give its lease back and end.
+
+    ``on_error`` says what happens to a run whose execution raises (a checkpoint that does
+    not load, a run without one, a store error): it is tried again after
+    ``on_error.delay(n)`` seconds, the worker holding its lease meanwhile, and after
+    ``on_error.attempts`` tries it is marked failed with the error in its metadata
+    (``run.metadata["error"]``). Store errors and state newer than this worker's code are
+    not the run's fault: those are retried every ``on_error.max_delay`` at most, never failed.
     """
 
     def __init__(
@@ -61,6 +100,7 @@ class Worker:
         poll_interval: float = 1.0,
         limits: Mapping[str, int] | None = None,
         owner: str | None = None,
+        on_error: Retry = ON_ERROR,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
@@ -72,12 +112,16 @@ class Worker:
         self.poll_interval = poll_interval
         self.limits = dict(limits or {})
         self.owner = owner or owner_id()
+        self.on_error = on_error
         self.stats = WorkerStats()
         self._stop = threading.Event()
         self._slot_freed = threading.Event()
         self._active: dict[Future[Any], str] = {}
         self._lock = threading.Lock()
         self._orphans_checked = -float("inf")
+        self._backoffs: dict[str, _Backoff] = {}
+        self._failures: dict[str, int] = {}  # run id -> failed executions in a row
+        self._until_idle = False
         self._orphans_elsewhere = False
 
     def stop(self) -> None:
@@ -163,23 +207,25 @@ class Worker:
                  extra=fields)
         try:
             result = wf.resume(self.store, lease.run_id, lease=lease, stop=self._stop)
-        except PitstopError as exc:
-            log.warning(kv(event="error", run=lease.run_id, workflow=workflow,
-                           error=f"{type(exc).__name__}: {exc}"), extra=fields)
-            with self._lock:
-                self.stats.errors += 1
+        except (RunBusyError, LeaseLostError) as exc:  # another owner has it: theirs now
+            log.info(kv(event="lost", run=lease.run_id, workflow=workflow,
+                        error=f"{type(exc).__name__}: {exc}"), extra=fields)
             return
         except Exception as exc:
-            log.exception(kv(event="crashed", run=lease.run_id, workflow=workflow,
-                             error=f"{type(exc).__name__}: {exc}"), extra=fields)
+            if isinstance(exc, PitstopError):
+                log.warning(kv(event="error", run=lease.run_id, workflow=workflow,
+                               error=f"{type(exc).__name__}: {exc}"), extra=fields)
+            else:
+                log.exception(kv(event="crashed", run=lease.run_id, workflow=workflow,
+                                 error=f"{type(exc).__name__}: {exc}"), extra=fields)
             with self._lock:
                 self.stats.errors += 1
-            with contextlib.suppress(PitstopError):
-                self.store.release(lease)
+            self._back_off(lease, workflow, exc)
             return
         with self._lock:
             self.stats.executed += 1
             self.stats.by_status[result.status.value] += 1
+            self._failures.pop(lease.run_id, None)
         error = result.error or {}
         done = {**fields, "status": result.status.value, "step": result.step,
                 "attempt": error.get("attempt")}
@@ -191,6 +237,103 @@ class Worker:
             log.warning(message, extra=done)
         else:
             log.info(message, extra=done)
+
+    # -- runs that cannot be executed ------------------------------------------------------------
+
+    def _back_off(self, lease: Lease, workflow: str, exc: BaseException) -> None:
+        """Hold the run for a while (its lease keeps every worker off it), or give it up."""
+        with self._lock:
+            attempts = self._failures.get(lease.run_id, 0) + 1
+            self._failures[lease.run_id] = attempts
+        policy = self.on_error
+        not_the_runs_fault = isinstance(exc, StoreError | SchemaVersionError)
+        if attempts >= policy.attempts and not not_the_runs_fault:
+            self._give_up(lease, workflow, exc, attempts)
+            return
+        exhausted = attempts >= policy.attempts
+        delay = policy.max_delay if exhausted else policy.delay(attempts)
+        log.warning(
+            kv(event="backoff", run=lease.run_id, workflow=workflow, attempt=attempts,
+               attempts=None if not_the_runs_fault else policy.attempts,
+               retry_in=f"{delay:.1f}s", error=_one_line(exc)),
+            extra={"run_id": lease.run_id, "workflow": workflow},
+        )
+        try:
+            # The resume gave the lease back when it failed: take it again, for the delay.
+            held = self.store.acquire(lease.run_id, self.owner, ttl=delay + 30.0)
+        except PitstopError:  # taken by another worker, deleted, or the store is away
+            with self._lock:
+                self._failures.pop(lease.run_id, None)
+            return
+        if exhausted and self._until_idle:
+            return  # held until the lease expires; a batch run does not wait for it
+        with self._lock:
+            self._backoffs[lease.run_id] = _Backoff(
+                held, workflow, attempts, time.monotonic() + delay
+            )
+
+    def _give_up(self, lease: Lease, workflow: str, exc: BaseException, attempts: int) -> None:
+        error = {
+            "type": f"{type(exc).__module__}.{type(exc).__qualname__}".removeprefix("builtins."),
+            "message": _one_line(exc),
+            "attempts": attempts,
+            "worker": self.owner,
+            "traceback": "".join(traceback.format_exception(exc)),
+            "at": time.time(),
+        }
+        log.error(
+            kv(event="given_up", run=lease.run_id, workflow=workflow, attempts=attempts,
+               error=error["message"]),
+            extra={"run_id": lease.run_id, "workflow": workflow},
+        )
+        with self._lock:
+            self._failures.pop(lease.run_id, None)
+            self.stats.given_up += 1
+        try:
+            held = self.store.acquire(lease.run_id, self.owner, ttl=30.0)
+            self.store.update_run(
+                lease.run_id, status=RunStatus.FAILED, metadata={"error": error}, lease=held
+            )
+            self.store.release(held)
+        except (RunBusyError, LeaseLostError, RunNotFoundError):
+            pass  # another owner took it meanwhile, or it is gone: theirs to settle
+        except PitstopError as failure:
+            log.warning(kv(event="error", run=lease.run_id, workflow=workflow,
+                           error=f"could not mark the run failed: {_one_line(failure)}"))
+
+    def _due_backoffs(self, free: int) -> list[Lease]:
+        """The held runs whose delay is over, with their leases renewed for the execution."""
+        now = time.monotonic()
+        with self._lock:
+            due = sorted((b for b in self._backoffs.values() if b.due <= now), key=lambda b: b.due)
+            due = due[:free]
+            for backoff in due:
+                del self._backoffs[backoff.lease.run_id]
+        ready = []
+        for backoff in due:
+            try:
+                ttl = self.workflows[backoff.workflow].lease_ttl
+                renewed = self.store.renew(backoff.lease, ttl=ttl)
+                ready.append(dataclasses.replace(renewed, workflow=backoff.workflow))
+            except LeaseLostError:
+                with self._lock:
+                    self._failures.pop(backoff.lease.run_id, None)
+            except PitstopError as exc:  # the store is away: hold on and try later
+                self._back_off(backoff.lease, backoff.workflow, exc)
+        return ready
+
+    def _next_backoff_in(self) -> float | None:
+        with self._lock:
+            if not self._backoffs:
+                return None
+            return max(0.0, min(b.due for b in self._backoffs.values()) - time.monotonic())
+
+    def _release_backoffs(self) -> None:
+        with self._lock:
+            held, self._backoffs = list(self._backoffs.values()), {}
+        for backoff in held:
+            with contextlib.suppress(PitstopError):
+                self.store.release(backoff.lease)
 
     def _done(self, future: Future[Any]) -> None:
         with self._lock:
@@ -213,7 +356,9 @@ class Worker:
         after that many executions were started.
         """
         restore = self._install_signals() if handle_signals else None
+        self._until_idle = until_idle
         started = 0
+        store_errors = 0
         log.info(kv(event="started", worker=self.owner, workflows=",".join(self.workflows),
                     concurrency=self.concurrency))
         # One run at a time executes right here: no thread hand-offs per run.
@@ -235,9 +380,22 @@ class Worker:
                         self._slot_freed.wait(self.poll_interval)
                         self._slot_freed.clear()
                         continue
-                    leases = self._claim(free) or self._adopt_orphans(free)
-                    for lease in leases:
-                        workflow = self._workflow_of(lease)
+                    try:
+                        leases = self._due_backoffs(free)
+                        leases += self._claim(free - len(leases)) or self._adopt_orphans(
+                            free - len(leases)
+                        )
+                        work = [(lease, self._workflow_of(lease)) for lease in leases]
+                    except StoreError as exc:
+                        # The store is away: try again later, never in a tight loop.
+                        store_errors += 1
+                        pause = self.on_error.delay(min(store_errors, 16))
+                        log.warning(kv(event="store_error", worker=self.owner,
+                                       retry_in=f"{pause:.1f}s", error=_one_line(exc)))
+                        self._stop.wait(pause)
+                        continue
+                    store_errors = 0
+                    for lease, workflow in work:
                         started += 1
                         if pool is None:
                             self._execute(lease, workflow)
@@ -250,14 +408,18 @@ class Worker:
                         continue
                     with self._lock:
                         busy = bool(self._active)
-                    if until_idle and not busy and not self._orphans_elsewhere:
+                    backoff = self._next_backoff_in()
+                    if until_idle and not busy and not self._orphans_elsewhere and backoff is None:
                         break
                     if busy:
                         self._slot_freed.wait(min(self.poll_interval, 0.05))
                         self._slot_freed.clear()
+                    elif backoff is not None and backoff < self.poll_interval:
+                        self._stop.wait(backoff)
                     else:
                         self.store.wait_for_work(self.poll_interval)
         finally:
+            self._release_backoffs()
             if restore is not None:
                 restore()
         log.info(kv(event="stopped", worker=self.owner, executed=self.stats.executed,
@@ -290,11 +452,20 @@ class Worker:
         return restore
 
 
-def run_until_idle(store: Store, *workflows: Workflow, concurrency: int = 1) -> WorkerStats:
+def run_until_idle(
+    store: Store,
+    *workflows: Workflow,
+    concurrency: int = 1,
+    on_error: Retry = ON_ERROR,
+) -> WorkerStats:
     """Execute every runnable run of ``workflows`` now, then return (cron jobs, tests)."""
-    return Worker(store, workflows, concurrency=concurrency).run(
+    return Worker(store, workflows, concurrency=concurrency, on_error=on_error).run(
         until_idle=True, handle_signals=False
     )
 
 
-__all__ = ["Worker", "WorkerStats", "run_until_idle"]
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+__all__ = ["ON_ERROR", "Worker", "WorkerStats", "run_until_idle"]

@@ -2,24 +2,34 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar, overload
 
-from ..errors import InputError, RunNotFoundError, SchemaVersionError
+from ..errors import (
+    InputError,
+    PitstopError,
+    RunExistsError,
+    RunNotStartedError,
+    SchemaVersionError,
+    StoreError,
+)
 from ..ids import new_id
 from ..model import Checkpoint, Run, RunStatus
 from ..serde import default_registry
 from ..store import Input, Lease, RetentionPolicy, Store
 from .engine import Execution, RunResult, drive_async, drive_sync
-from .leases import acquire, owner_id
+from .leases import abandon, acquire, owner_id
 from .policies import CheckpointPolicy, Retry, StepOptions, WorkflowDurability
 from .state import adapter_for
 
 F = TypeVar("F", bound=Callable[..., Any])
+log = logging.getLogger("pitstop.runtime")
 
 
 @dataclass(frozen=True)
@@ -229,33 +239,82 @@ class Workflow:
         metadata: Mapping[str, Any] | None,
         priority: int,
         owner: str | None,
-    ) -> tuple[str, Lease | None, Checkpoint]:
+    ) -> tuple[str, Lease | None, Checkpoint | None]:
+        """Create the run with its input as the first checkpoint.
+
+        Returns the checkpoint it wrote, or None when ``run_id`` names a run this call
+        converges on instead: the same workflow started with the same input before (a call
+        repeated after an error that left the outcome unknown, or by a retrying client), to
+        be continued rather than refused. A run of that id with other input or another
+        workflow raises :class:`~pitstop.RunExistsError`.
+        """
         if not self._order:
             raise ValueError(f"workflow {self.name!r} has no steps")
         fields = self.adapter.fields_of(input)
         run_id = run_id or new_id()
-        store.create_run(
-            run_id, workflow=self.name, status=status, metadata=metadata, priority=priority
-        )
-        lease = store.acquire(run_id, owner, ttl=self.lease_ttl) if owner else None
-        ckpt = store.save(
-            run_id,
-            fields,
-            step=0,
-            metadata={
-                "source": "input",
-                "status": status.value,
-                "step_name": None,
-                "next": self.first_step,
-                "completed": [],
-            },
-            schema_version=self.version,
-            workflow=self.name,
-            status=status,
-            lease=lease,
-            expected_head=None,
-        )
-        return run_id, lease, ckpt
+        try:
+            store.create_run(
+                run_id, workflow=self.name, status=status, metadata=metadata, priority=priority
+            )
+        except RunExistsError:
+            run = store.get_run(run_id)
+            if run.head_id is not None:
+                self._check_same_start(store, run, fields)
+                return run_id, None, None
+            if run.workflow != self.name:
+                raise
+            # Created, but its first checkpoint never written (the process died in between):
+            # write it now, as that call would have.
+        return run_id, *self._first_checkpoint(store, run_id, fields, status, owner)
+
+    def _first_checkpoint(
+        self,
+        store: Store,
+        run_id: str,
+        fields: dict[str, Any],
+        status: RunStatus,
+        owner: str | None,
+    ) -> tuple[Lease | None, Checkpoint]:
+        lease = acquire(store, run_id, owner, ttl=self.lease_ttl) if owner else None
+        try:
+            ckpt = store.save(
+                run_id,
+                fields,
+                step=0,
+                metadata={
+                    "source": "input",
+                    "status": status.value,
+                    "step_name": None,
+                    "next": self.first_step,
+                    "completed": [],
+                },
+                schema_version=self.version,
+                workflow=self.name,
+                status=status,
+                lease=lease,
+                expected_head=None,
+            )
+        except BaseException:
+            if lease is not None:
+                with contextlib.suppress(PitstopError):
+                    store.release(lease)
+            raise
+        return lease, ckpt
+
+    def _check_same_start(self, store: Store, run: Run, fields: dict[str, Any]) -> None:
+        """Refuse (RunExistsError) unless ``run`` is this workflow started with ``fields``."""
+        if run.workflow != self.name:
+            raise RunExistsError(run.id)
+        history = store.history(run.id, limit=None)
+        first = history[-1] if history else None
+        if first is None or first.source != "input" or first.parent_id is not None:
+            raise RunExistsError(run.id)
+        try:
+            same = store.get(first.id).state == fields
+        except PitstopError:
+            same = False
+        if not same:
+            raise RunExistsError(run.id)
 
     def _start(
         self,
@@ -265,13 +324,29 @@ class Workflow:
         policy: CheckpointPolicy | None,
         metadata: Mapping[str, Any] | None,
         priority: int,
-    ) -> Execution:
+    ) -> tuple[Execution | None, RunResult | None, RunStatus]:
         owner = owner_id()
-        run_id, lease, ckpt = self._new_run(
-            store, input, run_id, RunStatus.RUNNING, metadata, priority, owner
-        )
+        try:
+            run_id, lease, ckpt = self._new_run(
+                store, input, run_id, RunStatus.RUNNING, metadata, priority, owner
+            )
+        except StoreError as exc:
+            # The outcome is unknown (a connection lost while committing, say): whatever of
+            # the run was written, this owner is gone, and the same start again converges.
+            abandon(owner)
+            if run_id is None:
+                raise
+            log.warning("start of run %r: %s; checking what was written", run_id, exc)
+            try:
+                run_id, lease, ckpt = self._new_run(
+                    store, input, run_id, RunStatus.RUNNING, metadata, priority, owner_id()
+                )
+            except StoreError:
+                raise exc from None
+        if ckpt is None:  # started before: continue it
+            return self._resume(store, run_id, None, policy, None)
         assert lease is not None
-        return self._execution(store, run_id, lease, ckpt, policy)
+        return self._execution(store, run_id, lease, ckpt, policy), None, RunStatus.RUNNING
 
     def _execution(
         self,
@@ -348,7 +423,7 @@ class Workflow:
                 else:
                     found = store.latest(run_id)
                 if found is None:
-                    raise RunNotFoundError(run_id)
+                    raise RunNotStartedError(run_id)
                 ckpt = found
                 status = run.status
                 if status in (RunStatus.COMPLETED, RunStatus.CANCELLED):
@@ -383,10 +458,16 @@ class Workflow:
         """Start a run and execute it in this process until it completes, waits or fails.
 
         The input becomes the first checkpoint, so even a crash in the first step loses
-        nothing. Raises :class:`~pitstop.RunExistsError` if ``run_id`` is taken.
+        nothing. Starting ``run_id`` again with the same input continues that run (so a
+        start repeated after an error that left its outcome unknown converges on one run);
+        raises :class:`~pitstop.RunExistsError` if ``run_id`` is taken by other input or
+        another workflow.
         """
-        execution = self._start(store, input, run_id, policy, metadata, priority)
-        return self._finish(store, drive_sync(execution.run(RunStatus.RUNNING)))
+        execution, done, status = self._start(store, input, run_id, policy, metadata, priority)
+        if execution is None:
+            assert done is not None
+            return done
+        return self._finish(store, drive_sync(execution.run(status)))
 
     def resume(
         self,
@@ -435,10 +516,23 @@ class Workflow:
         metadata: Mapping[str, Any] | None = None,
         priority: int = 0,
     ) -> Run:
-        """Queue a run for a worker (``pitstop worker``); returns at once."""
-        run_id, _, _ = self._new_run(
-            store, input, run_id, RunStatus.QUEUED, metadata, priority, owner=None
-        )
+        """Queue a run for a worker (``pitstop worker``); returns at once.
+
+        Enqueuing ``run_id`` again with the same input returns that run (whatever became of
+        it); other input or another workflow raises :class:`~pitstop.RunExistsError`.
+        """
+        try:
+            run_id, _, _ = self._new_run(
+                store, input, run_id, RunStatus.QUEUED, metadata, priority, owner=None
+            )
+        except StoreError as exc:
+            if run_id is None:
+                raise
+            log.warning("enqueue of run %r: %s; checking what was written", run_id, exc)
+            try:
+                self._new_run(store, input, run_id, RunStatus.QUEUED, metadata, priority, None)
+            except StoreError:
+                raise exc from None
         return store.get_run(run_id)
 
     # -- asyncio twins --------------------------------------------------------------------------
@@ -456,10 +550,13 @@ class Workflow:
         """:meth:`start` for asyncio: ``async def`` steps are awaited, store I/O leaves the loop."""
         import asyncio
 
-        execution = await asyncio.to_thread(
+        execution, done, status = await asyncio.to_thread(
             self._start, store, input, run_id, policy, metadata, priority
         )
-        result = await drive_async(execution.run(RunStatus.RUNNING))
+        if execution is None:
+            assert done is not None
+            return done
+        result = await drive_async(execution.run(status))
         return await asyncio.to_thread(self._finish, store, result)
 
     async def aresume(
