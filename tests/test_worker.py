@@ -211,7 +211,7 @@ def test_sigterm_finishes_the_step_releases_and_exits_0(shared_url: str, tmp_pat
         _assert_exclusive_and_complete(store, runs, log)
 
 
-# -- runs that cannot be executed ------------------------------------------------------------
+# -- runs that cannot be executed, and runs that failed -----------------------------------------
 
 FAST_RETRY = Retry(attempts=3, backoff=0.05, multiplier=2.0, jitter=0.0)
 
@@ -246,3 +246,50 @@ def test_a_run_that_cannot_be_executed_is_backed_off_then_failed_not_spun_on(
         claims = [r for r in caplog.records
                   if "event=claimed" in r.getMessage() and "run=broken" in r.getMessage()]
         assert len(claims) == FAST_RETRY.attempts
+
+
+def _flaky(marker: Path, failures: int) -> pitstop.Workflow:
+    wf = pitstop.Workflow("flaky")
+
+    @wf.step
+    def call_api(state: dict[str, Any]) -> dict[str, Any]:
+        count = int(marker.read_text()) if marker.exists() else 0
+        marker.write_text(str(count + 1))
+        if count < failures:
+            raise ConnectionError(f"blip {count + 1}")
+        return {"calls": count + 1}
+
+    return wf
+
+
+def _drain(store: pitstop.Store, wf: pitstop.Workflow, until: float = 10.0) -> None:
+    """Run a worker until the run is neither waiting for a retry nor runnable."""
+    deadline = time.monotonic() + until
+    worker = Worker(store, [wf], poll_interval=0.02, retry_failed=FAST_RETRY)
+    while time.monotonic() < deadline:
+        worker.run(until_idle=True, handle_signals=False)
+        if store.get_run("r").status is not RunStatus.WAITING:
+            return
+        time.sleep(0.05)
+
+
+def test_retry_failed_brings_a_failed_run_back(tmp_path: Path) -> None:
+    wf = _flaky(tmp_path / "calls", failures=2)
+    with pitstop.open_store(f"sqlite:///{tmp_path / 'w.db'}") as store:
+        wf.enqueue(store, {}, run_id="r")
+        _drain(store, wf)
+        assert store.get_run("r").status is RunStatus.COMPLETED
+        assert store.latest("r").state == {"calls": 3}  # type: ignore[union-attr]
+        parked = [h for h in store.history("r", limit=None) if h.source == "retry"]
+        assert [p.metadata["error"]["message"] for p in reversed(parked)] == ["blip 1", "blip 2"]
+        assert all(p.metadata["status"] == "waiting" for p in parked)
+
+
+def test_retry_failed_gives_up_after_its_attempts(tmp_path: Path) -> None:
+    wf = _flaky(tmp_path / "calls", failures=10)
+    with pitstop.open_store(f"sqlite:///{tmp_path / 'w.db'}") as store:
+        wf.enqueue(store, {}, run_id="r")
+        _drain(store, wf)
+        assert store.get_run("r").status is RunStatus.FAILED
+        assert (tmp_path / "calls").read_text() == str(FAST_RETRY.attempts)
+        assert store.latest("r").metadata["error"]["message"] == "blip 3"  # type: ignore[union-attr]

@@ -25,7 +25,7 @@ from ..model import Checkpoint, RunStatus, utc
 from ..store import Lease, Store
 from .context import StepContext, Suspend
 from .leases import keeper
-from .policies import CheckpointPolicy, Finish, Goto
+from .policies import CheckpointPolicy, Finish, Goto, Retry
 from .state import merged
 from .writer import writer_for
 
@@ -201,6 +201,8 @@ class Execution:
         self.attempts: dict[str, int] = {}
         self.timers: dict[str, float] = {}
         self.deadlines: dict[str, float] = {}
+        self.retries: dict[str, int] = {}  # "position:step" -> times parked for retry_failed
+        self.retry_failed: Retry | None = None
         self.changed: set[str] | None = set()
         self.consumed: dict[str, str] = {}
         self.steps_since = 0
@@ -232,6 +234,8 @@ class Execution:
             meta["timers"] = self.timers
         if self.deadlines:
             meta["deadlines"] = self.deadlines
+        if self.retries:
+            meta["retries"] = self.retries
         if self.consumed:
             meta["inputs"] = self.consumed
         if self.tags:
@@ -346,6 +350,7 @@ class Execution:
         self.attempts = dict(meta.get("attempts", {}))
         self.timers = dict(meta.get("timers", {}))
         self.deadlines = dict(meta.get("deadlines", {}))
+        self.retries = dict(meta.get("retries", {}))
 
     def result(self, status: RunStatus, **kw: Any) -> RunResult:
         return RunResult(
@@ -498,11 +503,12 @@ class Execution:
                 yield from self.checkpoint(RunStatus.RUNNING)
 
     def _clear_step_state(self, step: str) -> None:
-        """Forget the finished step's timers and input deadlines."""
-        if not self.timers and not self.deadlines:
+        """Forget the finished step's timers, input deadlines and retries of the run."""
+        if not self.timers and not self.deadlines and not self.retries:
             return
         prefix = f"{self.position}:{step}"
-        for table in (self.timers, self.deadlines):
+        tables: tuple[dict[str, Any], ...] = (self.timers, self.deadlines, self.retries)
+        for table in tables:
             for key in [k for k in table if k == prefix or k.startswith(prefix + ":")]:
                 del table[key]
 
@@ -547,6 +553,21 @@ class Execution:
         if step is not None:
             self.fields = self.step_start_fields or self.fields
             self.next = step
+            retry = self.retry_failed
+            key = f"{self.position}:{step}"
+            parked = self.retries.get(key, 0) + 1
+            if retry is not None and parked < retry.attempts:
+                # Park the run instead of failing it: a worker takes it up again when due,
+                # with a fresh set of the step's own retries.
+                self.retries[key] = parked
+                self.attempts.pop(step, None)
+                wake_at = time.time() + retry.delay(parked)
+                yield from self.checkpoint(
+                    RunStatus.WAITING, sync=True, source="retry", error=error, wake_at=wake_at
+                )
+                return self.result(
+                    RunStatus.WAITING, error=error, wake_at=utc(wake_at), step=step
+                )
         yield from self.checkpoint(RunStatus.FAILED, sync=True, error=error)
         return self.result(RunStatus.FAILED, error=error, step=step or self.next)
 

@@ -89,6 +89,11 @@ class Worker:
     ``on_error.attempts`` tries it is marked failed with the error in its metadata
     (``run.metadata["error"]``). Store errors and state newer than this worker's code are
     not the run's fault: those are retried every ``on_error.max_delay`` at most, never failed.
+
+    ``retry_failed`` makes failed runs come back: a run whose step fails (after the step's
+    own retries) is parked as waiting, due again after ``retry_failed.delay(n)``, and any
+    worker resumes it then, up to ``retry_failed.attempts - 1`` times before it fails for
+    good. A network blip then needs no person.
     """
 
     def __init__(
@@ -101,6 +106,7 @@ class Worker:
         limits: Mapping[str, int] | None = None,
         owner: str | None = None,
         on_error: Retry = ON_ERROR,
+        retry_failed: Retry | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
@@ -113,6 +119,7 @@ class Worker:
         self.limits = dict(limits or {})
         self.owner = owner or owner_id()
         self.on_error = on_error
+        self.retry_failed = retry_failed
         self.stats = WorkerStats()
         self._stop = threading.Event()
         self._slot_freed = threading.Event()
@@ -206,7 +213,13 @@ class Worker:
         log.info(kv(event="claimed", run=lease.run_id, workflow=workflow, token=lease.token),
                  extra=fields)
         try:
-            result = wf.resume(self.store, lease.run_id, lease=lease, stop=self._stop)
+            result = wf.resume(
+                self.store,
+                lease.run_id,
+                lease=lease,
+                stop=self._stop,
+                retry_failed=self.retry_failed,
+            )
         except (RunBusyError, LeaseLostError) as exc:  # another owner has it: theirs now
             log.info(kv(event="lost", run=lease.run_id, workflow=workflow,
                         error=f"{type(exc).__name__}: {exc}"), extra=fields)

@@ -478,6 +478,7 @@ class Workflow:
         policy: CheckpointPolicy | None = None,
         lease: Lease | None = None,
         stop: threading.Event | None = None,
+        retry_failed: Retry | None = None,
     ) -> RunResult:
         """Continue a run from its latest checkpoint (or, on a new branch, from an earlier one).
 
@@ -486,12 +487,16 @@ class Workflow:
         :class:`~pitstop.RunBusyError` while another process owns the run. ``lease`` is one
         already held (a worker's claim); once ``stop`` is set the run checkpoints after its
         current step and returns as ``running``, releasing the run for another owner.
+        With ``retry_failed``, a step that fails (after its own retries) parks the run as
+        ``waiting``, due again after ``retry_failed.delay(n)`` (what workers resume), up to
+        ``retry_failed.attempts - 1`` times before the run fails.
         """
         execution, done, status = self._resume(store, run_id, from_checkpoint, policy, lease)
         if execution is None:
             assert done is not None
             return done
         execution.stop = stop
+        execution.retry_failed = retry_failed
         return self._finish(store, drive_sync(execution.run(status)))
 
     def fork(
@@ -567,6 +572,7 @@ class Workflow:
         from_checkpoint: str | None = None,
         policy: CheckpointPolicy | None = None,
         lease: Lease | None = None,
+        retry_failed: Retry | None = None,
     ) -> RunResult:
         import asyncio
 
@@ -576,6 +582,7 @@ class Workflow:
         if execution is None:
             assert done is not None
             return done
+        execution.retry_failed = retry_failed
         result = await drive_async(execution.run(status))
         return await asyncio.to_thread(self._finish, store, result)
 
