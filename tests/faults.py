@@ -33,13 +33,16 @@ class FaultProxy:
     """A TCP relay on 127.0.0.1 in front of a real server, with faults on demand.
 
     * :meth:`cut` resets every open connection (a server restart, a NAT dropping state);
+    * :meth:`down` cuts them and resets every new one until :meth:`heal`: a server that is
+      away (restarting, unreachable);
     * :meth:`blackhole` stops forwarding in both directions without closing anything, as a
       network partition does: each side's kernel still acknowledges what it receives (so TCP
       keepalives and ``tcp_user_timeout`` never fire), but no byte gets through until
       :meth:`heal`; new connections are accepted and then hear nothing;
-    * :meth:`cut_on` arms a one-shot trigger: the next client message containing a pattern
-      (``b"COMMIT"``) is forwarded to the server, or dropped, and the connection is reset
-      before the server's answer gets back: the client cannot tell whether it was applied.
+    * :meth:`cut_on` arms a one-shot trigger: a client message containing a pattern
+      (``b"COMMIT"``; the first after ``skip`` others) is forwarded to the server, or
+      dropped, and the connection is reset before the server's answer gets back: the client
+      cannot tell whether it was applied.
     """
 
     def __init__(self, target: tuple[str, int] | None = None) -> None:
@@ -54,6 +57,8 @@ class FaultProxy:
         self._flowing = threading.Event()
         self._flowing.set()
         self._trigger: tuple[bytes, bool] | None = None
+        self._skip = 0
+        self._refusing = False
         self.triggered = threading.Event()
         self._closed = False
         threading.Thread(target=self._accept, name="fault-proxy", daemon=True).start()
@@ -76,20 +81,29 @@ class FaultProxy:
         for pair in pairs:
             _reset(*pair)
 
+    def down(self) -> None:
+        """Cut every connection and refuse new ones (accepted, then reset) until healed."""
+        self._refusing = True
+        self.cut()
+
     def blackhole(self) -> None:
         """Stop forwarding anything, closing nothing."""
         self._flowing.clear()
 
     def heal(self) -> None:
-        """Forward again (what waited in the kernels' buffers is delivered, nothing lost)."""
+        """Undo :meth:`down` and :meth:`blackhole` (what waited in the kernels' buffers is
+        delivered, nothing lost)."""
+        self._refusing = False
         self._flowing.set()
 
-    def cut_on(self, pattern: bytes, *, deliver: bool = True) -> None:
-        """Reset the connection of the next client message containing ``pattern``; with
-        ``deliver`` the server receives that message first (and, for a COMMIT, commits)."""
+    def cut_on(self, pattern: bytes, *, deliver: bool = True, skip: int = 0) -> None:
+        """Reset the connection of a client message containing ``pattern`` (the first after
+        ``skip`` such messages); with ``deliver`` the server receives that message first
+        (and, for a COMMIT, commits)."""
         self.triggered.clear()
         with self._lock:
             self._trigger = (pattern, deliver)
+            self._skip = skip
 
     def close(self) -> None:
         self._closed = True
@@ -107,6 +121,9 @@ class FaultProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if self._refusing:
+                _reset(client)
+                continue
             try:
                 server = socket.create_connection(self.target, timeout=5)
             except OSError:
@@ -146,6 +163,9 @@ class FaultProxy:
         with self._lock:
             trigger = self._trigger
             if trigger is None or trigger[0] not in data:
+                return False
+            if self._skip:
+                self._skip -= 1
                 return False
             self._trigger = None
         if trigger[1]:

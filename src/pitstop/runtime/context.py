@@ -6,17 +6,29 @@ import asyncio
 import inspect
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..errors import StoreError, StoreSchemaError, UnsupportedStoreError
 from .iteration import Position, Resumable
+from .policies import Retry
 
 if TYPE_CHECKING:
     from .engine import Execution
 
 log = logging.getLogger("pitstop.step")
 T = TypeVar("T")
+
+STORE_RETRY = Retry(attempts=6, backoff=0.25, multiplier=2.0, max_delay=4.0)
+"""How an effect's store calls ride out a store that is briefly away (a network blip, a
+server restart): tried again after 0.25, 0.5, 1, 2 and 4 seconds before the step fails.
+Both calls are safe to repeat: a lookup, and a record whose first result wins."""
+
+
+def _transient(exc: StoreError) -> bool:
+    """A store error that waiting may cure (not a bad URL or a schema of another version)."""
+    return not isinstance(exc, UnsupportedStoreError | StoreSchemaError)
 
 
 class Suspend(BaseException):
@@ -105,7 +117,8 @@ class StepContext:
         external system to close it.
         """
         key = self._claim(name)
-        found, value = self._x.store.get_effect(self._x.run_id, key)
+        store, run_id = self._x.store, self._x.run_id
+        found, value = self._patiently(name, lambda: store.get_effect(run_id, key))
         if found:
             return value
         if _takes_key(fn):
@@ -113,15 +126,18 @@ class StepContext:
         result = fn(*args, **kwargs)
         if inspect.isawaitable(result):
             raise TypeError(f"effect {name!r}: use `await ctx.aeffect(...)` for async functions")
-        return self._x.store.record_effect(
-            self._x.run_id, key, result, checkpoint_id=self._x.parent_id
+        parent = self._x.parent_id
+        return self._patiently(
+            name, lambda: store.record_effect(run_id, key, result, checkpoint_id=parent)
         )
 
     async def aeffect(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """:meth:`effect` for async steps; ``fn`` may be sync or async."""
         key = self._claim(name)
-        store = self._x.store
-        found, value = await asyncio.to_thread(store.get_effect, self._x.run_id, key)
+        store, run_id = self._x.store, self._x.run_id
+        found, value = await self._apatiently(
+            name, lambda: asyncio.to_thread(store.get_effect, run_id, key)
+        )
         if found:
             return value
         if _takes_key(fn):
@@ -129,9 +145,39 @@ class StepContext:
         result = fn(*args, **kwargs)
         if inspect.isawaitable(result):
             result = await result
-        return await asyncio.to_thread(
-            store.record_effect, self._x.run_id, key, result, checkpoint_id=self._x.parent_id
+        parent = self._x.parent_id
+        return await self._apatiently(
+            name,
+            lambda: asyncio.to_thread(
+                store.record_effect, run_id, key, result, checkpoint_id=parent
+            ),
         )
+
+    def _store_blip(self, name: str, exc: StoreError, attempt: int) -> float:
+        """The delay before trying an effect's store call again; re-raises when out of tries."""
+        if not _transient(exc) or attempt >= STORE_RETRY.attempts:
+            raise exc
+        delay = STORE_RETRY.delay(attempt)
+        self.log.warning("effect %r: %s; trying the store again in %.2fs", name, exc, delay)
+        return delay
+
+    def _patiently(self, name: str, call: Callable[[], T]) -> T:
+        attempt = 1
+        while True:
+            try:
+                return call()
+            except StoreError as exc:
+                time.sleep(self._store_blip(name, exc, attempt))
+            attempt += 1
+
+    async def _apatiently(self, name: str, call: Callable[[], Awaitable[T]]) -> T:
+        attempt = 1
+        while True:
+            try:
+                return await call()
+            except StoreError as exc:
+                await asyncio.sleep(self._store_blip(name, exc, attempt))
+            attempt += 1
 
     # -- parallel work -----------------------------------------------------------------------
 

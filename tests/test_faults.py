@@ -1,0 +1,161 @@
+"""Real faults under real runs: a network that cuts, blacks out or goes away in front of
+PostgreSQL, a disk that fills up, files and directories the process may not write.
+
+The faults come from tests/faults.py (a TCP proxy, RLIMIT_FSIZE and a small tmpfs, dropped
+file capabilities); pitstop meets them through the operating system as it would in
+production. Timeouts are short so the whole module stays quick.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import pitstop
+from conftest import BACKENDS, drop_pg_schema, pg_schema_url
+from faults import FaultProxy
+from pitstop import RunStatus, StoreError, Worker
+
+needs_postgres = pytest.mark.skipif("postgres" not in BACKENDS, reason="no PostgreSQL backend")
+
+
+@pytest.fixture
+def schema() -> Iterator[str]:
+    name = f"f_{uuid.uuid4().hex[:12]}"
+    yield name
+    drop_pg_schema(name)
+
+
+@pytest.fixture
+def proxy() -> Iterator[FaultProxy]:
+    relay = FaultProxy()
+    yield relay
+    relay.close()
+
+
+def proxied_url(proxy: FaultProxy, schema: str, **options: str) -> str:
+    """The test schema's URL through the proxy, with short timeouts by default."""
+    return proxy.url(pg_schema_url(schema), **{"connect_timeout": "1", **options})
+
+
+def _payments(calls: list[str], proxy: FaultProxy, outage: float) -> pitstop.Workflow:
+    wf = pitstop.Workflow("payments")
+
+    @wf.step
+    def charge(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
+        proxy.down()  # the server goes away just as the effect looks for its record
+        threading.Timer(outage, proxy.heal).start()
+        receipt = ctx.effect("charge", lambda: calls.append("charged") or "receipt-1")
+        return {"receipt": receipt}
+
+    return wf
+
+
+# -- the network ---------------------------------------------------------------------------------
+
+
+@needs_postgres
+def test_an_effect_rides_out_a_store_that_is_briefly_away(
+    proxy: FaultProxy, schema: str
+) -> None:
+    """A transient StoreError inside ctx.effect used to fail the step (and the run): the
+    effect's store calls are retried with backoff, and the effect still runs once."""
+    calls: list[str] = []
+    wf = _payments(calls, proxy, outage=1.5)
+    with pitstop.open_store(proxied_url(proxy, schema)) as store:
+        result = wf.start(store, {}, run_id="pay")
+        assert result.status is RunStatus.COMPLETED, result.error
+        assert result.state["receipt"] == "receipt-1"
+        assert calls == ["charged"]
+        assert store.effects("pay") and store.verify() == []
+
+
+@needs_postgres
+def test_a_worker_outlives_a_store_that_goes_away(
+    proxy: FaultProxy, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker whose claim fails because the server is away backs off and claims again
+    once it is back, instead of dying (or spinning)."""
+    wf = pitstop.Workflow("jobs")
+    wf.step(name="work")(lambda state: {"done": True})
+    with pitstop.open_store(pg_schema_url(schema)) as direct:
+        ids = [wf.enqueue(direct, {}).id for _ in range(5)]
+    store = pitstop.open_store(proxied_url(proxy, schema))
+    worker = Worker(store, [wf], poll_interval=0.05, on_error=pitstop.Retry(backoff=0.1))
+    proxy.down()
+    crashed: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            worker.run(handle_signals=False)
+        except BaseException as exc:  # pragma: no cover - the failure this test is about
+            crashed.append(exc)
+
+    with caplog.at_level(logging.WARNING, logger="pitstop.worker"):
+        thread = threading.Thread(target=work)
+        thread.start()
+        try:
+            time.sleep(2.0)
+            assert thread.is_alive(), crashed
+            proxy.heal()
+            deadline = time.monotonic() + 30
+            with pitstop.open_store(pg_schema_url(schema)) as direct:  # watch from outside
+                while time.monotonic() < deadline:
+                    if all(direct.get_run(i).status is RunStatus.COMPLETED for i in ids):
+                        break
+                    time.sleep(0.1)
+        finally:
+            worker.stop()
+            thread.join(30)
+            store.close()
+    assert not crashed
+    assert worker.stats.by_status["completed"] == 5
+    claims = [r for r in caplog.records if "event=store_error" in r.getMessage()]
+    assert 1 <= len(claims) <= 10  # backed off while away: no tight loop
+
+
+@needs_postgres
+@pytest.mark.parametrize("deliver", [True, False], ids=["committed", "not-committed"])
+@pytest.mark.parametrize("commit", [0, 1])  # start sends two COMMITs
+def test_a_start_whose_commit_is_cut_converges_on_one_run(
+    proxy: FaultProxy, schema: str, deliver: bool, commit: int
+) -> None:
+    """The connection is reset on the n-th COMMIT of ``start``, after the server got it or
+    before: the caller cannot tell whether it was applied. The same start converges on one
+    run either way, with its input checkpoint written once."""
+    wf = pitstop.Workflow("orders")
+    wf.step(name="ship")(lambda state: {"shipped": state["order"]})
+    with pitstop.open_store(proxied_url(proxy, schema)) as store:
+        store.runs()  # connections are up before the trigger is armed
+        proxy.cut_on(b"COMMIT", deliver=deliver, skip=commit)
+        result = wf.start(store, {"order": 7}, run_id="order-7")
+        assert proxy.triggered.is_set()
+        assert result.status is RunStatus.COMPLETED and result.state["shipped"] == 7
+        history = store.history("order-7", limit=None)
+        assert [h.source for h in history][-1] == "input"
+        assert sum(h.source == "input" for h in history) == 1
+        assert store.verify() == []
+
+
+@needs_postgres
+def test_a_start_cut_while_the_store_stays_away_converges_when_repeated(
+    proxy: FaultProxy, schema: str
+) -> None:
+    wf = pitstop.Workflow("orders")
+    wf.step(name="ship")(lambda state: {"shipped": state["order"]})
+    with pitstop.open_store(proxied_url(proxy, schema)) as store:
+        store.runs()
+        proxy.cut_on(b"COMMIT", deliver=True)
+        threading.Thread(target=lambda: proxy.triggered.wait(10) and proxy.down()).start()
+        with pytest.raises(StoreError):
+            wf.start(store, {"order": 8}, run_id="order-8")
+        proxy.heal()
+        again = wf.start(store, {"order": 8}, run_id="order-8")  # at once: no lease to wait out
+        assert again.status is RunStatus.COMPLETED
+        assert sum(h.source == "input" for h in store.history("order-8", limit=None)) == 1
