@@ -1,0 +1,289 @@
+"""Hostile input and damaged stores: crafted archives, tampered rows, bad URLs, odd values.
+
+Each case is something an adversarial run against pitstop found: an archive that was half
+imported and then broke `pitstop runs`, a run row pointing at another run's checkpoint, an
+index damaged under `verify`, options accepted silently. Stores are real SQLite files and
+PostgreSQL schemas, tampered with by plain SQL from outside pitstop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import struct
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any
+
+import ormsgpack
+import pytest
+import zstandard
+
+import pitstop
+from conftest import BACKENDS, PG_URL, drop_pg_schema, pg_schema_url
+from pitstop import Store
+from pitstop.cli.app import run as cli_run
+
+SQL_BACKENDS = [b for b in BACKENDS if b != "memory"]
+
+
+@pytest.fixture(params=SQL_BACKENDS)
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'store.db'}"
+    else:
+        schema = f"h_{uuid.uuid4().hex[:12]}"
+        yield pg_schema_url(schema)
+        drop_pg_schema(schema)
+
+
+def tamper(url: str, sql: str, params: tuple[Any, ...] = ()) -> None:
+    """Change the store behind pitstop's back (``?`` placeholders)."""
+    if url.startswith("sqlite"):
+        with sqlite3.connect(url.removeprefix("sqlite:///").split("?")[0]) as conn:
+            conn.execute(sql, params)
+        return
+    import psycopg
+
+    schema = url.rsplit("schema=", 1)[1]
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f'SET search_path TO "{schema}"')
+        conn.execute(sql.replace("?", "%s"), params)
+
+
+class Cli:
+    def __init__(self, capsys: pytest.CaptureFixture[str]) -> None:
+        self.capsys = capsys
+
+    def __call__(self, *args: str, store: str) -> tuple[int, str, str]:
+        code = cli_run([*args, "--store", store])
+        captured = self.capsys.readouterr()
+        return code, captured.out, captured.err
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]) -> Cli:
+    return Cli(capsys)
+
+
+def one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ") and "internal error" not in lines[0], err
+    return lines[0]
+
+
+# -- values that save must load, and show (item 4) ----------------------------------------------
+
+
+def test_a_huge_int_in_state_shows_and_loads(tmp_path: Path, cli: Cli) -> None:
+    url = f"sqlite:///{tmp_path / 'big.db'}"
+    with pitstop.open_store(url) as store:
+        store.save("r", {"n": 10**5000, "small": 1})
+        assert store.latest("r").state["n"] == 10**5000  # type: ignore[union-attr]
+    code, out, err = cli("show", "r", store=url)
+    assert code == 0, err
+    assert "5,001 digits" in out
+    code, out, err = cli("show", "r", "--json", store=url)
+    assert code == 0, err
+    assert json.loads(out)
+
+
+# -- archives (item 3 and the size limits) ----------------------------------------------
+
+
+def write_frames(path: Path, frames: list[Mapping[str, Any]]) -> None:
+    """An archive of exactly these frames (after the header), checksummed as a real one:
+    what a hostile writer who read archive.py can produce."""
+    from pitstop import archive
+
+    hasher = hashlib.sha256()
+    body = bytearray()
+    for frame in frames:
+        packed = ormsgpack.packb(frame)
+        framed = struct.pack(">I", len(packed)) + packed
+        hasher.update(framed)
+        body += framed
+    end = ormsgpack.packb({"t": "end", "frames": len(frames), "sha256": hasher.hexdigest()})
+    body += struct.pack(">I", len(end)) + end
+    path.write_bytes(archive.MAGIC + zstandard.ZstdCompressor().compress(bytes(body)))
+
+
+def export_frames(store: Store, run_id: str) -> list[dict[str, Any]]:
+    data = store.export_run(run_id)
+    header = {"t": "header", "format": "pitstop-archive", "version": 1, "created": "now",
+              "source": {"kind": "sqlite"}, "run_id": run_id, "counts": {}}
+    out: list[dict[str, Any]] = [header, {"t": "run", **asdict(data.run)}]
+    out += [{"t": "value", "hash": h, "data": d} for h, d in data.blobs.items()]
+    out += [{"t": "checkpoint", **{f.name: getattr(r, f.name) for f in fields(r)}}
+            for r in data.checkpoints]
+    out += [{"t": "input", **asdict(i)} for i in data.inputs]
+    out += [{"t": "effect", **asdict(e)} for e in data.effects]
+    return out
+
+
+def _edit(kind: str, **changes: Any) -> Callable[[list[dict[str, Any]]], None]:
+    def apply(frames: list[dict[str, Any]]) -> None:
+        next(f for f in frames if f["t"] == kind).update(changes)
+
+    return apply
+
+
+def _duplicate(kind: str) -> Callable[[list[dict[str, Any]]], None]:
+    def apply(frames: list[dict[str, Any]]) -> None:
+        frame = next(f for f in frames if f["t"] == kind)
+        frames.insert(frames.index(frame), dict(frame))
+
+    return apply
+
+
+HOSTILE: dict[str, tuple[Callable[[list[dict[str, Any]]], None], str]] = {
+    "run metadata not JSON": (_edit("run", metadata="not json"), "run record"),
+    "waiting_for not JSON": (_edit("run", waiting_for='{"x'), "run record"),
+    "unknown status": (_edit("run", status="bogus"), "run record"),
+    "created_at a string": (_edit("run", created_at="yesterday"), "run record"),
+    "priority 2**63": (_edit("run", priority=2**63), "run record"),
+    "size -1": (_edit("checkpoint", size=-1), "checkpoint"),
+    "size a dict": (_edit("checkpoint", size={"a": 1}), "checkpoint"),
+    "hash of the wrong type": (_edit("value", hash="abc"), "value"),
+    "duplicate checkpoint": (_duplicate("checkpoint"), "checkpoint"),
+    "duplicate effect": (_duplicate("effect"), "effect"),
+}
+
+
+_UNFIXED = pytest.mark.xfail(strict=True, reason="#18 item 3: record validation in the store")
+
+
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(c, marks=[] if c == "hash of the wrong type" else [_UNFIXED]) for c in HOSTILE],
+)
+def test_a_hostile_archive_is_refused_whole_in_one_line(
+    tmp_path: Path, cli: Cli, case: str
+) -> None:
+    url = f"sqlite:///{tmp_path / 'target.db'}"
+    source = pitstop.open_store(f"sqlite:///{tmp_path / 'source.db'}")
+    wf = pitstop.Workflow("hostile")
+    wf.step(name="one")(lambda state, ctx: {"r": ctx.effect("e", lambda: 1), "big": "x" * 100})
+    wf.start(source, {}, run_id="victim")
+    frames = export_frames(source, "victim")
+    source.close()
+    mangle, names = HOSTILE[case]
+    mangle(frames)
+    path = tmp_path / "hostile.pitstop"
+    write_frames(path, frames)
+    with pitstop.open_store(url) as store:
+        store.save("bystander", {"a": 1})
+    code, out, err = cli("import", str(path), store=url)
+    assert code == 2, (code, out, err)
+    assert names in one_line(err)
+    code, out, err = cli("runs", "--json", store=url)
+    assert code == 0, err
+    assert [r["id"] for r in json.loads(out)["runs"]] == ["bystander"]  # nothing written
+
+
+# -- URL options (items 5 and 8) -----------------------------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason="#18 item 8: option validation in the store")
+@pytest.mark.parametrize(
+    ("query", "option"),
+    [("busy_timeout=nan", "busy_timeout"), ("busy_timeout=-1", "busy_timeout"),
+     ("compress_threshold=-5", "compress_threshold"), ("blob_threshold=-1", "blob_threshold"),
+     ("durability=maybe", "durability")],
+)
+def test_bad_sqlite_url_options_are_refused_naming_the_option(
+    tmp_path: Path, cli: Cli, query: str, option: str
+) -> None:
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    pitstop.open_store(url).close()
+    with pytest.raises(pitstop.UnsupportedStoreError, match=option):
+        pitstop.open_store(f"{url}?{query}")
+    code, _, err = cli("runs", store=f"{url}?{query}")
+    assert code == 2 and option in one_line(err)
+
+
+_PG_UNFIXED = pytest.mark.xfail(strict=True, reason="#18 items 5, 8: option validation")
+
+
+@pytest.mark.skipif("postgres" not in BACKENDS, reason="no PostgreSQL backend")
+@pytest.mark.parametrize(
+    ("query", "option"),
+    [*(pytest.param(q, o, marks=_PG_UNFIXED) for q, o in [
+        ("statement_timeout=nan", "statement_timeout"), ("connect_timeout=inf", "connect_timeout"),
+        ("busy_timeout=nan", "busy_timeout"), ("compress_threshold=-5", "compress_threshold"),
+        ("schema=", "schema"), ("schema=" + "s" * 64, "schema"), ("schema=" + "é" * 32, "schema"),
+    ]), ("pool_max=0", "pool_max")],
+)
+def test_bad_postgres_url_options_are_refused_at_once(
+    cli: Cli, query: str, option: str
+) -> None:
+    import time
+
+    url = f"{PG_URL}{'&' if '?' in PG_URL else '?'}{query}"
+    started = time.monotonic()
+    with pytest.raises(pitstop.UnsupportedStoreError, match=option):
+        pitstop.open_store(url)
+    assert time.monotonic() - started < 2  # not after a pool timeout
+    code, _, err = cli("runs", store=url)
+    assert code == 2 and option in one_line(err)
+
+
+# -- run rows (medium: the runs table is protected like checkpoints) ------------------------
+
+
+@pytest.mark.xfail(strict=True, reason="#18: run rows protected (head belongs to the run)")
+def test_a_head_pointing_at_another_runs_checkpoint_is_corruption(url: str) -> None:
+    with pitstop.open_store(url) as store:
+        store.save("a", {"who": "a"})
+        b = store.save("b", {"who": "b"})
+        tamper(url, "UPDATE pitstop_runs SET head_id = ? WHERE run_id = 'a'", (b.id,))
+        with pytest.raises(pitstop.CorruptCheckpointError, match="run 'b'"):
+            store.latest("a")
+        assert any(p.run_id == "a" or p.id == "a" for p in store.verify())
+
+
+@pytest.mark.xfail(strict=True, reason="#18: run rows protected (head pointing nowhere)")
+def test_a_head_pointing_nowhere_is_corruption_not_an_empty_run(url: str) -> None:
+    with pitstop.open_store(url) as store:
+        store.save("a", {"n": 1})
+        tamper(url, "UPDATE pitstop_runs SET head_id = 'nowhere' WHERE run_id = 'a'")
+        with pytest.raises(pitstop.CorruptCheckpointError):
+            store.latest("a")
+        assert store.verify()
+
+
+@pytest.mark.xfail(strict=True, reason="#18 item 3: one bad run row must not break listing")
+@pytest.mark.parametrize(
+    "damage",
+    ["status = 'bogus'", "metadata = 'not json'", "waiting_for = '{\"x'"],
+)
+def test_a_damaged_run_row_is_reported_and_the_others_still_listed(
+    url: str, cli: Cli, damage: str
+) -> None:
+    with pitstop.open_store(url) as store:
+        for name in ("good-1", "bad", "good-2"):
+            store.save(name, {"n": 1})
+    tamper(url, f"UPDATE pitstop_runs SET {damage} WHERE run_id = 'bad'")
+    with pitstop.open_store(url) as store:
+        assert {r.id for r in store.runs()} == {"good-1", "good-2"}
+        assert any("bad" in (p.run_id, p.id) for p in store.verify())
+    code, out, err = cli("runs", store=url)
+    assert code == 1, err  # listed, and the damage reported
+    assert "good-1" in out and "good-2" in out
+    assert "bad" in err and "pitstop verify" in err
+
+
+# -- filters (item 7) ----------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason="#18 item 7: filter values validated")
+def test_filter_values_that_are_not_json_are_refused_clearly(url: str) -> None:
+    with pitstop.open_store(url) as store:
+        with pytest.raises((TypeError, ValueError), match="metadata filter 'k'"):
+            store.runs(metadata={"k": object()})
+        with pytest.raises(ValueError, match="status"):
+            store.runs(status="bogus")
