@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
 import pitstop
-from pitstop import CheckpointPolicy
+from pitstop import CheckpointPolicy, RunStatus, Store, Workflow
 
 
 class FakeClock:
@@ -118,3 +119,18 @@ def test_validation() -> None:
     fixed = CheckpointPolicy(every=2).schedule(FakeClock())
     assert [fixed.due() for _ in range(4)] == [False, True, True, True]
     assert fixed.interval is None
+
+
+def test_auto_policy_in_a_workflow_measures_and_spaces_checkpoints(store: Store) -> None:
+    wf = Workflow("auto-steps", policy=CheckpointPolicy.auto(overhead=0.01))
+
+    @wf.step
+    def work(state: dict[str, Any]) -> Any:
+        update = {"i": state["i"] + 1}
+        return pitstop.goto("work", update) if update["i"] < 300 else update
+
+    result = wf.start(store, {"i": 0})
+    assert result.status is RunStatus.COMPLETED and result.state["i"] == 300
+    # A 1% budget with steps cheaper than a checkpoint: far fewer checkpoints than steps
+    # (the input's, the first step's that measures the cost, and the completion's at least).
+    assert 3 <= len(store.history(result.run_id, limit=None)) < 100

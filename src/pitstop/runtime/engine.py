@@ -187,6 +187,9 @@ class Execution:
         self.run_id = run_id
         self.lease = lease
         self.policy = policy
+        # An automatic interval measures this run's checkpoint costs (fixed policies need no
+        # state of their own: steps_since and checkpointed_at below are enough).
+        self.schedule = policy.schedule() if policy.overhead is not None else None
         self.background = wf.durability == "background"
         self.durability: Any = None if self.background else wf.durability
         self.writer = writer_for(store) if self.background else None
@@ -258,6 +261,7 @@ class Execution:
         # handed back unfinished (a worker stopping) is released separately, which also
         # tells other workers it can be taken.
         release = status in _STOPS
+        started = time.monotonic()
         prepared = self.store.prepare(
             self.run_id,
             fields,
@@ -294,6 +298,8 @@ class Execution:
         self.tags = []
         self.steps_since = 0
         self.checkpointed_at = time.monotonic()
+        if self.schedule is not None:
+            self.schedule.taken(self.checkpointed_at - started)
         return prepared.checkpoint_id
 
     def _no_changes(self) -> set[str] | None:
@@ -494,10 +500,12 @@ class Execution:
                 elif wf.steps[route].options.wait_for:
                     continue  # the wait writes the checkpoint (or the step runs at once)
                 else:
-                    due = bool(self.consumed) or self.policy.due(
-                        steps_since=self.steps_since,
-                        seconds_since=time.monotonic() - self.checkpointed_at,
-                        milestone=False,
+                    due = bool(self.consumed) or (
+                        self.schedule.due() if self.schedule is not None else self.policy.due(
+                            steps_since=self.steps_since,
+                            seconds_since=time.monotonic() - self.checkpointed_at,
+                            milestone=False,
+                        )
                     )
             if due:
                 yield from self.checkpoint(RunStatus.RUNNING)
