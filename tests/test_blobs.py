@@ -12,7 +12,7 @@ import pytest
 
 import pitstop
 from pitstop import CorruptCheckpointError, RetentionPolicy, RunStatus, StoreError
-from pitstop.store import sql as sqlmod
+from pitstop.store import schema as store_schema
 from pitstop.store.blobs import DirectoryBlobStore
 
 BIG = os.urandom(300_000)  # incompressible: its stored size stays above the threshold
@@ -150,10 +150,10 @@ def test_sqlite_store_at_the_oldest_schema_is_upgraded_on_open(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url = f"sqlite:///{tmp_path / 'old.db'}"
-    oldest = sqlmod.MIGRATIONS[0][0]
-    assert oldest < sqlmod.LATEST_SCHEMA  # there is something to upgrade
+    oldest = store_schema.MIGRATIONS[0][0]
+    assert oldest < store_schema.LATEST_SCHEMA  # there is something to upgrade
     with monkeypatch.context() as patch:
-        patch.setattr(sqlmod, "LATEST_SCHEMA", oldest)  # this pitstop as its first release
+        patch.setattr(store_schema, "LATEST_SCHEMA", oldest)  # this pitstop as its first release
         with pitstop.open_store(url) as old:
             assert old.schema_version() == oldest  # type: ignore[attr-defined]
             first = old.save("r", {"doc": "x" * 10_000, "n": 1}, workflow="wf",
@@ -161,7 +161,7 @@ def test_sqlite_store_at_the_oldest_schema_is_upgraded_on_open(
     with pytest.raises(pitstop.StoreSchemaError, match="migrate"):
         pitstop.open_store(url, auto_migrate=False)
     with pitstop.open_store(url) as new:
-        assert new.schema_version() == sqlmod.LATEST_SCHEMA  # type: ignore[attr-defined]
+        assert new.schema_version() == store_schema.LATEST_SCHEMA  # type: ignore[attr-defined]
         assert new.get(first.id).state == {"doc": "x" * 10_000, "n": 1}
         assert new.get_run("r").waiting_for == ("go",)
         assert new.verify() == []

@@ -29,7 +29,7 @@ from conftest import BACKENDS, ROOT, drop_pg_schema, pg_schema_url
 from pitstop import RetentionPolicy, RunStatus, Store
 from pitstop.cli.app import cli, run
 from pitstop.cli.state import diff, lookup, parse_path
-from pitstop.store import sql as sqlmod
+from pitstop.store import schema as store_schema
 
 # The workflow the tests operate, written to a file for subprocesses and executed here for
 # in-process use: one definition for both.
@@ -768,7 +768,7 @@ def test_migrate_creates_a_store_and_read_commands_never_do(
     assert not (tmp_path / "fresh.db").exists()
     created = pitstop_cli("migrate", store=fresh)
     assert created.code == 0
-    latest = sqlmod.LATEST_SCHEMA
+    latest = store_schema.LATEST_SCHEMA
     assert f"schema version 0 → {latest}" in created.out
     assert pitstop_cli("migrate", store=fresh).out.strip() == (
         f"schema version {latest}: already up to date"
@@ -787,7 +787,7 @@ def test_read_commands_leave_an_empty_postgres_schema_alone(
     try:
         assert "run `pitstop migrate" in one_line_error(pitstop_cli("runs", store=target))
         migrated = pitstop_cli("migrate", "--json", store=target).json
-        assert (migrated["from"], migrated["to"]) == (0, sqlmod.LATEST_SCHEMA)
+        assert (migrated["from"], migrated["to"]) == (0, store_schema.LATEST_SCHEMA)
         assert pitstop_cli("stats", "--json", store=target).json["runs"] == 0
     finally:
         drop_pg_schema(schema)

@@ -631,7 +631,7 @@ def test_async_api_has_the_same_shape(store: Store) -> None:
 
 
 def test_schema_version_is_recorded(store: Store) -> None:
-    from pitstop.store.sql import LATEST_SCHEMA
+    from pitstop.store.schema import LATEST_SCHEMA
 
     assert store.schema_version() == LATEST_SCHEMA  # type: ignore[attr-defined]
     assert store.migrate() == LATEST_SCHEMA

@@ -127,7 +127,7 @@ from ..errors import (
 from ..model import Checkpoint as StoredCheckpoint
 from ..model import CheckpointSummary, Run, RunStatus
 from ..store import RetentionPolicy, Store, open_store
-from ..store.base import UNSET, _Unset
+from ..store.base import UNSET, Unset
 from .langgraph_values import pack_typed, pack_write, unpack_typed, unpack_write
 
 T = TypeVar("T")
@@ -288,7 +288,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
             return self._tuple(found, thread_id, ns, True, self._writes(found))
         target = stored_id(wanted, run_id)
         stored: StoredCheckpoint | None = None
-        head: str | _Unset | None = UNSET
+        head: str | Unset | None = UNSET
         if self._wrote.get(run_id) == target:
             # The checkpoint this saver last wrote on the run (say a config that put or
             # update_state returned), most likely still its head: one read of the run with
@@ -308,7 +308,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
                 return None
             if stored.run_id != run_id:
                 return None
-            if isinstance(head, _Unset):
+            if isinstance(head, Unset):
                 head = self._head(run_id)
         return self._tuple(stored, thread_id, ns, stored.id == head, self._writes(stored))
 
@@ -614,7 +614,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
 
     def _expected_head(
         self, run_id: str, parent_id: str | None, source: Any
-    ) -> str | _Unset | None:
+    ) -> str | Unset | None:
         """The head the run must have for this checkpoint to be written (UNSET: any).
 
         A checkpoint that continues the thread needs its parent to still be the head (None:
@@ -647,7 +647,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         step: int | None,
         meta: dict[str, Any],
         changed: builtins.list[str] | None,
-        expected: str | _Unset | None,
+        expected: str | Unset | None,
         status: RunStatus | None,
     ) -> bool:
         """Write the checkpoint; False if this very checkpoint was already there."""
@@ -682,7 +682,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
             except ConflictError as exc:
                 if exc.actual == stored:
                     return False  # this very checkpoint is already there: a repeated put
-                if isinstance(expected, _Unset) or exc.expected != expected:
+                if isinstance(expected, Unset) or exc.expected != expected:
                     raise
                 raise ThreadConflictError(
                     "another writer moved this LangGraph thread on since its parent "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, unquote
 
 from ..errors import StoreError, UnsupportedStoreError
 from .base import (
@@ -25,6 +25,7 @@ from .base import (
     Store,
     StoreStats,
 )
+from .urls import redact
 
 DEFAULT_URL = "sqlite:///pitstop.db"
 ENV_VAR = "PITSTOP_STORE"
@@ -54,7 +55,7 @@ def _postgres(url: str, options: dict[str, Any]) -> Store:
         from .postgres import PostgresStore
     except ImportError as exc:
         raise StoreError(
-            f"{_redact(url)}: the PostgreSQL store needs the postgres extra: "
+            f"{redact(url)}: the PostgreSQL store needs the postgres extra: "
             f"pip install 'pitstop[postgres]' ({exc})"
         ) from exc
     return PostgresStore(url, **options)
@@ -70,13 +71,6 @@ _SCHEMES: dict[str, Callable[[str, dict[str, Any]], Store]] = {
 
 def _pick(options: dict[str, Any], *names: str) -> dict[str, Any]:
     return {k: v for k, v in options.items() if k in names}
-
-
-def _redact(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password:
-        return url.replace(f":{parts.password}@", ":***@", 1)
-    return url
 
 
 _QUERY_OPTIONS: dict[str, Callable[[str], Any]] = {
@@ -107,7 +101,7 @@ def open_store(url: str | None = None, **options: Any) -> Store:
     if opener is None:
         supported = ", ".join(f"{s}://" for s in _SCHEMES)
         raise UnsupportedStoreError(
-            f"unknown store URL scheme {scheme!r} in {_redact(url)!r}; supported: {supported}"
+            f"unknown store URL scheme {scheme!r} in {redact(url)!r}; supported: {supported}"
         )
     if scheme in ("sqlite", "memory") and "?" in url:
         base, query = url.split("?", 1)

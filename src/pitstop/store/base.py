@@ -25,14 +25,16 @@ if TYPE_CHECKING:
     from .transfer import RunExport
 
 
-class _Unset(enum.Enum):
+class Unset(enum.Enum):
+    """The type of :data:`UNSET` (for annotations: ``str | Unset | None``)."""
+
     UNSET = "UNSET"
 
     def __repr__(self) -> str:
         return "UNSET"
 
 
-UNSET: Final = _Unset.UNSET
+UNSET: Final = Unset.UNSET
 """Marks an argument that was not given (where ``None`` is a meaningful value)."""
 
 Durability = Literal["full", "normal"]
@@ -184,7 +186,7 @@ class Store(ABC):
         schema_version: int = 0,
         workflow: str | None = None,
         status: RunStatus | None = None,
-        expected_head: str | _Unset | None = UNSET,
+        expected_head: str | Unset | None = UNSET,
         lease: Lease | None = None,
         release: bool = False,
         consumed_inputs: Iterable[str] = (),
@@ -240,7 +242,7 @@ class Store(ABC):
         schema_version: int = 0,
         workflow: str | None = None,
         status: RunStatus | None = None,
-        expected_head: str | _Unset | None = UNSET,
+        expected_head: str | Unset | None = UNSET,
         lease: Lease | None = None,
         release: bool = False,
         consumed_inputs: Iterable[str] = (),
@@ -311,7 +313,7 @@ class Store(ABC):
         new_run_id: str | None = None,
         update: Mapping[str, Any] | None = None,
         metadata: Mapping[str, Any] | None = None,
-        workflow: str | _Unset | None = UNSET,
+        workflow: str | Unset | None = UNSET,
         status: RunStatus = RunStatus.RUNNING,
     ) -> Checkpoint:
         """A new run whose first checkpoint is a copy of ``checkpoint_id``, optionally edited.
@@ -608,4 +610,5 @@ __all__ = [
     "RetentionPolicy",
     "Store",
     "StoreStats",
+    "Unset",
 ]

@@ -55,7 +55,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
@@ -68,22 +68,16 @@ from pitstop.errors import ConflictError, StoreError, UnsupportedStoreError
 from pitstop.model import Checkpoint
 from pitstop.process import current_pid
 from pitstop.serde import Serializer
-from pitstop.store.base import UNSET, Durability, PreparedSave, _Unset
+from pitstop.store.backend import Dialect, Tx
+from pitstop.store.base import UNSET, Durability, PreparedSave, Unset
 from pitstop.store.blobs import BlobStore
-from pitstop.store.sql import (
-    _CKPT,
-    Dialect,
-    SqlStore,
-    Tx,
-    _WritePlan,
-    move_head,
-)
+from pitstop.store.schema import CHECKPOINTS
+from pitstop.store.sql import SqlStore, WritePlan, head_update
+from pitstop.store.urls import redact
 
 # Values up to this size travel inside the one-statement save; bigger ones take the shared
 # path, which first asks whether the store already has them.
 _ONE_STATEMENT_MAX = 64 * 1024
-
-T = TypeVar("T")
 
 
 class PostgresDialect(Dialect):
@@ -155,7 +149,12 @@ _RETRY_ALWAYS = (
 
 _IDLE = psycopg.pq.TransactionStatus.IDLE
 
-_SECRET_PARAM = re.compile(r"((?:^|[\s&?])(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)")
+# The last part of the one-statement save: the checkpoint row, inserted only if the head moved.
+_INSERT_CHECKPOINT_IF_MOVED = (
+    f" INSERT INTO pitstop_checkpoints ({CHECKPOINTS.column_list()}) "
+    f"SELECT {', '.join(['%s'] * len(CHECKPOINTS.columns))} FROM moved"
+)
+
 
 
 def _advisory_key(purpose: str, schema: str) -> int:
@@ -168,25 +167,14 @@ def _advisory_key(purpose: str, schema: str) -> int:
     return int.from_bytes(digest, "big", signed=True)
 
 
-def redact(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (userinfo and ``password=`` options)."""
-    if "://" in url:
-        parts = urlsplit(url)
-        if parts.password is not None:
-            userinfo, _, hosts = parts.netloc.rpartition("@")
-            user = userinfo.split(":", 1)[0]
-            url = urlunsplit(parts._replace(netloc=f"{user}:***@{hosts}"))
-    return _SECRET_PARAM.sub(r"\1***", url)
-
-
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
 class _PipelinedCursor:
-    """A cursor in pipeline mode, as SqlStore's ``Tx`` uses one: ``execute`` sends without
-    waiting, a fetch waits for the results up to its own, and ``rowcount`` (known only once
-    the result arrived) syncs first."""
+    """A cursor in pipeline mode, as a :class:`~pitstop.store.backend.Tx` uses one:
+    ``execute`` sends without waiting, a fetch waits for the results up to its own, and
+    ``rowcount`` (known only once the result arrived) syncs first."""
 
     __slots__ = ("_cur", "_pipeline")
 
@@ -234,7 +222,7 @@ class PostgresStore(SqlStore):
         url: str,
         *,
         serializer: Serializer | None = None,
-        compress_threshold: int | _Unset | None = UNSET,
+        compress_threshold: int | Unset | None = UNSET,
         durability: Durability | None = None,
         busy_timeout: float | None = None,
         auto_migrate: bool = True,
@@ -357,7 +345,7 @@ class PostgresStore(SqlStore):
         with self._connect() as conn:
             try:
                 if schema is None:
-                    schema = conn.execute("SELECT current_schema()").fetchone()[0]  # type: ignore[index]
+                    (schema,) = conn.execute("SELECT current_schema()").fetchone() or (None,)
                     if schema is None:
                         raise StoreError(
                             f"{self.url}: no schema to use (search_path names none that "
@@ -454,7 +442,7 @@ class PostgresStore(SqlStore):
         pool.putconn(conn)
 
     @contextmanager
-    def _transaction(self, write: bool, durability: Durability | None = None) -> Iterator[Any]:
+    def _transaction(self, write: bool, durability: Durability | None = None) -> Iterator[Tx]:
         """One transaction on a pooled connection, pipelined to save round trips.
 
         Statements go out without waiting for each other's results; the client waits only
@@ -479,7 +467,7 @@ class PostgresStore(SqlStore):
                         + ("off" if durability == "normal" else "DEFAULT")
                     )
                 try:
-                    yield cur
+                    yield Tx(cur, POSTGRES)
                     if write:
                         pipeline.sync()
                 except BaseException as exc:
@@ -515,7 +503,7 @@ class PostgresStore(SqlStore):
 
     # -- the one-statement save -------------------------------------------------------------------
 
-    def _commit(self, prepared: PreparedSave) -> Checkpoint:
+    def _write_prepared(self, prepared: PreparedSave) -> Checkpoint:
         """A save in one statement and one round trip when it is the common case: a step
         continuing a run, with new values or none. Data-modifying CTEs move the head (under
         the same conditions as every backend's conditional UPDATE), insert the new values and
@@ -524,13 +512,13 @@ class PostgresStore(SqlStore):
         refusal to explain, a fork's shared values, consumed inputs, a per-save durability,
         a caller-chosen id, a value large enough to probe for first — takes the shared path.
         """
-        plan: _WritePlan = prepared.payload
+        plan: WritePlan = prepared.payload
         if not self._one_statement(plan):
-            return super()._commit(prepared)
+            return super()._write_prepared(prepared)
         record = plan.record
         blobs = list(plan.new.values())
-        head_sql, params = move_head(plan, POSTGRES.is_)
-        parts = ["moved AS (" + POSTGRES.q(head_sql) + " RETURNING run_id)"]
+        head_sql, params = head_update(plan, POSTGRES.null_safe_eq)
+        parts = ["moved AS (" + POSTGRES.for_driver(head_sql) + " RETURNING run_id)"]
         if plan.refs:
             # The GC lock (see _lock_values) is taken when `gc` is first read, before any
             # value is inserted.
@@ -555,18 +543,17 @@ class PostgresStore(SqlStore):
             )
             params.append(plan.refs)
         statement = (
-            "WITH " + ", ".join(parts) + f" INSERT INTO pitstop_checkpoints ({_CKPT}) "
-            "SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s FROM moved"
+            "WITH " + ", ".join(parts) + _INSERT_CHECKPOINT_IF_MOVED
         )
         params += record.row()
         try:
-            moved = self._run_alone(statement, params)
+            moved = bool(self._execute_autocommit(statement, params))
         except _Disconnected:
             # Lost with the statement in flight: it committed or it did not. A retry cannot
             # write it twice: the checkpoint's id is unique, and a refusal is checked.
             if not self._already_written(plan):
                 try:
-                    return super()._commit(prepared)
+                    return super()._write_prepared(prepared)
                 except ConflictError:
                     if not self._already_written(plan):
                         raise
@@ -576,19 +563,20 @@ class PostgresStore(SqlStore):
                 raise self._id_taken(plan) from None
             raise
         if not moved:
-            return super()._commit(prepared)  # the shared path explains (or creates the run)
+            # The shared path explains why it matched nothing (or creates the run).
+            return super()._write_prepared(prepared)
         self._heads.put(prepared.run_id, record.id)
         return record.checkpoint(dict(prepared.state))
 
-    def _already_written(self, plan: _WritePlan) -> bool:
-        found = self._tx(
-            lambda tx: tx.one(
+    def _already_written(self, plan: WritePlan) -> bool:
+        checksum = self._tx(
+            lambda tx: tx.scalar(
                 "SELECT checksum FROM pitstop_checkpoints WHERE id = ?", (plan.record.id,)
             )
         )
-        return found is not None and found[0] == plan.record.checksum
+        return checksum is not None and checksum == plan.record.checksum
 
-    def _one_statement(self, plan: _WritePlan) -> bool:
+    def _one_statement(self, plan: WritePlan) -> bool:
         follows_and_expects_another = plan.follow_head and plan.expected_head not in (
             UNSET,
             plan.record.parent_id,
@@ -603,24 +591,25 @@ class PostgresStore(SqlStore):
             )
         )
 
-    def _write_alone(self, sql: str, params: Sequence[Any]) -> list[Any]:
+    def _autocommit_write(self, sql: str, params: Sequence[Any]) -> list[Any]:
         """Autocommitted: one round trip, no BEGIN/COMMIT. A connection lost meanwhile is
         retried; what the lost statement may have leased is taken back when its lease expires.
         """
-        statement = POSTGRES.q(sql)
-        return self._retrying(lambda: self._alone(statement, params, rows=True))
+        statement = POSTGRES.for_driver(sql)
+        return self._retrying(lambda: self._execute_autocommit(statement, params, rows=True))
 
-    def _read_alone(self, sql: str, params: Sequence[Any]) -> Any:
+    def _autocommit_read(self, sql: str, params: Sequence[Any]) -> Any:
         """Autocommitted, one round trip (a lone statement sees one snapshot anyway)."""
-        statement = POSTGRES.q(sql)
-        return self._retrying(lambda: self._alone(statement, params, rows=True) or [None])[0]
+        statement = POSTGRES.for_driver(sql)
+        rows = self._retrying(lambda: self._execute_autocommit(statement, params, rows=True))
+        return rows[0] if rows else None
 
-    def _run_alone(self, statement: str, params: list[Any]) -> bool:
-        """Run one autocommitted statement; True if it wrote a row. :class:`_Disconnected`
-        if the connection was lost: the statement may or may not have committed."""
-        return bool(self._alone(statement, params))
-
-    def _alone(self, statement: str, params: Sequence[Any], *, rows: bool = False) -> Any:
+    def _execute_autocommit(
+        self, statement: str, params: Sequence[Any], *, rows: bool = False
+    ) -> Any:
+        """Run one autocommitted statement (already in psycopg's placeholder style): its rows
+        with ``rows``, else its row count. :class:`_Disconnected` if the connection was lost:
+        the statement may or may not have committed."""
         pool = self._live_pool()
         conn = self._getconn(pool)
         try:
@@ -654,19 +643,19 @@ class PostgresStore(SqlStore):
             return exc.diag.constraint_name == _RUNS_PKEY
         return False
 
-    def _retrying(self, fn: Callable[[], T]) -> T:
-        """The shared retry loop, with any database error left over made a StoreError."""
-        try:
-            return super()._retrying(fn)
-        except psycopg.Error as exc:
-            raise StoreError(f"{self.url}: {self._clean(exc)}") from exc
+    def _store_error(self, exc: Exception) -> Exception:
+        """A database error left over after the retries, as a one-line StoreError (password
+        removed); anything else as it is."""
+        if isinstance(exc, psycopg.Error):
+            return StoreError(f"{self.url}: {self._clean(exc)}")
+        return exc
 
     # -- schema --------------------------------------------------------------------------------
 
     def _read_schema_version(self, tx: Tx) -> int:
-        if not tx.one("SELECT to_regclass(?) IS NOT NULL", (self._schema_table,))[0]:
+        if not tx.scalar("SELECT to_regclass(?) IS NOT NULL", (self._schema_table,)):
             return 0
-        return int(tx.one("SELECT MAX(version) FROM pitstop_schema")[0] or 0)
+        return int(tx.scalar("SELECT MAX(version) FROM pitstop_schema") or 0)
 
     def _prepare_migration(self, tx: Tx) -> None:
         """Serialise migrations of this schema (processes opening a new database at once) on
@@ -745,12 +734,12 @@ class PostgresStore(SqlStore):
         """Disk used by pitstop's tables in this schema, with their indexes and TOAST."""
         return self._tx(
             lambda tx: int(
-                tx.one(
+                tx.scalar(
                     "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
                     "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = ? "
                     "AND c.relkind = 'r' AND starts_with(c.relname, 'pitstop_')",
                     (self.schema,),
-                )[0]
+                )
             )
         )
 
@@ -802,4 +791,4 @@ def _describe_target(params: dict[str, Any]) -> str:
     return f"{where}/{db}"
 
 
-__all__ = ["POSTGRES", "PostgresDialect", "PostgresStore", "redact"]
+__all__ = ["POSTGRES", "PostgresDialect", "PostgresStore"]

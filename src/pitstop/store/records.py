@@ -107,9 +107,22 @@ the last checkpoints this process wrote), so the next save without a ``changed``
 tell an unchanged field by comparing bytes, without hashing and framing it again."""
 
 
+class Parent(NamedTuple):
+    """What a save needs of its parent checkpoint (cached per checkpoint id: immutable)."""
+
+    id: str
+    run_id: str
+    step: int
+    fields: FieldMap
+
+
 @dataclass(slots=True)
 class CheckpointRecord:
-    """A checkpoint row as stored: everything but the field values."""
+    """A ``pitstop_checkpoints`` row: a checkpoint as stored, everything but the field values.
+
+    Its fields are the table's columns in table order: :mod:`pitstop.store.schema` builds the
+    SQL column lists from them, and a row read with those columns is ``CheckpointRecord(*row)``.
+    """
 
     id: str
     run_id: str
@@ -242,8 +255,11 @@ def encode_metadata(metadata: Mapping[str, Any] | None, run_id: str) -> str:
         raise SerializationError(f"metadata must be JSON ({exc})", run_id=run_id) from None
 
 
-class Codec:
-    """Serialises state fields into content-addressed values and reads them back, verified.
+class ValueCodec:
+    """Turns values into stored values and back, verified; a state into a field map.
+
+    A stored value is serialised by the store's :class:`~pitstop.serde.Serializer`, framed
+    (format byte, optional zstd) and content-hashed.
 
     Writes use one serializer; reads accept the safe msgpack format always and other formats
     (pickle) only if that serializer was chosen, so opening a store never runs code unless
@@ -406,10 +422,11 @@ class Codec:
 __all__ = [
     "RAW_KEEP_MAX",
     "CheckpointRecord",
-    "Codec",
     "FieldMap",
     "FieldRef",
     "NewBlob",
+    "Parent",
+    "ValueCodec",
     "decode_field_map",
     "encode_field_map",
     "encode_metadata",

@@ -19,15 +19,17 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from types import TracebackType
 from typing import Any
 
 from ..errors import StoreError
 from ..process import current_pid
 from ..serde import Serializer
+from .backend import Dialect, Tx
 from .base import Durability
 from .blobs import BlobStore
-from .sql import Backoff, Dialect, QmarkTx, SqlStore, T, Tx
+from .sql import SqlStore
 
 
 class SQLiteDialect(Dialect):
@@ -54,10 +56,105 @@ SQLITE = SQLiteDialect(
     real="REAL",
     bigint="INTEGER",
     without_rowid=" WITHOUT ROWID",
-    is_="IS",
+    null_safe_eq="IS",
 )
 
 _SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL", "off": "OFF"}
+
+
+class QmarkTx(Tx):
+    """:class:`Tx` for sqlite3, which takes ``?`` placeholders as written.
+
+    ``cur`` is the connection (each query gets a cursor of its own, so a result is never
+    cut short by the next query); ``writer`` is one cursor kept for statements that return
+    no rows, which saves making a cursor per statement on every checkpoint.
+    """
+
+    __slots__ = ("writer",)
+
+    def __init__(self, cur: Any, dialect: Dialect, writer: Any) -> None:
+        self.cur = cur
+        self.dialect = dialect
+        self.after = None
+        self.writer = writer
+
+    def run(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        return self.writer.execute(sql, params)
+
+    def one(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        return self.cur.execute(sql, params).fetchone()
+
+    def all(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        return list(self.cur.execute(sql, params).fetchall())
+
+    def many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        if rows:
+            self.cur.executemany(sql, rows)
+
+
+class _Transaction:
+    """A SQLite transaction (what the store's ``_transaction`` hook returns): holds the store's
+    lock from entry to exit, BEGINs on entry, COMMITs on a normal exit, rolls back on an
+    exception. ``autocommit``: the body is a single statement, which SQLite makes atomic by
+    itself, so no BEGIN and COMMIT are sent.
+
+    A class rather than a generator, and one object per store for each usual kind, made once:
+    it runs on every checkpoint. Reusing it across threads is safe because everything it
+    keeps (``conn``, ``tx``) is set after the lock is taken and read before it is released,
+    so only the thread holding the lock ever touches it.
+    """
+
+    __slots__ = ("autocommit", "conn", "durability", "store", "tx", "write")
+
+    def __init__(
+        self, store: SQLiteStore, write: bool, durability: Durability | None, autocommit: bool
+    ) -> None:
+        self.store = store
+        self.write = write
+        self.durability = durability
+        self.autocommit = autocommit
+
+    def __enter__(self) -> QmarkTx:
+        store = self.store
+        store._lock.acquire()
+        try:
+            conn = store._conn
+            if conn is None or store._pid != current_pid():
+                conn = store._connection()
+            writer = store._writer or conn.cursor()
+            level = self.durability or store.durability
+            if level != store._synchronous:
+                # Per-commit durability: SQLite only lets this change outside a transaction.
+                conn.execute(f"PRAGMA synchronous={_SYNCHRONOUS[level]}")
+                store._synchronous = level
+            if not self.autocommit:
+                writer.execute("BEGIN IMMEDIATE" if self.write else "BEGIN")
+        except BaseException:
+            store._lock.release()
+            raise
+        self.conn = conn
+        tx = self.tx = QmarkTx(conn, SQLITE, writer)
+        return tx
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        conn = self.conn
+        try:
+            if exc_type is None and not self.autocommit:
+                try:
+                    self.tx.writer.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+            elif exc_type is not None and conn.in_transaction:
+                conn.execute("ROLLBACK")
+        finally:
+            self.store._lock.release()
 
 
 class SQLiteStore(SqlStore):
@@ -96,6 +193,8 @@ class SQLiteStore(SqlStore):
         self._pid = 0
         self._closed = False
         self._synchronous: str = durability
+        self._writing = _Transaction(self, True, None, False)
+        self._reading = _Transaction(self, False, None, False)
         self._connection()
         self._ensure_schema(auto_migrate)
 
@@ -134,57 +233,17 @@ class SQLiteStore(SqlStore):
             self._pid = pid
         return self._conn
 
-    def _tx(
-        self,
-        fn: Callable[[Tx], T],
-        *,
-        write: bool = False,
-        durability: Durability | None = None,
-        alone: bool = False,
-    ) -> T:
-        """One transaction, retried while SQLite reports the database busy.
+    def _transaction(self, write: bool, durability: Durability | None = None) -> _Transaction:
+        if durability is None:  # the usual case: one object per kind, made once (see _Transaction)
+            return self._writing if write else self._reading
+        return _Transaction(self, write, durability, False)
 
-        ``alone``: ``fn`` runs a single statement, which SQLite makes atomic by itself, so
-        no BEGIN and COMMIT are sent.
+    def _autocommit_write(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        def attempt() -> list[Any]:
+            with _Transaction(self, True, None, True) as tx:
+                return tx.all(sql, params)
 
-        The same contract as :meth:`SqlStore._tx`, written out flat: it runs on every
-        checkpoint, and its layers of closures and context managers cost more than the SQL.
-        """
-        backoff = None
-        while True:
-            with self._lock:
-                conn = self._conn
-                if conn is None or self._pid != current_pid():
-                    conn = self._connection()
-                writer = self._writer or conn.cursor()
-                level = durability or self.durability
-                if level != self._synchronous:
-                    # Per-commit durability: SQLite only lets this change outside a transaction.
-                    conn.execute(f"PRAGMA synchronous={_SYNCHRONOUS[level]}")
-                    self._synchronous = level
-                tx = QmarkTx(conn, SQLITE, writer)
-                try:
-                    if alone:  # one statement: its own (implicit) transaction
-                        result = fn(tx)
-                    else:
-                        writer.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-                        result = fn(tx)
-                        writer.execute("COMMIT")
-                except BaseException as exc:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    if not isinstance(exc, Exception) or not self._retryable(exc):
-                        raise
-                    error = exc
-                else:
-                    if tx.after:
-                        tx.committed()
-                    return result
-            backoff = backoff or Backoff(self.busy_timeout, self.url)
-            backoff.wait(error)  # outside the lock: other threads may commit meanwhile
-
-    def _write_alone(self, sql: str, params: Sequence[Any]) -> list[Any]:
-        return self._tx(lambda tx: tx.all(sql, params), write=True, alone=True)
+        return self._retrying(attempt)
 
     def _duplicate_checkpoint(self, exc: Exception) -> bool:
         return isinstance(exc, sqlite3.IntegrityError) and "pitstop_checkpoints." in str(exc)
@@ -201,7 +260,7 @@ class SQLiteStore(SqlStore):
         )
         if exists is None:
             return 0
-        return int(tx.one("SELECT MAX(version) FROM pitstop_schema")[0] or 0)
+        return int(tx.scalar("SELECT MAX(version) FROM pitstop_schema") or 0)
 
     def _file_bytes(self) -> int | None:
         if self.path == ":memory:":

@@ -1,66 +1,39 @@
-"""A run as raw stored records: what :meth:`Store.export_run` reads and ``import_run`` writes.
+"""Moving runs between stores: a run as raw stored records, and the SQL that reads and writes it.
 
 Moving a run between stores (SQLite to PostgreSQL and back) must not re-serialise anything:
 the checkpoint records keep their ids, parents and checksums, and the field values keep their
 stored bytes and content hashes, so the copy is bit-for-bit the original and still verifies.
-This module holds those raw pieces and checks them; it knows no database and no file format
-(``pitstop.archive`` puts a :class:`RunExport` in a file).
+:class:`RunExport` holds those raw pieces (rows of :mod:`pitstop.store.schema`) and checks
+them; :class:`RunTransfer` is the part of ``SqlStore`` that reads one from a store
+(``export_run``) and writes one into a store (``import_run``). ``pitstop.archive`` puts a
+:class:`RunExport` in a file.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+from typing import Any
 
-from pitstop.errors import CorruptCheckpointError
-from pitstop.serde import digest, unframe
-
-from .records import CheckpointRecord, stored_hashes
-
-
-@dataclass(slots=True)
-class RunRecord:
-    """A run's row as stored, without its lease (a lease belongs to a process, not a run)."""
-
-    run_id: str
-    workflow: str | None
-    status: str
-    created_at: float
-    updated_at: float
-    metadata: str
-    """The run's metadata as stored (JSON text)."""
-    head_id: str | None
-    step: int | None
-    waiting_for: str | None
-    """JSON list of input names, as stored, or None."""
-    wake_at: float | None
-    checkpoints: int
-    bytes: int
-    priority: int
-
-
-@dataclass(frozen=True, slots=True)
-class InputRecord:
-    """A delivered input as stored: its payload framed and content-hashed like a field value."""
-
-    id: str
-    run_id: str
-    name: str
-    payload: bytes
-    hash: bytes
-    created_at: float
-    consumed_by: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class EffectRecord:
-    """A recorded effect result (or integration write) as stored."""
-
-    run_id: str
-    key: str
-    checkpoint_id: str | None
-    result: bytes
-    hash: bytes
-    created_at: float
+from ..errors import ConflictError, CorruptCheckpointError, RunExistsError, RunNotFoundError
+from ..model import Run, RunStatus
+from ..serde import digest, unframe
+from .backend import CHUNK, Tx
+from .base import Progress
+from .records import CheckpointRecord, NewBlob, stored_hashes
+from .schema import (
+    EFFECTS,
+    EXPORTED_RUN_COLUMNS,
+    INPUTS,
+    INSERT_CHECKPOINT,
+    RUNS,
+    SELECT_CHECKPOINT,
+    EffectRecord,
+    InputRecord,
+    RunRecord,
+    check_id,
+)
+from .values import StoredValues
 
 
 @dataclass(slots=True)
@@ -134,4 +107,106 @@ def check_value(data: bytes, expected: bytes, *, run_id: str, what: str) -> None
         )
 
 
-__all__ = ["EffectRecord", "InputRecord", "RunExport", "RunRecord", "check_value"]
+_SELECT_EXPORTED_RUN = (
+    f"SELECT {', '.join(EXPORTED_RUN_COLUMNS)} FROM pitstop_runs WHERE run_id = ?"
+)
+_INSERT_IMPORTED_RUN = RUNS.insert(EXPORTED_RUN_COLUMNS)
+_SELECT_INPUTS = f"SELECT {INPUTS.column_list()} FROM pitstop_inputs WHERE run_id = ? ORDER BY id"
+_SELECT_EFFECTS = (
+    f"SELECT {EFFECTS.column_list()} FROM pitstop_effects WHERE run_id = ? ORDER BY key"
+)
+
+
+def _values(record: Any, columns: tuple[str, ...], **override: Any) -> tuple[Any, ...]:
+    """A record's values in the order of ``columns`` (some replaced)."""
+    return tuple(override[c] if c in override else getattr(record, c) for c in columns)
+
+
+class RunTransfer(StoredValues):
+    """``export_run`` and ``import_run`` (a part of ``SqlStore``)."""
+
+    def export_run(self, run_id: str) -> RunExport:
+        def read(tx: Tx) -> RunExport:
+            row = tx.one(_SELECT_EXPORTED_RUN, (run_id,))
+            if row is None:
+                raise RunNotFoundError(run_id)
+            data = RunExport(RunRecord(*row))
+            data.checkpoints = [
+                CheckpointRecord(*r)
+                for r in tx.all(SELECT_CHECKPOINT + " WHERE run_id = ? ORDER BY id", (run_id,))
+            ]
+            data.blobs = self._read_values(tx, data.referenced)
+            data.inputs = [InputRecord(*r) for r in tx.all(_SELECT_INPUTS, (run_id,))]
+            data.effects = [EffectRecord(*r) for r in tx.all(_SELECT_EFFECTS, (run_id,))]
+            return data
+
+        # One read transaction: a snapshot, so a concurrent prune cannot tear the export.
+        return self._tx(read)
+
+    def import_run(self, data: RunExport, *, progress: Progress | None = None) -> Run:
+        data.verify()
+        run = data.run
+        check_id("run_id", run.run_id)
+        status = RunStatus(run.status).value
+        hashes = data.referenced
+        total = len(hashes) + len(data.checkpoints)
+
+        def write(tx: Tx) -> None:
+            if tx.one("SELECT 1 FROM pitstop_runs WHERE run_id = ?", (run.run_id,)):
+                raise RunExistsError(run.run_id)
+            for kind, table, ids in (
+                ("checkpoint", "pitstop_checkpoints", [c.id for c in data.checkpoints]),
+                ("input", "pitstop_inputs", [i.id for i in data.inputs]),
+            ):
+                taken = tx.in_chunks(f"SELECT id, run_id FROM {table} WHERE id IN ({{in}})", ids)
+                if taken:
+                    taken_id, owner = taken[0]
+                    raise ConflictError(
+                        f"{kind} id {taken_id!r} already exists in this store (run "
+                        f"{owner!r}); import the run under a new id to copy it",
+                        run_id=run.run_id, expected=None, actual=taken_id,
+                    )
+            now = time.time()
+            done = 0
+            if hashes:
+                self._lock_values(tx)
+            for i in range(0, len(hashes), CHUNK):
+                part = {h: NewBlob(h, data.blobs[h]) for h in hashes[i : i + CHUNK]}
+                self._externalize(part.values())
+                self._insert_values(tx, part, now)
+                done += len(part)
+                if progress:
+                    progress(done, total)
+            tx.many(
+                "INSERT INTO pitstop_blob_refs (run_id, hash) VALUES (?, ?) "
+                "ON CONFLICT (run_id, hash) DO NOTHING",
+                [(run.run_id, h) for h in hashes],
+            )
+            for i in range(0, len(data.checkpoints), CHUNK):
+                batch = data.checkpoints[i : i + CHUNK]
+                tx.many(INSERT_CHECKPOINT, [c.row() for c in batch])
+                done += len(batch)
+                if progress:
+                    progress(done, total)
+            tx.run(_INSERT_IMPORTED_RUN, _values(run, EXPORTED_RUN_COLUMNS, status=status))
+            tx.many(
+                INPUTS.insert(),
+                [_values(i, INPUTS.columns, run_id=run.run_id) for i in data.inputs],
+            )
+            tx.many(
+                EFFECTS.insert(),
+                [_values(e, EFFECTS.columns, run_id=run.run_id) for e in data.effects],
+            )
+
+        self._tx(write, write=True)
+        return self.get_run(run.run_id)
+
+
+__all__ = [
+    "EffectRecord",
+    "InputRecord",
+    "RunExport",
+    "RunRecord",
+    "RunTransfer",
+    "check_value",
+]

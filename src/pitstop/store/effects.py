@@ -1,0 +1,104 @@
+"""Effect records: results of side effects, recorded once per run and key.
+
+``ctx.effect`` (and integrations' pending writes) keep a result under a key so a step that
+runs again after a crash gets the recorded result instead of repeating the effect. A record
+names the checkpoint its step started from: pruning that checkpoint drops the record.
+Results are framed and content-hashed like field values and verified on read.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from .backend import CHUNK, SqlBackend, Tx
+from .schema import EFFECTS
+
+_SELECT_RESULT = "SELECT result, hash FROM pitstop_effects WHERE run_id = ? AND key = ?"
+_RECORD_ONCE = EFFECTS.insert() + " ON CONFLICT (run_id, key) DO NOTHING"
+
+
+class Effects(SqlBackend):
+    """Recording and reading effect results (a part of ``SqlStore``)."""
+
+    def get_effect(self, run_id: str, key: str) -> tuple[bool, Any]:
+        row = self._tx(lambda tx: tx.one(_SELECT_RESULT, (run_id, key)))
+        if row is None:
+            return False, None
+        return True, self._decode_result(run_id, key, row)
+
+    def record_effect(
+        self, run_id: str, key: str, result: Any, *, checkpoint_id: str | None = None
+    ) -> Any:
+        blob = self._value_codec.encode_value(result, run_id=run_id, path=f"effect[{key!r}]")
+
+        def write(tx: Tx) -> Any:
+            inserted = tx.run(
+                _RECORD_ONCE,
+                (run_id, key, checkpoint_id, blob.data, blob.hash, time.time()),
+            ).rowcount
+            if inserted:
+                return None
+            return tx.one(_SELECT_RESULT, (run_id, key))
+
+        existing = self._tx(write, write=True)
+        if existing is None:
+            return result
+        return self._decode_result(run_id, key, existing)
+
+    def _decode_result(self, run_id: str, key: str, row: tuple[Any, Any]) -> Any:
+        data, h = row
+        return self._value_codec.decode_value(
+            bytes(data), bytes(h), run_id=run_id, field=f"effect:{key}"
+        )
+
+    def record_effects(
+        self,
+        run_id: str,
+        results: Mapping[str, Any],
+        *,
+        checkpoint_id: str | None = None,
+        replace: bool = False,
+    ) -> None:
+        blobs = {
+            key: self._value_codec.encode_value(value, run_id=run_id, path=f"effect[{key!r}]")
+            for key, value in results.items()
+        }
+        conflict = (
+            "DO UPDATE SET checkpoint_id = excluded.checkpoint_id, result = excluded.result, "
+            "hash = excluded.hash, created_at = excluded.created_at"
+            if replace
+            else "DO NOTHING"
+        )
+        now = time.time()
+        rows = [(run_id, k, checkpoint_id, b.data, b.hash, now) for k, b in blobs.items()]
+        if not rows:
+            return
+        insert = (
+            "INSERT INTO pitstop_effects (run_id, key, checkpoint_id, result, hash, created_at) "
+            "VALUES {values} " + f"ON CONFLICT (run_id, key) {conflict}"
+        )
+        if len(rows) <= CHUNK // 6:
+            # One statement, atomic by itself: no BEGIN/COMMIT round trips.
+            values = ", ".join(["(?, ?, ?, ?, ?, ?)"] * len(rows))
+            self._autocommit_write(insert.format(values=values), [p for row in rows for p in row])
+            return
+        self._tx(
+            lambda tx: tx.many(insert.format(values="(?, ?, ?, ?, ?, ?)"), rows), write=True
+        )
+
+    def effects(self, run_id: str, *, checkpoint_id: str | None = None) -> dict[str, Any]:
+        sql = "SELECT key, result, hash FROM pitstop_effects WHERE run_id = ?"
+        params: list[Any] = [run_id]
+        if checkpoint_id is not None:
+            sql += " AND checkpoint_id = ?"
+            params.append(checkpoint_id)
+        # Sorted here, not with ORDER BY key: that makes SQLite walk all of the run's records
+        # in key order (its primary key) instead of using the checkpoint index, which costs
+        # O(effects of the run) per call; and Python's order is the same on every backend.
+        rows = {key: (data, h) for key, data, h in self._query(sql, params)}
+        return {key: self._decode_result(run_id, key, rows[key]) for key in sorted(rows, key=str)}
+
+
+__all__ = ["Effects"]

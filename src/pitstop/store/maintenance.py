@@ -1,0 +1,399 @@
+"""Retention and maintenance: deleting runs and checkpoints, pruning, stats, verify.
+
+Nothing here is on the save path. Deletions run in write transactions that lock the run's
+row first; values are released through :mod:`pitstop.store.values`, under the backend's
+garbage-collection lock (``_lock_gc``), so a concurrent save never loses a value it is about
+to reference. ``verify`` reads the store in pages, each in a transaction of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Sequence
+from functools import partial
+from typing import Any, Literal, NamedTuple
+
+from ..errors import RunNotFoundError
+from ..model import RunStatus
+from .backend import CHUNK, Tx, placeholders
+from .base import Problem, Progress, PruneReport, RetentionPolicy, StoreStats
+from .records import CheckpointRecord, decode_field_map, stored_hashes
+from .schema import SELECT_CHECKPOINT
+from .values import StoredValues
+
+_ORPHAN_AGE = 3600.0  # seconds before an unreferenced blob-store file is surely abandoned
+
+
+class _Held(NamedTuple):
+    """What retention reads of each checkpoint of a run: enough to decide and to count."""
+
+    id: str
+    metadata: str
+    fields: bytes
+    step: int
+
+
+_SELECT_HELD = (
+    f"SELECT {', '.join(_Held._fields)} FROM pitstop_checkpoints WHERE run_id = ? "
+    "ORDER BY id DESC"
+)
+
+
+class _Referrer(NamedTuple):
+    """The first checkpoint field found referencing a value (named when the value is bad)."""
+
+    checkpoint_id: str
+    run_id: str
+    field: str
+
+
+class Maintenance(StoredValues):
+    """Deleting, pruning, counting and verifying (a part of ``SqlStore``)."""
+
+    # -- deleting ------------------------------------------------------------------------------
+
+    def delete_run(self, run_id: str) -> PruneReport:
+        report = self._tx(lambda tx: self._delete_run(tx, run_id, dry_run=False), write=True)
+        if not report.runs:
+            raise RunNotFoundError(run_id)
+        return report
+
+    def _delete_run(self, tx: Tx, run_id: str, *, dry_run: bool) -> PruneReport:
+        report = PruneReport(dry_run=dry_run)
+        found = tx.one(
+            "SELECT run_id FROM pitstop_runs WHERE run_id = ?" + self.dialect.lock_row, (run_id,)
+        )
+        if found is None:
+            return report
+        ids = tx.column("SELECT id FROM pitstop_checkpoints WHERE run_id = ?", (run_id,))
+        record_bytes = tx.scalar(
+            "SELECT COALESCE(SUM(LENGTH(fields) + LENGTH(metadata)), 0) "
+            "FROM pitstop_checkpoints WHERE run_id = ?",
+            (run_id,),
+        )
+        stale = [
+            bytes(h)
+            for h in tx.column("SELECT hash FROM pitstop_blob_refs WHERE run_id = ?", (run_id,))
+        ]
+        freed, freed_bytes = self._unshared_values(tx, run_id, stale)
+        report.runs.append(run_id)
+        report.checkpoints.extend(ids)
+        report.blobs = len(freed)
+        report.bytes_reclaimed = int(record_bytes) + freed_bytes
+        if dry_run:
+            return report
+        self._lock_gc(tx)
+        for table in ("pitstop_checkpoints", "pitstop_blob_refs", "pitstop_inputs",
+                      "pitstop_effects", "pitstop_runs"):
+            tx.run(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
+        self._delete_values(tx, freed)
+        self._forget_checkpoints(ids)
+        self._heads.drop(run_id)
+        return report
+
+    def delete_checkpoints(
+        self, run_id: str, checkpoint_ids: Iterable[str], *, dry_run: bool = False
+    ) -> PruneReport:
+        doomed_ids = set(checkpoint_ids)
+
+        def write(tx: Tx) -> PruneReport:
+            report = PruneReport(dry_run=dry_run)
+            head_id = tx.one(
+                "SELECT head_id FROM pitstop_runs WHERE run_id = ?" + self.dialect.lock_row,
+                (run_id,),
+            )
+            if head_id is None or not doomed_ids:
+                return report
+            (head_id,) = head_id
+            rows = [_Held(*row) for row in tx.all(_SELECT_HELD, (run_id,))]
+            survivors = [r for r in rows if r.id not in doomed_ids]
+            self._drop_checkpoints(tx, run_id, rows, {r.id for r in survivors}, report)
+            if not dry_run and report.checkpoints and head_id in doomed_ids:
+                # The head went: the run continues from its newest remaining checkpoint.
+                head = survivors[0] if survivors else None
+                tx.run(
+                    "UPDATE pitstop_runs SET head_id = ?, step = ? WHERE run_id = ?",
+                    (head.id if head else None, head.step if head else None, run_id),
+                )
+                self._heads.drop(run_id)
+            return report
+
+        return self._tx(write, write=True)
+
+    def _drop_checkpoints(
+        self, tx: Tx, run_id: str, rows: Sequence[_Held], keep: set[str], report: PruneReport
+    ) -> PruneReport:
+        """Delete the checkpoints of ``rows`` (the whole run, newest first) not in ``keep``,
+        with their effect records and the values nothing else uses. The caller holds the
+        run's row lock; the run's head is the caller's business."""
+        dry_run = report.dry_run
+        doomed = [r for r in rows if r.id not in keep]
+        if not doomed:
+            return report
+        remaining: set[bytes] = set()
+        for r in rows:
+            if r.id in keep:
+                remaining.update(stored_hashes(decode_field_map(bytes(r.fields))))
+        refs = [
+            bytes(h)
+            for h in tx.column("SELECT hash FROM pitstop_blob_refs WHERE run_id = ?", (run_id,))
+        ]
+        stale = [h for h in refs if h not in remaining]
+        freed, freed_bytes = self._unshared_values(tx, run_id, stale)
+        ids = [r.id for r in doomed]
+        record_bytes = sum(len(r.metadata) + len(r.fields) for r in doomed)
+        report.checkpoints.extend(ids)
+        report.blobs = len(freed)
+        report.bytes_reclaimed = record_bytes + freed_bytes
+        if dry_run:
+            return report
+        self._lock_gc(tx)
+        tx.run_chunks("DELETE FROM pitstop_checkpoints WHERE id IN ({in})", ids)
+        tx.run_chunks("DELETE FROM pitstop_effects WHERE run_id = ? AND checkpoint_id IN ({in})",
+                      ids, run_id)
+        tx.run_chunks("DELETE FROM pitstop_blob_refs WHERE run_id = ? AND hash IN ({in})",
+                      stale, run_id)
+        self._delete_values(tx, freed)
+        tx.run(
+            "UPDATE pitstop_runs SET checkpoints = checkpoints - ?, "
+            "bytes = CASE WHEN bytes > ? THEN bytes - ? ELSE 0 END WHERE run_id = ?",
+            (len(ids), report.bytes_reclaimed, report.bytes_reclaimed, run_id),
+        )
+        self._forget_checkpoints(ids)
+        return report
+
+    def _forget_checkpoints(self, ids: Iterable[str]) -> None:
+        for checkpoint_id in ids:
+            self._fields.drop(checkpoint_id)
+
+    # -- retention -----------------------------------------------------------------------------
+
+    def prune(
+        self,
+        policy: RetentionPolicy,
+        *,
+        run_id: str | None = None,
+        dry_run: bool = False,
+        progress: Progress | None = None,
+    ) -> PruneReport:
+        report = PruneReport(dry_run=dry_run)
+        doomed_runs: list[str] = []
+        if policy.finished_age is not None:
+            cutoff = time.time() - policy.finished_age
+            statuses = [RunStatus(s).value for s in policy.finished_statuses]
+            sql = (
+                f"SELECT run_id FROM pitstop_runs WHERE status IN ({placeholders(len(statuses))})"
+                " AND updated_at < ?"
+            )
+            params: list[Any] = [*statuses, cutoff]
+            if run_id is not None:
+                sql += " AND run_id = ?"
+                params.append(run_id)
+            doomed_runs = self._tx(lambda tx: tx.column(sql, params))
+        candidates: list[str] = []
+        if policy.keep_last is not None:
+            if run_id is not None:
+                candidates = [run_id]
+            else:
+                candidates = self._tx(
+                    lambda tx: tx.column(
+                        "SELECT run_id FROM pitstop_runs WHERE checkpoints > ? ORDER BY run_id",
+                        (policy.keep_last,),
+                    )
+                )
+            candidates = [c for c in candidates if c not in set(doomed_runs)]
+        total = len(doomed_runs) + len(candidates)
+        done = 0
+        for rid in doomed_runs:
+            report.merge(
+                self._tx(partial(self._delete_run, run_id=rid, dry_run=dry_run), write=True)
+            )
+            done += 1
+            if progress:
+                progress(done, total)
+        for rid in candidates:
+            report.merge(
+                self._tx(
+                    partial(self._prune_run, run_id=rid, policy=policy, dry_run=dry_run),
+                    write=True,
+                )
+            )
+            done += 1
+            if progress:
+                progress(done, total)
+        if not dry_run:
+            self._sweep_blob_store()
+        return report
+
+    def _prune_run(
+        self, tx: Tx, run_id: str, policy: RetentionPolicy, *, dry_run: bool
+    ) -> PruneReport:
+        report = PruneReport(dry_run=dry_run)
+        found = tx.one(
+            "SELECT head_id FROM pitstop_runs WHERE run_id = ?" + self.dialect.lock_row, (run_id,)
+        )
+        if found is None:
+            return report
+        (head_id,) = found
+        rows = [_Held(*row) for row in tx.all(_SELECT_HELD, (run_id,))]
+        keep = {r.id for r in rows[: policy.keep_last]}
+        if head_id is not None:
+            keep.add(head_id)
+        if policy.keep_milestones:
+            keep.update(
+                r.id for r in rows if r.id not in keep and json.loads(r.metadata).get("tags")
+            )
+        return self._drop_checkpoints(tx, run_id, rows, keep, report)
+
+    def _sweep_blob_store(self) -> int:
+        """Delete blob-store files no row references: what a crash between writing a large
+        value and committing its checkpoint leaves behind. Only files older than an hour, so
+        a save that wrote its value and is about to commit is never robbed of it."""
+        if self.blobs is None:
+            return 0
+        candidates = list(self.blobs.keys(older_than=_ORPHAN_AGE))
+        if not candidates:
+            return 0
+        known = {
+            bytes(h)
+            for (h,) in self._tx(
+                lambda tx: tx.in_chunks(
+                    "SELECT hash FROM pitstop_blobs WHERE hash IN ({in})", candidates
+                )
+            )
+        }
+        orphans = [key for key in candidates if key not in known]
+        self.blobs.delete(orphans)
+        return len(orphans)
+
+    # -- counting and checking -----------------------------------------------------------------
+
+    def stats(self) -> StoreStats:
+        # Asked outside the transaction below: a backend may need a connection of its own to
+        # answer, and a pool of one connection must not wait for itself.
+        file_bytes = self._file_bytes()
+
+        def read(tx: Tx) -> StoreStats:
+            by_status = {
+                status: int(count)
+                for status, count in tx.all(
+                    "SELECT status, COUNT(*) FROM pitstop_runs GROUP BY status"
+                )
+            }
+            checkpoints, record_bytes = tx.one(
+                "SELECT COUNT(*), COALESCE(SUM(LENGTH(fields) + LENGTH(metadata)), 0) "
+                "FROM pitstop_checkpoints"
+            )
+            blobs, blob_bytes = tx.one("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM pitstop_blobs")
+            return StoreStats(
+                runs=sum(by_status.values()),
+                checkpoints=int(checkpoints),
+                blobs=int(blobs),
+                bytes=int(record_bytes) + int(blob_bytes),
+                runs_by_status=by_status,
+                file_bytes=file_bytes,
+            )
+
+        return self._tx(read)
+
+    def verify(self, *, progress: Progress | None = None) -> list[Problem]:
+        problems: list[Problem] = []
+        total = self._tx(
+            lambda tx: int(tx.scalar("SELECT COUNT(*) FROM pitstop_checkpoints"))
+            + int(tx.scalar("SELECT COUNT(*) FROM pitstop_blobs"))
+        )
+        done = 0
+        referenced: dict[bytes, _Referrer] = {}
+        after = ""
+        while True:
+            records = [
+                CheckpointRecord(*row)
+                for row in self._query(
+                    SELECT_CHECKPOINT + " WHERE id > ? ORDER BY id LIMIT ?", (after, CHUNK)
+                )
+            ]
+            if not records:
+                break
+            for record in records:
+                try:
+                    record.verify()
+                    for name, ref in record.field_map().items():
+                        if ref.inline is None:
+                            referenced.setdefault(
+                                ref.hash, _Referrer(record.id, record.run_id, name)
+                            )
+                except Exception as exc:
+                    problems.append(
+                        Problem("checkpoint", str(record.id), str(exc), run_id=record.run_id)
+                    )
+            after = records[-1].id
+            done += len(records)
+            if progress:
+                progress(done, total)
+        seen: set[bytes] = set()
+        after_hash = b""
+        while True:
+            rows = self._query(
+                "SELECT hash, data, location FROM pitstop_blobs WHERE hash > ? "
+                "ORDER BY hash LIMIT ?",
+                (after_hash, 64),
+            )
+            if not rows:
+                break
+            for raw_hash, data, location in rows:
+                h = after_hash = bytes(raw_hash)
+                seen.add(h)
+                try:
+                    value = bytes(data) if location is None else self._fetch_external(h, location)
+                    self._value_codec.decode_value(value, h, strict=False)
+                except Exception as exc:
+                    owner = referenced.get(h)
+                    where = (
+                        f" (field {owner.field!r} of checkpoint {owner.checkpoint_id})"
+                        if owner else ""
+                    )
+                    problems.append(
+                        Problem("blob", h.hex()[:16], f"{exc}{where}",
+                                run_id=owner.run_id if owner else None)
+                    )
+            done += len(rows)
+            if progress:
+                progress(done, total)
+        for h, owner in referenced.items():
+            if h not in seen:
+                problems.append(
+                    Problem(
+                        "checkpoint",
+                        owner.checkpoint_id,
+                        f"field {owner.field!r} refers to value {h.hex()[:16]} which is missing",
+                        run_id=owner.run_id,
+                    )
+                )
+        kinds: tuple[tuple[Literal["input", "effect"], str], ...] = (
+            ("input", "SELECT run_id, id, payload, hash FROM pitstop_inputs"),
+            ("effect", "SELECT run_id, key, result, hash FROM pitstop_effects"),
+        )
+        for kind, query in kinds:
+            for rid, ident, data, h in self._query(query):
+                try:
+                    self._value_codec.decode_value(bytes(data), bytes(h), strict=False)
+                except Exception as exc:
+                    problems.append(Problem(kind, str(ident), str(exc), run_id=rid))
+        for run_id, head in self._query(
+            "SELECT r.run_id, r.head_id FROM pitstop_runs r WHERE r.head_id IS NOT NULL "
+            "AND NOT EXISTS (SELECT 1 FROM pitstop_checkpoints c WHERE c.id = r.head_id)"
+        ):
+            problems.append(
+                Problem("run", run_id, f"head checkpoint {head} is missing", run_id=run_id)
+            )
+        if self.blobs is not None:
+            for orphan in self.blobs.keys(older_than=_ORPHAN_AGE):
+                if orphan not in seen:
+                    problems.append(
+                        Problem("blob", orphan.hex()[:16], f"file in {self.blobs.url} that no "
+                                "record references (left by a crash; `pitstop prune` removes it)")
+                    )
+        return problems
+
+__all__ = ["Maintenance"]

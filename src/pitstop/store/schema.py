@@ -1,0 +1,310 @@
+"""pitstop's tables: their migrations, their columns and the shapes of the rows read from them.
+
+Everything about the database layout lives here, once:
+
+* :data:`MIGRATIONS` creates and changes the tables and indexes, forward only; a store records
+  each version it applied in ``pitstop_schema``. :data:`LATEST_SCHEMA` is the version this
+  pitstop reads and writes. A released migration is never edited: a change is a new entry.
+  :meth:`SqlBackend.migrate <pitstop.store.backend.SqlBackend.migrate>` applies them.
+* Each table's current columns are defined by one class, whose fields are the columns:
+  :class:`RunRow` for ``pitstop_runs``,
+  :class:`~pitstop.store.records.CheckpointRecord` for ``pitstop_checkpoints``,
+  :class:`InputRecord` and :class:`EffectRecord` for inputs and effect records. The
+  :class:`Table` constants and the SQL below (column lists, the checkpoint INSERT, the summary
+  and run-with-head SELECTs) are built from those classes, and a row read with those columns
+  becomes one by position in the same order (``CheckpointRecord(*row)``), so code reads
+  ``run.head_id``, never ``row[6]``. A test migrates a fresh database and checks that these
+  columns are exactly the ones the migrations made.
+
+Changing the layout therefore means: append a migration, then change the row class (and its
+``to_...`` mapping if the column reaches the model); the SQL follows.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from dataclasses import dataclass, fields
+from typing import Any, NamedTuple
+
+from ..model import CheckpointSummary, Run, RunStatus, utc
+from .records import CheckpointRecord
+
+# --------------------------------------------------------------------------------------------
+# Migrations. {blob}, {real}, {bigint} and {without_rowid} are filled in by the dialect.
+# --------------------------------------------------------------------------------------------
+
+MIGRATIONS: list[tuple[int, str, list[str]]] = [
+    (
+        1,
+        "runs, checkpoints, content-addressed values, inputs, effect records",
+        [
+            """CREATE TABLE pitstop_runs (
+                run_id TEXT PRIMARY KEY,
+                workflow TEXT,
+                status TEXT NOT NULL,
+                created_at {real} NOT NULL,
+                updated_at {real} NOT NULL,
+                metadata TEXT NOT NULL DEFAULT '{{}}',
+                head_id TEXT,
+                step INTEGER,
+                waiting_for TEXT,
+                wake_at {real},
+                checkpoints INTEGER NOT NULL DEFAULT 0,
+                bytes {bigint} NOT NULL DEFAULT 0,
+                lease_owner TEXT,
+                lease_expires {real},
+                fence {bigint} NOT NULL DEFAULT 0,
+                priority INTEGER NOT NULL DEFAULT 0
+            )""",
+            "CREATE INDEX pitstop_runs_created ON pitstop_runs (created_at)",
+            # None of these indexes covers a column every checkpoint assigns (head_id, step,
+            # updated_at, counters): a step's save then writes no index page of this table.
+            "CREATE INDEX pitstop_runs_status ON pitstop_runs (status, created_at)",
+            # What workers claim: queued runs and runs whose owner may have died, by
+            # priority then age; waiting runs by the time they become due.
+            "CREATE INDEX pitstop_runs_runnable ON pitstop_runs (priority DESC, created_at) "
+            "WHERE status IN ('queued', 'running')",
+            "CREATE INDEX pitstop_runs_waking ON pitstop_runs (wake_at) "
+            "WHERE status = 'waiting'",
+            """CREATE TABLE pitstop_checkpoints (
+                id TEXT NOT NULL,
+                run_id TEXT NOT NULL,
+                parent_id TEXT,
+                step INTEGER NOT NULL,
+                created_at {real} NOT NULL,
+                schema_version INTEGER NOT NULL,
+                metadata TEXT NOT NULL,
+                fields {blob} NOT NULL,
+                size {bigint} NOT NULL,
+                added {bigint} NOT NULL,
+                checksum TEXT NOT NULL,
+                PRIMARY KEY (run_id, id)
+            ){without_rowid}""",
+            # Clustered by run, so a run's history is one range scan; ids are unique too.
+            "CREATE UNIQUE INDEX pitstop_checkpoints_id ON pitstop_checkpoints (id)",
+            """CREATE TABLE pitstop_blobs (
+                hash {blob} PRIMARY KEY,
+                data {blob} NOT NULL,
+                size {bigint} NOT NULL,
+                created_at {real} NOT NULL
+            )""",
+            """CREATE TABLE pitstop_blob_refs (
+                run_id TEXT NOT NULL,
+                hash {blob} NOT NULL,
+                PRIMARY KEY (run_id, hash)
+            ){without_rowid}""",
+            "CREATE INDEX pitstop_blob_refs_hash ON pitstop_blob_refs (hash)",
+            """CREATE TABLE pitstop_inputs (
+                id TEXT PRIMARY KEY,
+                run_id TEXT NOT NULL,
+                name TEXT NOT NULL,
+                payload {blob} NOT NULL,
+                hash {blob} NOT NULL,
+                created_at {real} NOT NULL,
+                consumed_by TEXT
+            )""",
+            "CREATE INDEX pitstop_inputs_run ON pitstop_inputs (run_id, name)",
+            """CREATE TABLE pitstop_effects (
+                run_id TEXT NOT NULL,
+                key TEXT NOT NULL,
+                checkpoint_id TEXT,
+                result {blob} NOT NULL,
+                hash {blob} NOT NULL,
+                created_at {real} NOT NULL,
+                PRIMARY KEY (run_id, key)
+            )""",
+            "CREATE INDEX pitstop_effects_checkpoint ON pitstop_effects (run_id, checkpoint_id)",
+        ],
+    ),
+    (
+        2,
+        "large values in a blob store: where a value lives when it is not in the table",
+        ["ALTER TABLE pitstop_blobs ADD COLUMN location TEXT"],
+    ),
+]
+
+LATEST_SCHEMA = MIGRATIONS[-1][0]
+"""The schema version this pitstop reads and writes. Read as ``schema.LATEST_SCHEMA`` at call
+time (by :meth:`SqlBackend.migrate <pitstop.store.backend.SqlBackend.migrate>`), so a test can
+play an older release by patching it."""
+
+SCHEMA_TABLE = (
+    "CREATE TABLE IF NOT EXISTS pitstop_schema (version INTEGER PRIMARY KEY, "
+    "description TEXT NOT NULL, applied_at {real} NOT NULL)"
+)
+"""Where a store records the migrations applied to it (created before the first one runs)."""
+
+
+def check_id(kind: str, value: str) -> None:
+    """Ids and names are TEXT keys of the tables above: non-empty, at most 512 characters."""
+    if not isinstance(value, str) or not value or len(value) > 512:
+        raise ValueError(f"{kind} must be a non-empty string of at most 512 characters")
+
+
+# --------------------------------------------------------------------------------------------
+# Row classes: one per table, its fields the table's columns (the order every SELECT and
+# INSERT built from it uses).
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class RunRecord:
+    """A run's own columns of ``pitstop_runs``: the row without its lease (what an export
+    holds: a lease belongs to a process, not to the run)."""
+
+    run_id: str
+    workflow: str | None
+    status: str
+    created_at: float
+    updated_at: float
+    metadata: str
+    """The run's metadata as stored (JSON text)."""
+    head_id: str | None
+    step: int | None
+    waiting_for: str | None
+    """JSON list of input names, as stored, or None."""
+    wake_at: float | None
+    checkpoints: int
+    bytes: int
+    priority: int
+
+
+@dataclass(slots=True)
+class RunRow(RunRecord):
+    """A whole ``pitstop_runs`` row: the run's own columns, then its lease."""
+
+    lease_owner: str | None
+    lease_expires: float | None
+    fence: int
+    """The fencing token: grows each time the run changes hands (see :class:`~pitstop.Lease`)."""
+
+    def to_run(self) -> Run:
+        return Run(
+            id=self.run_id,
+            status=RunStatus(self.status),
+            workflow=self.workflow,
+            created_at=utc(self.created_at),  # type: ignore[arg-type]
+            updated_at=utc(self.updated_at),  # type: ignore[arg-type]
+            metadata=json.loads(self.metadata) if self.metadata else {},
+            head_id=self.head_id,
+            step=self.step,
+            waiting_for=tuple(json.loads(self.waiting_for)) if self.waiting_for else (),
+            wake_at=utc(self.wake_at),
+            checkpoints=self.checkpoints,
+            bytes=self.bytes,
+            owner=self.lease_owner,
+            lease_expires_at=utc(self.lease_expires),
+            priority=self.priority,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class InputRecord:
+    """A ``pitstop_inputs`` row: a delivered input, its payload framed and content-hashed like
+    a field value."""
+
+    id: str
+    run_id: str
+    name: str
+    payload: bytes
+    hash: bytes
+    created_at: float
+    consumed_by: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class EffectRecord:
+    """A ``pitstop_effects`` row: a recorded effect result (or integration write)."""
+
+    run_id: str
+    key: str
+    checkpoint_id: str | None
+    result: bytes
+    hash: bytes
+    created_at: float
+
+
+class Table(NamedTuple):
+    """A table's name and its columns, in the order of its row class's fields."""
+
+    name: str
+    columns: tuple[str, ...]
+
+    def column_list(self, prefix: str = "") -> str:
+        """``a, b, c`` (``prefix`` before each, e.g. a table alias and a dot)."""
+        return ", ".join(prefix + column for column in self.columns)
+
+    def insert(self, columns: tuple[str, ...] | None = None) -> str:
+        """``INSERT INTO table (columns...) VALUES (?, ...)`` for these (default: all) columns."""
+        columns = columns or self.columns
+        marks = ", ".join("?" * len(columns))
+        return f"INSERT INTO {self.name} ({', '.join(columns)}) VALUES ({marks})"
+
+
+def _field_names(cls: Any) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))
+
+
+RUNS = Table("pitstop_runs", _field_names(RunRow))
+CHECKPOINTS = Table("pitstop_checkpoints", _field_names(CheckpointRecord))
+BLOBS = Table("pitstop_blobs", ("hash", "data", "size", "created_at", "location"))
+"""Content-addressed values: framed bytes by hash (``location``: in a blob store instead)."""
+BLOB_REFS = Table("pitstop_blob_refs", ("run_id", "hash"))
+"""Which runs reference which values: what garbage collection counts."""
+INPUTS = Table("pitstop_inputs", _field_names(InputRecord))
+EFFECTS = Table("pitstop_effects", _field_names(EffectRecord))
+TABLES = (RUNS, CHECKPOINTS, BLOBS, BLOB_REFS, INPUTS, EFFECTS)
+
+EXPORTED_RUN_COLUMNS = _field_names(RunRecord)
+assert set(EXPORTED_RUN_COLUMNS) <= set(RUNS.columns)
+
+# -- SQL built from the row classes ----------------------------------------------------------
+
+SELECT_RUN = f"SELECT {RUNS.column_list()} FROM pitstop_runs"
+SELECT_CHECKPOINT = f"SELECT {CHECKPOINTS.column_list()} FROM pitstop_checkpoints"
+# A constant, not an f-string at the call: SQLite's statement cache then finds it by identity.
+INSERT_CHECKPOINT = CHECKPOINTS.insert()
+
+FOOTPRINT = "added + LENGTH(fields) + LENGTH(metadata)"
+"""SQL for :attr:`CheckpointRecord.footprint <pitstop.store.records.CheckpointRecord.footprint>`."""
+
+# A summary row is what CheckpointSummary._from_row takes, in the order of its _fill
+# parameters: each a checkpoints column, but for the metadata JSON and the footprint.
+_SUMMARY_SOURCES = {"metadata_json": "metadata", "added": FOOTPRINT}
+SUMMARY_COLUMNS = tuple(
+    _SUMMARY_SOURCES.get(name, name)
+    for name in list(inspect.signature(CheckpointSummary._fill).parameters)[1:]
+)
+assert set(SUMMARY_COLUMNS) - {FOOTPRINT} <= set(CHECKPOINTS.columns)
+SELECT_SUMMARY = f"SELECT {', '.join(SUMMARY_COLUMNS)} FROM pitstop_checkpoints"
+
+# A run and its head checkpoint in one query (one round trip when a worker picks a run up):
+# the first len(RUNS.columns) values are the RunRow, the rest the head's CheckpointRecord
+# (all None without a head).
+SELECT_RUN_AND_HEAD = (
+    f"SELECT {RUNS.column_list('r.')}, {CHECKPOINTS.column_list('c.')} "
+    "FROM pitstop_runs r LEFT JOIN pitstop_checkpoints c ON c.id = r.head_id "
+    "WHERE r.run_id = ?"
+)
+RUN_COLUMN_COUNT = len(RUNS.columns)
+
+
+__all__ = [
+    "BLOBS",
+    "BLOB_REFS",
+    "CHECKPOINTS",
+    "EFFECTS",
+    "INPUTS",
+    "LATEST_SCHEMA",
+    "MIGRATIONS",
+    "RUNS",
+    "SCHEMA_TABLE",
+    "TABLES",
+    "EffectRecord",
+    "InputRecord",
+    "RunRecord",
+    "RunRow",
+    "Table",
+    "check_id",
+]

@@ -1,0 +1,28 @@
+"""Store URLs as they may be shown: with passwords hidden.
+
+Every message, log line and ``repr`` that names a store uses :func:`redact`, whichever
+backend the URL is for, so a password never reaches a terminal or a log file.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urlsplit, urlunsplit
+
+# ``password=...`` and ``sslpassword=...``: in a URL's query string or a key=value conninfo,
+# bare or single-quoted.
+_SECRET_PARAM = re.compile(r"((?:^|[\s&?])(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)")
+
+
+def redact(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (userinfo and ``password=`` options)."""
+    if "://" in url:
+        parts = urlsplit(url)
+        if parts.password is not None:
+            userinfo, _, hosts = parts.netloc.rpartition("@")
+            user = userinfo.split(":", 1)[0]
+            url = urlunsplit(parts._replace(netloc=f"{user}:***@{hosts}"))
+    return _SECRET_PARAM.sub(r"\1***", url)
+
+
+__all__ = ["redact"]

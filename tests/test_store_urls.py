@@ -1,0 +1,26 @@
+"""Store URLs in messages: one redact function hides every password, whatever the backend."""
+
+from __future__ import annotations
+
+import pytest
+
+import pitstop
+from pitstop.store.urls import redact
+
+
+def test_redact_hides_userinfo_passwords_and_password_options() -> None:
+    assert redact("postgresql://u:p%40ss@h:5/db?sslmode=require") == (
+        "postgresql://u:***@h:5/db?sslmode=require"
+    )
+    assert redact("postgresql://h/db?password=abc&sslpassword=d") == (
+        "postgresql://h/db?password=***&sslpassword=***"
+    )
+    assert redact("host=h password='a b' dbname=d") == "host=h password=*** dbname=d"
+    assert redact("sqlite:///runs.db") == "sqlite:///runs.db"
+
+
+def test_open_store_errors_never_show_a_password() -> None:
+    with pytest.raises(pitstop.UnsupportedStoreError) as info:
+        pitstop.open_store("mysql://u:hunter2@h/db?password=hunter2")
+    assert "hunter2" not in str(info.value)
+    assert "mysql://u:***@h/db?password=***" in str(info.value)
