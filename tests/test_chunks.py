@@ -99,7 +99,8 @@ def test_delta_path_cuts_like_the_whole_value_path() -> None:
     for _ in range(30):
         delta = Append([message(rng, rng.randint(10, 3000)) for _ in range(rng.randint(1, 3))])
         new_value = delta.apply(msgs)
-        incremental = split_delta(layout, new_value, dirty_positions(msgs, delta), SER.dumps)
+        dirty = dirty_positions(new_value, delta, layout.items)
+        incremental = split_delta(layout, new_value, dirty, SER.dumps)
         whole = split(new_value, SER.dumps, 0, layout)
         assert whole is not None
         assert incremental.layout.leaves == whole.layout.leaves
@@ -118,7 +119,8 @@ def test_dict_merge_delta_matches_whole_and_is_small() -> None:
         key = f"key-{rng.randrange(10_000):05d}"
         delta = Merge({key: text(rng, 100), f"new-{rng.random()}": 1})
         new_value = delta.apply(docs)
-        incremental = split_delta(layout, new_value, dirty_positions(docs, delta), SER.dumps)
+        dirty = dirty_positions(new_value, delta, layout.items)
+        incremental = split_delta(layout, new_value, dirty, SER.dumps)
         whole = split(new_value, SER.dumps, 0, layout)
         assert whole is not None
         assert incremental.layout.leaves == whole.layout.leaves

@@ -1,16 +1,26 @@
-"""State that grows: pitstop.Append / pitstop.Merge as step results, in state declarations and
-their errors (the chunk layout itself is tested in test_chunks.py)."""
+"""State that grows (issue #12): pitstop.Append / pitstop.Merge in steps, declarations and
+store.save; chunked values in every store (sharing, in-place edits, corruption, GC with forks
+and concurrent saves, export/import, SIGKILL, upgrade); the LangGraph saver's messages
+channel and DeltaChannel. The chunker alone is tested in test_chunks.py."""
 
 from __future__ import annotations
 
 import dataclasses
+import random
+import string
+import subprocess
+import sys
+import threading
+import time
 from typing import Annotated, Any, TypedDict
 
 import pytest
 
 import pitstop
-from pitstop import Append, Merge
+from conftest import ROOT
+from pitstop import Append, CorruptCheckpointError, Merge, RetentionPolicy, Store
 from pitstop.delta import combine
+from pitstop.store.records import decode_field_map, is_chunk_key
 
 
 def test_apply_and_combine() -> None:
@@ -101,3 +111,289 @@ def test_append_to_a_field_that_is_not_a_list_names_it(store: pitstop.Store) -> 
 
     with pytest.raises(TypeError, match=r"'count'.*int"):
         wf.start(store, {"count": 5})
+
+
+# -- chunked values in the store ----------------------------------------------------------------
+
+
+def _message(rng: random.Random, i: int, size: int = 2048) -> dict[str, Any]:
+    return {"i": i, "content": "".join(rng.choices(string.ascii_letters, k=size))}
+
+
+def _grow(store: Store, run_id: str, turns: int, seed: int = 0) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    msgs: list[dict[str, Any]] = []
+    for i in range(turns):
+        msgs.append(_message(rng, i))
+        store.save(run_id, {"messages": msgs, "turn": i})  # the whole list, no hint
+    return msgs
+
+
+def _chunk_keys(store: Store, checkpoint_id: str) -> list[bytes]:
+    def read(tx: Any) -> list[bytes]:
+        fields = tx.one("SELECT fields FROM pitstop_checkpoints WHERE id = ?", (checkpoint_id,))
+        ref = decode_field_map(bytes(fields[0]))["messages"]
+        keys = store._value_codec.chunks_below(ref, store._read_values_alone)  # type: ignore[attr-defined]
+        return sorted(keys)
+
+    return store._tx(read)  # type: ignore[attr-defined,no-any-return]
+
+
+def test_growing_list_stores_each_message_about_once(store: Store) -> None:
+    msgs = _grow(store, "conv", 120)
+    latest = store.latest("conv")
+    assert latest is not None and latest.state["messages"] == msgs
+    late = store.history("conv", limit=50)
+    assert all(s.added < 4096 for s in late), [s.added for s in late]  # ~one message each
+    final = len(pitstop.MsgpackSerializer().dumps(msgs))
+    assert store.stats().bytes < 2 * final
+    assert store.verify() == []
+    # every earlier checkpoint still holds its own prefix
+    for summary in store.history("conv", limit=None)[::17]:
+        ckpt = store.get(summary.id)
+        assert ckpt.state["messages"] == msgs[: ckpt.state["turn"] + 1]
+
+
+def test_in_place_edit_of_an_early_item_is_stored(store: Store) -> None:
+    msgs = _grow(store, "conv", 60)
+    before = store.latest("conv")
+    assert before is not None
+    msgs[3]["content"] = "edited in place"  # same list, same dict objects: identity proves nothing
+    after = store.save("conv", {"messages": msgs, "turn": 99})
+    assert store.get(after.id).state["messages"][3]["content"] == "edited in place"
+    assert store.get(before.id).state["messages"][3]["content"] != "edited in place"
+    shared = set(_chunk_keys(store, before.id)) & set(_chunk_keys(store, after.id))
+    assert shared  # only the chunk holding item 3 (and the tree above it) is new
+
+
+def test_append_and_merge_as_values_in_store_save(store: Store) -> None:
+    rng = random.Random(5)
+    first = [_message(rng, i) for i in range(80)]
+    store.save("r", {"messages": first, "docs": {f"k{i}": i for i in range(3000)}})
+    ckpt = store.save("r", {"messages": Append([{"i": 80}]), "docs": Merge({"k7": "seven"})})
+    assert ckpt.state["messages"][-1] == {"i": 80} and len(ckpt.state["messages"]) == 81
+    latest = store.latest("r")
+    assert latest is not None
+    assert latest.state["messages"] == [*first, {"i": 80}]
+    assert latest.state["docs"]["k7"] == "seven" and len(latest.state["docs"]) == 3000
+    assert store.history("r", limit=1)[0].added < 40_000  # the open chunks, not the values
+    store.save("new", {"log": Append([1, 2])})
+    assert store.latest("new").state["log"] == [1, 2]  # type: ignore[union-attr]
+
+
+def test_corrupt_chunk_is_detected_and_named(store: Store) -> None:
+    _grow(store, "conv", 40)
+    head = store.latest("conv")
+    assert head is not None
+    key = next(k for k in _chunk_keys(store, head.id) if is_chunk_key(k))
+
+    def rot(tx: Any) -> None:
+        data = bytes(tx.one("SELECT data FROM pitstop_blobs WHERE hash = ?", (key,))[0])
+        if not data:  # an alias: rot its target
+            target = tx.one("SELECT alias FROM pitstop_blobs WHERE hash = ?", (key,))[0]
+            data = bytes(tx.one("SELECT data FROM pitstop_blobs WHERE hash = ?", (target,))[0])
+            tx.run("UPDATE pitstop_blobs SET data = ? WHERE hash = ?",
+                   (data[:-2] + b"!!", target))
+            return
+        bad = data[:10] + b"?" + data[11:]
+        tx.run("UPDATE pitstop_blobs SET data = ? WHERE hash = ?", (bad, key))
+
+    store._tx(rot, write=True)  # type: ignore[attr-defined]
+    with pytest.raises(CorruptCheckpointError) as info:
+        store.latest("conv")
+    assert info.value.field == "messages" and info.value.run_id == "conv"
+    assert info.value.checkpoint_id == head.id
+    problems = store.verify()
+    assert any(p.kind == "blob" for p in problems), problems
+
+
+def test_prune_and_forks_never_lose_a_referenced_chunk(store: Store) -> None:
+    msgs = _grow(store, "conv", 70)
+    middle = store.history("conv", limit=None)[35]
+    fork = store.fork(middle.id, new_run_id="fork")
+    store.save("fork", {"messages": [*fork.state["messages"], {"fork": True}], "turn": -1})
+    report = store.prune(RetentionPolicy(keep_last=1, keep_milestones=False))
+    assert report.checkpoints
+    assert store.latest("conv").state["messages"] == msgs  # type: ignore[union-attr]
+    store.delete_run("conv")
+    forked = store.latest("fork")
+    assert forked is not None and forked.state["messages"][-1] == {"fork": True}
+    assert forked.state["messages"][:-1] == msgs[: middle.step + 1]
+    assert store.verify() == []
+    store.delete_run("fork")
+    assert store.stats().blobs == 0  # nothing left behind once nothing references it
+
+
+def test_export_import_carries_chunked_values(open_store: Any) -> None:
+    source = open_store()
+    msgs = _grow(source, "conv", 50)
+    data = source.export_run("conv")
+    target = pitstop.open_store("memory://")
+    try:
+        target.import_run(data)
+        assert target.latest("conv").state["messages"] == msgs  # type: ignore[union-attr]
+        assert target.verify() == []
+    finally:
+        target.close()
+
+
+def test_large_buffers_are_chunked(store: Store) -> None:
+    import numpy as np
+
+    array = np.arange(600_000, dtype=np.float32)
+    store.save("a", {"w": array, "b": b"x" * 300_000})
+    array[1000:2000] = -1
+    store.save("a", {"w": array, "b": b"x" * 300_000})
+    assert store.history("a", limit=1)[0].added < 1_200_000  # one 1 MiB chunk of 2.4 MiB
+    back = store.latest("a")
+    assert back is not None and np.array_equal(back.state["w"], array)
+    assert back.state["b"] == b"x" * 300_000
+
+
+# -- crashes and concurrent garbage collection ----------------------------------------------------
+
+
+GROWER = """
+import random, string, sys
+import pitstop
+store = pitstop.open_store(sys.argv[1])
+latest = store.latest("conv")
+msgs = latest.state["messages"] if latest is not None else []
+while True:
+    i = len(msgs)
+    rng = random.Random(i)
+    text = "".join(rng.choices(string.ascii_letters, k=rng.randint(10, 9000)))
+    msgs.append({"i": i, "text": text})
+    if i % 7 == 3:
+        msgs[i // 2]["edited"] = i  # an in-place edit of an earlier item, now and then
+    store.save("conv", {"messages": msgs}, metadata={"n": len(msgs)})
+    print(i, flush=True)
+"""
+
+
+def _expected(n: int) -> list[dict[str, Any]]:
+    import random as rnd
+
+    msgs: list[dict[str, Any]] = []
+    for i in range(n):
+        rng = rnd.Random(i)
+        k = rng.randint(10, 9000)
+        msgs.append({"i": i, "text": "".join(rng.choices(string.ascii_letters, k=k))})
+        if i % 7 == 3:
+            msgs[i // 2]["edited"] = i
+    return msgs
+
+
+@pytest.mark.slow
+def test_sigkill_during_chunked_saves_leaves_the_previous_checkpoint_intact(
+    shared_url: str,
+) -> None:
+    rng = random.Random(7)
+    seen = 0
+    for _ in range(8):
+        proc = subprocess.Popen([sys.executable, "-c", GROWER, shared_url], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        # Wait (generously: the machine may be loaded) until it is saving, then kill it at a
+        # random moment of a later save.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            if proc.stdout.readline().strip():
+                break
+        time.sleep(rng.uniform(0.0, 0.4))
+        proc.kill()
+        proc.wait()
+        with pitstop.open_store(shared_url) as store:
+            latest = store.latest("conv")
+            assert latest is not None
+            n = latest.metadata["n"]
+            assert n >= seen  # never goes backwards
+            assert latest.state["messages"] == _expected(n)
+            seen = n
+    assert seen > 8
+    with pitstop.open_store(shared_url) as store:
+        problems = store.verify()
+        # A crash may leave an unreferenced blob-store file, never a broken record or chunk.
+        assert [p for p in problems if "references" not in p.message] == []
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
+def test_gc_never_deletes_a_chunk_a_concurrent_save_references(open_store: Any) -> None:
+    rng = random.Random(3)
+    main = open_store()
+    msgs = _grow(main, "conv", 60)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def prune() -> None:
+        store = open_store()
+        try:
+            while not stop.is_set():
+                store.prune(pitstop.RetentionPolicy(keep_last=1, keep_milestones=False))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    made: list[str] = []
+
+    def grow_forks() -> None:
+        store = open_store()
+        try:
+            for n in range(25):
+                try:
+                    head = store.latest("conv")
+                    assert head is not None
+                    fork = store.fork(head.id, new_run_id=f"fork-{n}")
+                except pitstop.CheckpointNotFoundError:
+                    continue  # pruned between reading the head and forking it: refused, fine
+                grown = [*fork.state["messages"], _message(rng, 1000 + n)]
+                store.save(f"fork-{n}", {"messages": grown, "turn": n})
+                latest = store.latest(f"fork-{n}")
+                assert latest is not None
+                assert latest.state["messages"] == grown
+                made.append(f"fork-{n}")
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    pruner = threading.Thread(target=prune)
+    growers = [threading.Thread(target=grow_forks)]
+    pruner.start()
+    for t in growers:
+        t.start()
+    for i in range(40):  # the source keeps growing (and its old chunks become aliases)
+        msgs.append(_message(rng, 100 + i))
+        main.save("conv", {"messages": msgs, "turn": 100 + i})
+    for t in growers:
+        t.join()
+    stop.set()
+    pruner.join()
+    assert errors == []
+    assert main.verify() == []
+    assert len(made) > 5
+    for run_id in made:
+        assert main.latest(run_id) is not None
+    assert main.latest("conv").state["messages"] == msgs  # type: ignore[union-attr]
+
+
+def test_a_store_from_before_chunks_is_upgraded_and_keeps_its_values(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pitstop.store import schema as sqlmod
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    rng = random.Random(9)
+    msgs = [_message(rng, i, 500) for i in range(10)]  # small: one ordinary value
+    with monkeypatch.context() as patch:
+        patch.setattr(sqlmod, "LATEST_SCHEMA", sqlmod.MIGRATIONS[0][0])  # the first release
+        with pitstop.open_store(url) as old:
+            first = old.save("conv", {"messages": msgs})
+    with pitstop.open_store(url) as new:
+        assert new.schema_version() == sqlmod.LATEST_SCHEMA  # type: ignore[attr-defined]
+        for i in range(10, 120):
+            msgs.append(_message(rng, i))
+            new.save("conv", {"messages": msgs})
+        assert new.get(first.id).state["messages"] == msgs[:10]
+        assert new.latest("conv").state["messages"] == msgs  # type: ignore[union-attr]
+        head = new.history("conv", limit=1)[0]
+        assert head.added < 4096
+        assert new.verify() == []

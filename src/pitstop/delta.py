@@ -127,15 +127,21 @@ class Applied(NamedTuple):
     delta: Delta
 
 
-def dirty_positions(parent_value: Any, delta: Delta) -> list[int]:
-    """Item positions of the parent's value that ``delta`` changes in place (appended items
-    come after the parent's length and are not listed)."""
-    if not isinstance(delta, Merge) or type(parent_value) is not dict:
+def dirty_positions(value: Any, delta: Delta, parent_items: int) -> list[int]:
+    """Positions below ``parent_items`` (the parent's length) of the items ``delta`` changed
+    in place in ``value``, its result; what it appended comes after and is not listed."""
+    if not isinstance(delta, Merge) or type(value) is not dict:
         return []
-    changed = delta.entries.keys() & parent_value.keys()
+    changed = delta.entries.keys()
     if not changed:
         return []
-    return [i for i, key in enumerate(parent_value) if key in changed]
+    if len(changed) == 1:
+        (key,) = changed
+        for i, existing in enumerate(value):
+            if existing == key:
+                return [i] if i < parent_items else []
+        return []
+    return [i for i, key in enumerate(value) if key in changed and i < parent_items]
 
 
 __all__ = [

@@ -43,8 +43,9 @@ import ormsgpack
 import xxhash
 
 MANIFEST_VERSION: Final = 1
-CHUNKED_MIN: Final = 64 * 1024
-"""Values serialising to fewer bytes are stored whole, as before."""
+CHUNKED_MIN: Final = 16 * 1024
+"""Values serialising to fewer bytes are stored whole, as before. Low enough that a growing
+list is chunked early: until then each save rewrites it whole (sum over the saves: ~4x this)."""
 
 KEY_XXH3: Final = 0x01
 """Kind byte of a chunk key: xxh3-128. (SHA-256 value keys are 32 bytes with no kind byte.)"""
@@ -107,7 +108,7 @@ def _pack_entries(entries: Sequence[Entry]) -> bytes:
     return ormsgpack.packb([list(e) for e in entries])
 
 
-def _unpack_entries(data: bytes) -> list[Entry]:
+def unpack_entries(data: bytes) -> list[Entry]:
     out = []
     for key, items, size, flags in ormsgpack.unpackb(data):
         if type(key) is not bytes or len(key) != KEY_SIZE:
@@ -199,7 +200,7 @@ def expand(root: Sequence[Entry], nodes: Mapping[bytes, bytes | list[Entry]]) ->
         for entry in entries:
             if entry.flags & NODE:
                 found = nodes[entry.key]
-                walk(_unpack_entries(found) if isinstance(found, bytes | bytearray) else found)
+                walk(unpack_entries(found) if isinstance(found, bytes | bytearray) else found)
             else:
                 leaves.append(entry)
 
@@ -387,17 +388,12 @@ def split(value: Any, dumps: Dumps, format_id: int, parent: Layout | None = None
     raws: dict[bytes, bytes] = {}
     leaves: list[Entry] = []
     if kind in ("list", "dict"):
-        if kind == "list":
-            encodings = [dumps(item) for item in value]
-            params = LIST_PARAMS
-        else:
-            encodings = []
-            for k, v in value.items():
-                encoded = _encode_dict_item(dumps, k, v)
-                if encoded is None:
-                    return None
-                encodings.append(encoded)
-            params = DICT_PARAMS
+        if parent is not None and parent.kind == kind and parent.leaves:
+            return _split_guided(kind, value, dumps, format_id, parent)
+        encodings = _encode_items(kind, value, dumps, 0, len(value))
+        if encodings is None:
+            return None
+        params = LIST_PARAMS if kind == "list" else DICT_PARAMS
         for first, stop, cut in _cuts(encodings, params):
             raw = b"".join(encodings[first:stop])
             key = chunk_key(format_id, raw)
@@ -414,6 +410,88 @@ def split(value: Any, dumps: Dumps, format_id: int, parent: Layout | None = None
             raws[key] = piece.tobytes()  # copied only when new
         leaves.append(Entry(key, len(piece), len(piece), CUT))
     return _finish(kind, meta, total, leaves, raws, format_id, parent)
+
+
+def _encode_items(
+    kind: str, value: Any, dumps: Dumps, first: int, stop: int, items: list[Any] | None = None
+) -> list[bytes] | None:
+    """The encodings of items ``first`` to ``stop`` (None: a dict msgpack cannot hold)."""
+    if kind == "list":
+        return [dumps(item) for item in value[first:stop]]
+    pairs = items if items is not None else list(value.items())
+    out = []
+    for k, v in pairs[first:stop]:
+        encoded = _encode_dict_item(dumps, k, v)
+        if encoded is None:
+            return None
+        out.append(encoded)
+    return out
+
+
+def _header_size(n: int) -> int:
+    return 1 if n < 16 else 3 if n < 1 << 16 else 5
+
+
+def _batch(
+    kind: str, value: Any, items: list[Any] | None, dumps: Dumps, first: int, stop: int
+) -> bytes:
+    """Items ``first`` to ``stop`` encoded in one call: their container's encoding without its
+    header is their encodings concatenated (msgpack is compositional)."""
+    part = value[first:stop] if kind == "list" else dict((items or [])[first:stop])
+    return dumps(part)[_header_size(stop - first) :]
+
+
+def _split_guided(
+    kind: str, value: Any, dumps: Dumps, format_id: int, parent: Layout
+) -> Split | None:
+    """``value`` cut where its parent was, where it can be: each of the parent's chunks is
+    tried at its old place (then, after the first that differs, at its place counted from
+    the end, which an insertion or deletion shifts), one serialiser call per chunk. Only
+    what lies between the matching prefix and suffix is serialised item by item and cut
+    afresh, so a whole-value save of a grown list costs about one serialisation of it.
+    """
+    n = len(value)
+    items = list(value.items()) if kind == "dict" else None
+    old = parent.leaves
+    starts = parent.leaf_starts()
+    leaves: list[Entry] = []
+    raws: dict[bytes, bytes] = {}
+
+    def same(entry: Entry, start: int) -> bool:
+        raw = _batch(kind, value, items, dumps, start, start + entry.items)
+        return chunk_key(format_id, raw) == entry.key
+
+    i = 0
+    while i < len(old) and old[i].flags & CUT and starts[i] + old[i].items <= n:
+        if not same(old[i], starts[i]):
+            break
+        leaves.append(old[i])
+        i += 1
+    first = starts[i] if i < len(old) else parent.items
+    shift = n - parent.items
+    suffix: list[Entry] = []
+    j = len(old) - 1
+    while j > i:
+        start = starts[j] + shift
+        if start < first or start + old[j].items > n or not same(old[j], start):
+            break
+        suffix.append(old[j])
+        j -= 1
+    suffix.reverse()
+    stop = n - sum(e.items for e in suffix)
+    encodings = _encode_items(kind, value, dumps, first, stop, items)
+    if encodings is None:
+        return None
+    params = LIST_PARAMS if kind == "list" else DICT_PARAMS
+    ranges = _cuts(encodings, params)
+    for k, (a, b, cut) in enumerate(ranges):
+        raw = b"".join(encodings[a:b])
+        key = chunk_key(format_id, raw)
+        raws[key] = raw
+        final = cut or (k == len(ranges) - 1 and bool(suffix))  # cut before a kept suffix
+        leaves.append(Entry(key, b - a, len(raw), CUT if final else 0))
+    leaves.extend(suffix)
+    return _finish(kind, None, n, leaves, raws, format_id, parent)
 
 
 def encoded_size(layout: Layout) -> int:
@@ -529,13 +607,17 @@ def split_delta(
 
 
 def assemble(
-    kind: str, meta: Any, items: int, leaves: Sequence[Entry], raws: Mapping[bytes, bytes]
+    kind: str,
+    meta: Any,
+    items: int,
+    leaves: Sequence[Entry],
+    raws: Mapping[bytes, bytes | memoryview],
 ) -> Any:
     """The value from its leaves' raw chunks: encoded bytes for ``loads`` (lists and dicts,
     returned as ``bytes``), or the value itself for buffers (returned as is)."""
     parts = [raws[leaf.key] for leaf in leaves]
     if kind in ("list", "dict"):
-        return _container_header(kind, items) + b"".join(parts)
+        return b"".join([_container_header(kind, items), *parts])
     if kind == "bytes":
         return b"".join(parts)
     if kind == "bytearray":
@@ -575,4 +657,5 @@ __all__ = [
     "kind_of",
     "split",
     "split_delta",
+    "unpack_entries",
 ]

@@ -109,6 +109,14 @@ def unframe(stored: bytes) -> tuple[int, bytes]:
     return header & _FORMAT_MASK, raw
 
 
+def unframe_view(stored: bytes) -> tuple[int, bytes | memoryview]:
+    """Like :func:`unframe`, without copying an uncompressed body (a view of ``stored``):
+    what reading many chunks to join them wants."""
+    if stored and not stored[0] & ~_FORMAT_MASK:
+        return stored[0], memoryview(stored)[1:]
+    return unframe(stored)
+
+
 def digest(format_id: int, raw: bytes) -> bytes:
     """The 32-byte content address of a value: SHA-256 of the format byte, then the raw bytes.
 
@@ -121,4 +129,4 @@ def digest(format_id: int, raw: bytes) -> bytes:
     return hasher.digest()
 
 
-__all__ = ["compressible", "digest", "frame", "unframe"]
+__all__ = ["compressible", "digest", "frame", "unframe", "unframe_view"]

@@ -14,11 +14,11 @@ from collections.abc import Iterable, Sequence
 from functools import partial
 from typing import Any, Literal, NamedTuple
 
-from ..errors import RunNotFoundError
+from ..errors import CorruptCheckpointError, RunNotFoundError
 from ..model import RunStatus
 from .backend import CHUNK, Tx, placeholders
 from .base import Problem, Progress, PruneReport, RetentionPolicy, StoreStats
-from .records import CheckpointRecord, decode_field_map, stored_hashes
+from .records import CheckpointRecord, FieldRef, decode_field_map, is_chunk_key
 from .schema import SELECT_CHECKPOINT
 from .values import StoredValues
 
@@ -134,7 +134,12 @@ class Maintenance(StoredValues):
         remaining: set[bytes] = set()
         for r in rows:
             if r.id in keep:
-                remaining.update(stored_hashes(decode_field_map(bytes(r.fields))))
+                remaining.update(
+                    self._value_codec.referenced(
+                        decode_field_map(bytes(r.fields)), partial(self._read_values, tx)
+                    )
+                )
+        remaining.update(self._alias_targets(tx, list(remaining)))  # what aliases stand in
         refs = [
             bytes(h)
             for h in tx.column("SELECT hash FROM pitstop_blob_refs WHERE run_id = ?", (run_id,))
@@ -285,7 +290,10 @@ class Maintenance(StoredValues):
                 "SELECT COUNT(*), COALESCE(SUM(LENGTH(fields) + LENGTH(metadata)), 0) "
                 "FROM pitstop_checkpoints"
             )
-            blobs, blob_bytes = tx.one("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM pitstop_blobs")
+            blobs, blob_bytes = tx.one(
+                "SELECT COUNT(*), COALESCE(SUM(CASE WHEN alias IS NULL THEN size ELSE 0 END), 0) "
+                "FROM pitstop_blobs"
+            )
             return StoreStats(
                 runs=sum(by_status.values()),
                 checkpoints=int(checkpoints),
@@ -305,6 +313,7 @@ class Maintenance(StoredValues):
         )
         done = 0
         referenced: dict[bytes, _Referrer] = {}
+        manifests: dict[bytes, _Referrer] = {}
         after = ""
         while True:
             records = [
@@ -319,7 +328,11 @@ class Maintenance(StoredValues):
                 try:
                     record.verify()
                     for name, ref in record.field_map().items():
-                        if ref.inline is None:
+                        if ref.manifest is not None:
+                            manifests.setdefault(
+                                ref.manifest, _Referrer(record.id, record.run_id, name)
+                            )
+                        elif ref.inline is None:
                             referenced.setdefault(
                                 ref.hash, _Referrer(record.id, record.run_id, name)
                             )
@@ -331,22 +344,37 @@ class Maintenance(StoredValues):
             done += len(records)
             if progress:
                 progress(done, total)
+        for manifest, referrer in manifests.items():  # every chunk: its nodes read to find them
+            ref = FieldRef(b"", 0, None, manifest)
+            for key in self._value_codec.chunks_below(ref, self._read_values_alone):
+                referenced.setdefault(key, referrer)
         seen: set[bytes] = set()
         after_hash = b""
         while True:
             rows = self._query(
-                "SELECT hash, data, location FROM pitstop_blobs WHERE hash > ? "
+                "SELECT hash, data, location, alias FROM pitstop_blobs WHERE hash > ? "
                 "ORDER BY hash LIMIT ?",
                 (after_hash, 64),
             )
             if not rows:
                 break
-            for raw_hash, data, location in rows:
+            for raw_hash, data, location, alias in rows:
                 h = after_hash = bytes(raw_hash)
                 seen.add(h)
                 try:
-                    value = bytes(data) if location is None else self._fetch_external(h, location)
-                    self._value_codec.decode_value(value, h, strict=False)
+                    if alias is not None:
+                        value = self._read_values_alone([h]).get(h)
+                        if value is None:
+                            raise CorruptCheckpointError(
+                                f"alias of chunk {bytes(alias).hex()[2:18]}, which is missing"
+                            )
+                    elif location is None:
+                        value = bytes(data)
+                    else:
+                        value = self._fetch_external(h, location)
+                    if value is None:
+                        raise CorruptCheckpointError(f"file missing from {self.blobs}")
+                    self._value_codec.check_stored(h, value)
                 except Exception as exc:
                     owner = referenced.get(h)
                     where = (
@@ -366,7 +394,9 @@ class Maintenance(StoredValues):
                     Problem(
                         "checkpoint",
                         owner.checkpoint_id,
-                        f"field {owner.field!r} refers to value {h.hex()[:16]} which is missing",
+                        f"field {owner.field!r} refers to "
+                        + (f"chunk {h.hex()[2:18]}" if is_chunk_key(h) else f"value {h.hex()[:16]}")
+                        + " which is missing",
                         run_id=owner.run_id,
                     )
                 )

@@ -542,6 +542,25 @@ class PostgresStore(SqlStore):
                 "ON CONFLICT (run_id, hash) DO NOTHING)"
             )
             params.append(plan.refs)
+        if plan.aliases and plan.refs:
+            # Superseded open chunks become prefixes of the chunks extending them (see
+            # SqlStore._make_aliases), only if the head moved, and (joined with `gc`) only
+            # under the GC lock: a prune deleting values must not hold rows this updates.
+            keys = [a.key for a in plan.aliases]
+            targets = [a.target for a in plan.aliases]
+            parts.append(
+                "follow AS (UPDATE pitstop_blobs b SET alias = t.target FROM gc, moved, "
+                "unnest(%s::bytea[], %s::bytea[]) AS t(key, target) WHERE b.alias = t.key)"
+            )
+            params += [keys, targets]
+            parts.append(
+                "aliased AS (UPDATE pitstop_blobs b SET data = '', alias = t.target "
+                "FROM gc, moved, "
+                "unnest(%s::bytea[], %s::bytea[], %s::bigint[]) AS t(key, target, size) "
+                "WHERE b.hash = t.key AND b.alias IS NULL AND b.location IS NULL "
+                "AND b.size = t.size)"
+            )
+            params += [keys, targets, [a.size for a in plan.aliases]]
         statement = (
             "WITH " + ", ".join(parts) + _INSERT_CHECKPOINT_IF_MOVED
         )
@@ -586,6 +605,7 @@ class PostgresStore(SqlStore):
             and not plan.consumed
             and plan.durability in (None, self.durability)
             and all(h in plan.new for h in plan.refs)
+            and (not plan.aliases or bool(plan.refs))
             and all(
                 b.size <= _ONE_STATEMENT_MAX and not self._external(b) for b in plan.new.values()
             )

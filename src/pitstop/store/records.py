@@ -16,16 +16,20 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import orjson
 import ormsgpack
 
+from ..delta import Applied, dirty_positions
 from ..errors import CorruptCheckpointError, SerializationError
 from ..model import Checkpoint, CheckpointSummary
 from ..serde import MsgpackSerializer, Serializer, digest, frame, unframe
+from ..serde import chunks as chunking
+from ..serde.framing import unframe_view
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -54,22 +58,34 @@ class FieldRef(NamedTuple):
     """Stored (framed, possibly compressed) size in bytes."""
     inline: bytes | None = None
     """The framed value itself, for small values kept in the record."""
+    manifest: bytes | None = None
+    """For a value stored as chunks: its manifest (:mod:`pitstop.serde.chunks`), kept in the
+    record (so covered by its checksum); its chunks are rows of the value table."""
 
     def same_as(self, other: FieldRef | None) -> bool:
         if other is None:
             return False
+        if self.manifest is not None:
+            return self.manifest == other.manifest
         if self.inline is not None:
             return self.inline == other.inline
-        return other.inline is None and self.hash == other.hash
+        return other.inline is None and other.manifest is None and self.hash == other.hash
 
 
 FieldMap = dict[str, FieldRef]
 
 
+_CHUNKED = 1  # the 4th item of a field-map entry: the value is chunked, entry[1] its manifest
+
+
 def encode_field_map(fields: FieldMap) -> bytes:
     return ormsgpack.packb(
         [
-            [name, ref.inline] if ref.inline is not None else [name, ref.hash, ref.size]
+            [name, ref.inline]
+            if ref.inline is not None
+            else [name, ref.manifest, ref.size, _CHUNKED]
+            if ref.manifest is not None
+            else [name, ref.hash, ref.size]
             for name, ref in fields.items()
         ]
     )
@@ -80,14 +96,38 @@ def decode_field_map(data: bytes) -> FieldMap:
     for entry in ormsgpack.unpackb(data):
         if len(entry) == 2:
             fields[entry[0]] = FieldRef(b"", len(entry[1]), bytes(entry[1]))
+        elif len(entry) == 4:
+            if entry[3] != _CHUNKED:
+                raise ValueError(f"unknown field kind {entry[3]!r} (written by a newer pitstop?)")
+            fields[entry[0]] = FieldRef(b"", entry[2], None, bytes(entry[1]))
         else:
             fields[entry[0]] = FieldRef(bytes(entry[1]), entry[2])
     return fields
 
 
+def _manifest_roots(manifest: bytes) -> list[bytes]:
+    try:
+        return [entry.key for entry in chunking.decode_manifest(manifest).root]
+    except ValueError:
+        return []  # a load reports it, naming the field
+
+
 def stored_hashes(fields: FieldMap) -> set[bytes]:
-    """Hashes of the values a field map references in the value table (not inline ones)."""
-    return {ref.hash for ref in fields.values() if ref.inline is None}
+    """Hashes of the values a field map references in the value table (not inline ones):
+    whole values, and the top chunks of chunked ones (those under a node are found by
+    reading the node: :meth:`ValueCodec.chunks_below`)."""
+    out: set[bytes] = set()
+    for ref in fields.values():
+        if ref.manifest is not None:
+            out.update(_manifest_roots(ref.manifest))
+        elif ref.inline is None:
+            out.add(ref.hash)
+    return out
+
+
+def is_chunk_key(key: bytes) -> bool:
+    """Whether a value-table key names a chunk (xxh3, 17 bytes) rather than a whole value."""
+    return len(key) == chunking.KEY_SIZE
 
 
 class NewBlob(NamedTuple):
@@ -99,6 +139,16 @@ class NewBlob(NamedTuple):
     @property
     def size(self) -> int:
         return len(self.data)
+
+
+class Alias(NamedTuple):
+    """A chunk a new chunk extends: its row can become "the first ``size`` stored bytes of
+    ``target``" instead of holding them twice (a growing list's open last chunk)."""
+
+    key: bytes
+    target: bytes
+    size: int
+    """Stored (framed) bytes of ``key``: a prefix of ``target``'s (chunks are not compressed)."""
 
 
 RAW_KEEP_MAX = 2048
@@ -255,6 +305,10 @@ def encode_metadata(metadata: Mapping[str, Any] | None, run_id: str) -> str:
         raise SerializationError(f"metadata must be JSON ({exc})", run_id=run_id) from None
 
 
+Reader = Callable[[list[bytes]], Mapping[bytes, bytes]]
+"""Stored rows by key (those found), for walking a chunked value's nodes."""
+
+
 class ValueCodec:
     """Turns values into stored values and back, verified; a state into a field map.
 
@@ -272,6 +326,223 @@ class ValueCodec:
         safe = MsgpackSerializer(getattr(self.serializer, "registry", None))
         self._readers: dict[int, Serializer] = {safe.format_id: safe}
         self._readers[self.serializer.format_id] = self.serializer
+        # Layouts of chunked values this process wrote or read, by manifest: the next save
+        # of the field compares against it (and a delta re-chunks from it) with no read.
+        self._layouts: OrderedDict[bytes, chunking.Layout] = OrderedDict()
+
+    # -- chunked values ----------------------------------------------------------------------
+
+    _LAYOUTS_KEPT = 256
+
+    def _remember(self, manifest: bytes, layout: chunking.Layout) -> None:
+        layouts = self._layouts
+        layouts[manifest] = layout
+        if len(layouts) > self._LAYOUTS_KEPT:
+            try:  # noqa: SIM105 - a racing eviction may have taken it
+                layouts.popitem(last=False)
+            except KeyError:
+                pass
+
+    def layout_of(self, ref: FieldRef | None) -> chunking.Layout | None:
+        if ref is None or ref.manifest is None:
+            return None
+        return self._layouts.get(ref.manifest)
+
+    @staticmethod
+    def _worth_chunking(value: Any, kind: str, previous: FieldRef | None) -> bool:
+        """Whether to cut ``value`` into chunks, judged without serialising it: a field that
+        was chunked stays so; a large buffer is; a list or dict is when its previous version
+        was large, or (a new field) when it has many items."""
+        if previous is not None and previous.manifest is not None:
+            return True
+        if kind in ("bytes", "bytearray"):
+            return len(value) >= chunking.CHUNKED_MIN
+        if kind == "ndarray":
+            return int(value.nbytes) >= chunking.CHUNKED_MIN
+        if previous is not None:
+            return previous.size >= chunking.CHUNKED_MIN // 2
+        return len(value) >= 64
+
+    def _encode_chunked(
+        self,
+        run_id: str,
+        name: str,
+        value: Any,
+        previous: FieldRef | None,
+        applied: Applied | None,
+    ) -> tuple[FieldRef, dict[bytes, NewBlob], list[Alias]] | bytes:
+        """The field as chunks (with the parent's open chunks the new ones extend), or (too
+        small after all) its whole serialised bytes."""
+        fmt = self.serializer.format_id
+        parent = self.layout_of(previous)
+        result: chunking.Split | None = None
+        try:
+            kind = chunking.kind_of(value)
+            if applied is not None and parent is not None and parent.kind == kind:
+                dirty = dirty_positions(value, applied.delta, parent.items)
+                result = chunking.split_delta(parent, value, dirty, self.serializer.dumps)
+            else:
+                result = chunking.split(value, self.serializer.dumps, fmt, parent)
+        except Exception:
+            result = None
+        if result is None:  # not chunkable after all, or an item did not serialise: the
+            return self._dumps(value, run_id, "", name)  # whole value names the culprit
+        layout = result.layout
+        small = layout.size < chunking.CHUNKED_MIN
+        if parent is None and small and layout.kind in ("list", "dict"):
+            # Smaller than it looked: one ordinary value (the chunks joined are its bytes).
+            return bytes(
+                chunking.assemble(layout.kind, None, layout.items, layout.leaves, result.new)
+            )
+        manifest = layout.manifest()
+        self._remember(manifest, layout)
+        new = {
+            key: NewBlob(key, frame(raw, fmt, compress_threshold=None))
+            for key, raw in result.new.items()
+        }
+        aliases = [Alias(old, new_key, size + 1) for old, new_key, size in result.extended]
+        return FieldRef(b"", layout.size, None, manifest), new, aliases
+
+    def chunks_below(self, ref: FieldRef, read: Reader) -> set[bytes]:
+        """Every chunk key a chunked field references, its nodes' children included: from
+        the layout if this process knows it, else by reading the nodes (``read`` returns
+        stored rows by key)."""
+        assert ref.manifest is not None
+        layout = self._layouts.get(ref.manifest)
+        if layout is not None:
+            return layout.keys()
+        try:
+            root = chunking.decode_manifest(ref.manifest).root
+        except ValueError:
+            return set()
+        keys = {e.key for e in root}
+        pending = [e.key for e in root if e.flags & chunking.NODE]
+        while pending:
+            found = read(pending)
+            pending = []
+            for data in found.values():
+                try:
+                    raw = unframe(bytes(data))[1]
+                    entries = chunking.unpack_entries(raw)
+                except ValueError:
+                    continue  # verify and loads report a bad node
+                for entry in entries:
+                    if entry.key not in keys:
+                        keys.add(entry.key)
+                        if entry.flags & chunking.NODE:
+                            pending.append(entry.key)
+        return keys
+
+    def referenced(self, fields: FieldMap, read: Reader) -> set[bytes]:
+        """Every value-table key a field map references, chunks under nodes included."""
+        out = stored_hashes(fields)
+        for ref in fields.values():
+            if ref.manifest is not None:
+                out |= self.chunks_below(ref, read)
+        return out
+
+    def missing_below(self, fields: FieldMap, blobs: Mapping[bytes, bytes]) -> list[bytes]:
+        """Keys under the nodes already in ``blobs`` that ``blobs`` does not hold yet: what a
+        load reads next (a level of the tree per query)."""
+        out: list[bytes] = []
+        for ref in fields.values():
+            if ref.manifest is None:
+                continue
+            try:
+                root = chunking.decode_manifest(ref.manifest).root
+            except ValueError:
+                continue
+            pending = [e for e in root if e.flags & chunking.NODE]
+            while pending:
+                node = pending.pop()
+                data = blobs.get(node.key)
+                if data is None:
+                    continue
+                try:
+                    entries = chunking.unpack_entries(unframe(bytes(data))[1])
+                except ValueError:
+                    continue
+                for entry in entries:
+                    if entry.key not in blobs:
+                        out.append(entry.key)
+                    elif entry.flags & chunking.NODE:
+                        pending.append(entry)
+        return out
+
+    def decode_chunked(
+        self,
+        manifest: bytes,
+        blobs: Mapping[bytes, bytes],
+        *,
+        strict: bool = True,
+        checkpoint_id: str | None = None,
+        run_id: str | None = None,
+        field: str | None = None,
+    ) -> Any:
+        def corrupt(message: str) -> CorruptCheckpointError:
+            return CorruptCheckpointError(
+                message, checkpoint_id=checkpoint_id, run_id=run_id, field=field
+            )
+
+        try:
+            kind, items, meta, root = chunking.decode_manifest(manifest)
+        except ValueError as exc:
+            raise corrupt(str(exc)) from None
+        formats: set[int] = set()
+
+        def raw_of(key: bytes) -> bytes | memoryview:
+            data = blobs.get(key)
+            if data is None:
+                raise corrupt(f"chunk {key.hex()[2:18]} is missing from the store")
+            try:
+                fmt, raw = unframe_view(data if type(data) is bytes else bytes(data))
+            except ValueError as exc:
+                raise corrupt(f"chunk {key.hex()[2:18]}: {exc}") from None
+            if not chunking.check_chunk(key, fmt, raw):
+                raise corrupt(f"chunk {key.hex()[2:18]}: checksum mismatch (truncated or altered)")
+            formats.add(fmt)
+            return raw
+
+        nodes: dict[bytes, list[chunking.Entry]] = {}
+        leaves: list[chunking.Entry] = []
+
+        def walk(entries: Iterable[chunking.Entry]) -> None:
+            for entry in entries:
+                if entry.flags & chunking.NODE:
+                    try:
+                        children = chunking.unpack_entries(bytes(raw_of(entry.key)))
+                    except ValueError as exc:
+                        raise corrupt(f"unreadable chunk node ({exc})") from None
+                    nodes[entry.key] = children
+                    walk(children)
+                else:
+                    leaves.append(entry)
+
+        walk(root)
+        raws = {leaf.key: raw_of(leaf.key) for leaf in leaves}
+        if sum(leaf.items for leaf in leaves) != items:
+            raise corrupt("chunk manifest does not add up (altered?)")
+        fmt = formats.pop() if len(formats) == 1 else self.serializer.format_id
+        self._remember(manifest, chunking.Layout(kind, meta, items, root, leaves, nodes, fmt))
+        try:
+            assembled = chunking.assemble(kind, meta, items, leaves, raws)
+        except Exception as exc:
+            raise corrupt(f"chunks do not make a {kind} ({type(exc).__name__}: {exc})") from None
+        if kind not in ("list", "dict"):
+            return assembled
+        # The reassembled bytes are one ordinary serialised value: decoded in one call.
+        return self._load_raw(
+            fmt, assembled, strict=strict, checkpoint_id=checkpoint_id, run_id=run_id, field=field
+        )
+
+    def check_stored(self, key: bytes, data: bytes) -> None:
+        """Raise if a stored row is not what its key says (a whole value or a chunk)."""
+        if not is_chunk_key(key):
+            self.decode_value(data, key, strict=False)
+            return
+        fmt, raw = unframe(bytes(data))
+        if not chunking.check_chunk(key, fmt, raw):
+            raise CorruptCheckpointError("chunk checksum mismatch (truncated or altered)")
 
     def _dumps(self, value: Any, run_id: str, path: str, field: str | None = None) -> bytes:
         """Serialise; errors name ``path`` (or the state field ``field``, built only then)."""
@@ -301,7 +572,7 @@ class ValueCodec:
         parent: FieldMap | None,
         changed: Iterable[str] | None,
         parent_raw: Mapping[str, bytes] | None = None,
-    ) -> tuple[FieldMap, dict[bytes, NewBlob], dict[str, bytes]]:
+    ) -> tuple[FieldMap, dict[bytes, NewBlob], dict[str, bytes], list[Alias]]:
         """The new field map, the values not already referenced by the parent, and the
         serialised bytes of the small fields (see :data:`RAW_KEEP_MAX`).
 
@@ -321,6 +592,7 @@ class ValueCodec:
         fields: FieldMap = {}
         new: dict[bytes, NewBlob] = {}
         raws: dict[str, bytes] = {}
+        aliases: list[Alias] = []
         fmt = self.serializer.format_id
         inline_head = frame(b"", fmt, compress_threshold=None)  # the format byte, checked once
         for name, value in state.items():
@@ -331,7 +603,24 @@ class ValueCodec:
                 raise SerializationError(
                     "state field names must be str", run_id=run_id, path=f"state[{name!r}]"
                 )
-            raw = self._dumps(value, run_id, "", name)
+            previous = parent.get(name)
+            applied: Applied | None = value if type(value) is Applied else None
+            full = value if applied is None else applied.value
+            kind = chunking.kind_of(full)
+            if kind is not None and self._worth_chunking(full, kind, previous):
+                chunked = self._encode_chunked(run_id, name, full, previous, applied)
+                if not isinstance(chunked, bytes):
+                    ref, blobs, extended = chunked
+                    if previous is not None and ref.same_as(previous):
+                        fields[name] = previous
+                    else:
+                        fields[name] = ref
+                        new.update(blobs)
+                        aliases.extend(extended)
+                    continue
+                raw = chunked
+            else:
+                raw = self._dumps(full, run_id, "", name)
             if keep and len(raw) <= RAW_KEEP_MAX:
                 known = parent_raw.get(name)
                 if known is not None and known == raw and name in parent:
@@ -346,14 +635,13 @@ class ValueCodec:
                     digest(fmt, raw), frame(raw, fmt, compress_threshold=self.compress_threshold)
                 )
                 ref = FieldRef(blob.hash, blob.size)
-            previous = parent.get(name)
             if previous is not None and ref.same_as(previous):
                 fields[name] = previous
             else:
                 fields[name] = ref
                 if ref.inline is None:
                     new[blob.hash] = blob
-        return fields, new, raws
+        return fields, new, raws, aliases
 
     def decode_value(
         self,
@@ -380,6 +668,20 @@ class ValueCodec:
         # Inline values (no hash) are covered by their record's checksum instead.
         if expected_hash is not None and digest(fmt, raw) != expected_hash:
             raise corrupt("value checksum mismatch (truncated or altered)")
+        return self._load_raw(
+            fmt, raw, strict=strict, checkpoint_id=checkpoint_id, run_id=run_id, field=field
+        )
+
+    def _load_raw(
+        self,
+        fmt: int,
+        raw: bytes,
+        *,
+        strict: bool,
+        checkpoint_id: str | None,
+        run_id: str | None,
+        field: str | None,
+    ) -> Any:
         reader = self._readers.get(fmt)
         if reader is None:
             raise SerializationError(
@@ -399,7 +701,12 @@ class ValueCodec:
                 action="load",
             ) from None
         except Exception as exc:
-            raise corrupt(f"undecodable value ({type(exc).__name__}: {exc})") from exc
+            raise CorruptCheckpointError(
+                f"undecodable value ({type(exc).__name__}: {exc})",
+                checkpoint_id=checkpoint_id,
+                run_id=run_id,
+                field=field,
+            ) from exc
 
     def decode_checkpoint(
         self, record: CheckpointRecord, blobs: Mapping[bytes, bytes], *, strict: bool = True
@@ -414,6 +721,15 @@ class ValueCodec:
                 run_id=record.run_id,
                 field=name,
             )
+            if ref.manifest is None
+            else self.decode_chunked(
+                ref.manifest,
+                blobs,
+                strict=strict,
+                checkpoint_id=record.id,
+                run_id=record.run_id,
+                field=name,
+            )
             for name, ref in record.field_map().items()
         }
         return record.checkpoint(state)
@@ -421,6 +737,7 @@ class ValueCodec:
 
 __all__ = [
     "RAW_KEEP_MAX",
+    "Alias",
     "CheckpointRecord",
     "FieldMap",
     "FieldRef",

@@ -122,6 +122,16 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         "large values in a blob store: where a value lives when it is not in the table",
         ["ALTER TABLE pitstop_blobs ADD COLUMN location TEXT"],
     ),
+    (
+        3,
+        "chunked values: field maps may hold a manifest; a chunk row may be an alias, the "
+        "first `size` stored bytes of the chunk `alias` (a growing list's superseded last "
+        "chunk, kept without its bytes)",
+        [
+            "ALTER TABLE pitstop_blobs ADD COLUMN alias {blob}",
+            "CREATE INDEX pitstop_blobs_alias ON pitstop_blobs (alias) WHERE alias IS NOT NULL",
+        ],
+    ),
 ]
 
 LATEST_SCHEMA = MIGRATIONS[-1][0]
@@ -248,8 +258,9 @@ def _field_names(cls: Any) -> tuple[str, ...]:
 
 RUNS = Table("pitstop_runs", _field_names(RunRow))
 CHECKPOINTS = Table("pitstop_checkpoints", _field_names(CheckpointRecord))
-BLOBS = Table("pitstop_blobs", ("hash", "data", "size", "created_at", "location"))
-"""Content-addressed values: framed bytes by hash (``location``: in a blob store instead)."""
+BLOBS = Table("pitstop_blobs", ("hash", "data", "size", "created_at", "location", "alias"))
+"""Content-addressed values: framed bytes by hash (``location``: in a blob store instead;
+``alias``: a chunk stored as the first ``size`` bytes of the chunk ``alias``)."""
 BLOB_REFS = Table("pitstop_blob_refs", ("run_id", "hash"))
 """Which runs reference which values: what garbage collection counts."""
 INPUTS = Table("pitstop_inputs", _field_names(InputRecord))

@@ -36,6 +36,7 @@ from datetime import datetime
 from functools import lru_cache, partial
 from typing import Any, NamedTuple
 
+from ..delta import ABSENT, Append, Applied, Merge
 from ..errors import (
     CheckpointNotFoundError,
     ConflictError,
@@ -54,6 +55,7 @@ from .inputs import Inputs
 from .maintenance import Maintenance
 from .ownership import Leases
 from .records import (
+    Alias,
     CheckpointRecord,
     FieldMap,
     NewBlob,
@@ -84,6 +86,9 @@ class _HeadMoved(Exception):
         self.actual = actual
 
 
+_DELTAS = (Append, Merge)
+
+
 @dataclass(slots=True)
 class WritePlan:
     """Everything a prepared save needs at write time (the backend payload of PreparedSave).
@@ -108,6 +113,8 @@ class WritePlan:
     sets_waiting: bool = False
     """Whether the save sets the run's waiting_for/wake_at (it sets a status, or its
     metadata names them)."""
+    aliases: Sequence[Alias] = ()
+    """Chunks of the parent that new chunks extend: made aliases of them by the write."""
 
 
 def head_update(plan: WritePlan, null_safe_eq: str) -> tuple[str, list[Any]]:
@@ -272,7 +279,9 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects):
                 # when a run starts; the write checks that, so no read of the head first.)
                 parent_id = self._head_id(run_id)
         parent = self._parent(parent_id) if parent_id is not None else None
-        fields, new, raws = self._value_codec.encode_state(
+        if type(state) is dict and (deltas := [k for k, v in state.items() if type(v) in _DELTAS]):
+            state = self._resolve_deltas(state, deltas, parent_id)
+        fields, new, raws, aliases = self._value_codec.encode_state(
             run_id,
             state,
             parent.fields if parent else None,
@@ -290,6 +299,9 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects):
         if new:
             for blob in new.values():
                 added += len(blob.data)
+            for alias in aliases:  # an extended chunk: only its growth is new
+                added -= alias.size
+            added = max(added, 0)
         # Positional: this runs on every checkpoint (see CheckpointRecord for the order).
         record = CheckpointRecord(
             checkpoint_id,
@@ -316,9 +328,11 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects):
             # the write checks that they still exist.
             refs = list(set(new).difference(stored_hashes(parent.fields))) if new else []
         else:
-            refs = list(stored_hashes(fields))
+            refs = list(self._value_codec.referenced(fields, self._read_values_alone))
         plan = WritePlan(record, fields, new, refs, follow_head, expected_head, lease,
                          release and lease is not None, workflow, status)
+        if aliases:
+            plan.aliases = aliases
         if metadata or status is not None:
             waiting = metadata.get("waiting_for") if metadata else None
             plan.waiting_json = json.dumps(list(waiting)) if waiting else None
@@ -333,7 +347,23 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects):
         self._fields.put(checkpoint_id, Parent(checkpoint_id, run_id, record.step, fields))
         if raws:
             self._raws.put(checkpoint_id, raws)
+        if any(type(v) is Applied for v in state.values()):
+            state = {k: v.value if type(v) is Applied else v for k, v in state.items()}
         return PreparedSave(record.id, run_id, parent_id, record.step, state, plan)
+
+    def _resolve_deltas(
+        self, state: dict[str, Any], names: list[str], parent_id: str | None
+    ) -> dict[str, Any]:
+        """``store.save`` given ``pitstop.Append``/``Merge`` values: each applied to the
+        parent checkpoint's value of its field. The parent is read for it (the runtime,
+        which holds the values, hands over the applied value with its delta instead); the
+        write then stores only the change."""
+        base = self.get(parent_id).state if parent_id is not None else {}
+        out = dict(state)
+        for name in names:
+            delta = state[name]
+            out[name] = Applied(delta.apply(base.get(name, ABSENT), field=name), delta)
+        return out
 
     def commit(self, prepared: PreparedSave) -> Checkpoint:
         try:
@@ -428,6 +458,10 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects):
                 "ON CONFLICT (run_id, hash) DO NOTHING",
                 [(run_id, h) for h in plan.refs],
             )
+            if not plan.follow_head or any(h not in plan.new for h in plan.refs):
+                self._ref_alias_targets(tx, run_id, [h for h in plan.refs if h not in plan.new])
+            if plan.aliases:
+                self._make_aliases(tx, plan.aliases)
         tx.run(INSERT_CHECKPOINT, record.row())
         if plan.consumed:
             tx.run_chunks(
@@ -522,7 +556,15 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects):
         return record, self._load_values(tx, record)
 
     def _load_values(self, tx: Tx, record: CheckpointRecord) -> dict[bytes, bytes]:
-        return self._read_values(tx, list(stored_hashes(record.field_map())))
+        fields = record.field_map()
+        values = self._read_values(tx, list(stored_hashes(fields)))
+        # A chunked value's tree, a level per query (a value of thousands of chunks is two).
+        while missing := self._value_codec.missing_below(fields, values):
+            found = self._read_values(tx, missing)
+            if not found:
+                break  # missing chunks: the decode names the field
+            values.update(found)
+        return values
 
     def get(self, checkpoint_id: str, *, strict: bool = True) -> Checkpoint:
         record, values = self._tx(lambda tx: self._load(tx, "WHERE id = ?", (checkpoint_id,)))

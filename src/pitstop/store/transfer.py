@@ -12,11 +12,13 @@ them; :class:`RunTransfer` is the part of ``SqlStore`` that reads one from a sto
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConflictError, CorruptCheckpointError, RunExistsError, RunNotFoundError
 from ..model import Run, RunStatus
+from ..serde import chunks as chunking
 from ..serde import digest, unframe
 from .backend import CHUNK, Tx
 from .base import Progress
@@ -65,8 +67,18 @@ class RunExport:
                     run_id=run_id,
                 )
             record.verify()
-            for name, ref in record.field_map().items():
-                if ref.inline is None and ref.hash not in self.blobs:
+            fields = record.field_map()
+            for name, ref in fields.items():
+                if ref.manifest is not None:
+                    missing = missing_chunks(ref.manifest, self.blobs)
+                    if missing:
+                        raise CorruptCheckpointError(
+                            f"chunk {missing.hex()[2:18]} is missing from the export",
+                            checkpoint_id=record.id,
+                            run_id=run_id,
+                            field=name,
+                        )
+                elif ref.inline is None and ref.hash not in self.blobs:
                     raise CorruptCheckpointError(
                         f"value {ref.hash.hex()[:16]} is missing from the export",
                         checkpoint_id=record.id,
@@ -88,11 +100,31 @@ class RunExport:
     @property
     def referenced(self) -> list[bytes]:
         """The distinct hashes of the separately stored values the checkpoints reference
-        (small values live inside the records themselves and travel with them)."""
+        (small values live inside the records themselves and travel with them). For a chunked
+        value, its top chunks: those under its nodes are listed by :meth:`missing_below`."""
         seen: dict[bytes, None] = {}
         for record in self.checkpoints:
             seen.update(dict.fromkeys(stored_hashes(record.field_map())))
         return list(seen)
+
+
+def missing_chunks(manifest: bytes, blobs: Mapping[bytes, bytes]) -> bytes | None:
+    """A chunk of a chunked value that ``blobs`` lacks (walking its nodes), or None."""
+    try:
+        pending = list(chunking.decode_manifest(manifest).root)
+    except ValueError:
+        return b"\x00" * chunking.KEY_SIZE
+    while pending:
+        entry = pending.pop()
+        data = blobs.get(entry.key)
+        if data is None:
+            return entry.key
+        if entry.flags & chunking.NODE:
+            try:
+                pending.extend(chunking.unpack_entries(unframe(bytes(data))[1]))
+            except ValueError:
+                return entry.key
+    return None
 
 
 def check_value(data: bytes, expected: bytes, *, run_id: str, what: str) -> None:
@@ -101,7 +133,12 @@ def check_value(data: bytes, expected: bytes, *, run_id: str, what: str) -> None
         fmt, raw = unframe(bytes(data))
     except ValueError as exc:
         raise CorruptCheckpointError(f"{what}: {exc}", run_id=run_id) from None
-    if digest(fmt, raw) != bytes(expected):
+    expected = bytes(expected)
+    if len(expected) == chunking.KEY_SIZE:
+        ok = chunking.check_chunk(expected, fmt, raw)
+    else:
+        ok = digest(fmt, raw) == expected
+    if not ok:
         raise CorruptCheckpointError(
             f"{what}: checksum mismatch (truncated or altered)", run_id=run_id
         )
@@ -136,6 +173,13 @@ class RunTransfer(StoredValues):
                 for r in tx.all(SELECT_CHECKPOINT + " WHERE run_id = ? ORDER BY id", (run_id,))
             ]
             data.blobs = self._read_values(tx, data.referenced)
+            for record in data.checkpoints:  # chunks under the nodes of chunked values
+                fields = record.field_map()
+                while missing := self._value_codec.missing_below(fields, data.blobs):
+                    found = self._read_values(tx, missing)
+                    if not found:
+                        break  # the importer's verify names what is missing
+                    data.blobs.update(found)
             data.inputs = [InputRecord(*r) for r in tx.all(_SELECT_INPUTS, (run_id,))]
             data.effects = [EffectRecord(*r) for r in tx.all(_SELECT_EFFECTS, (run_id,))]
             return data
@@ -148,7 +192,7 @@ class RunTransfer(StoredValues):
         run = data.run
         check_id("run_id", run.run_id)
         status = RunStatus(run.status).value
-        hashes = data.referenced
+        hashes = list(data.blobs)
         total = len(hashes) + len(data.checkpoints)
 
         def write(tx: Tx) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from ..errors import StoreError
 from .backend import SqlBackend, Tx
-from .records import NewBlob
+from .records import Alias, NewBlob, is_chunk_key
 
 # Values bigger than this are looked up before being sent, so an existing one is not shipped
 # to the database again just to be discarded by ON CONFLICT.
@@ -69,19 +69,72 @@ class StoredValues(SqlBackend):
         )
 
     def _read_values(self, tx: Tx, hashes: Sequence[bytes]) -> dict[bytes, bytes]:
-        """Stored values by hash, from the table or the blob store (absent ones left out)."""
+        """Stored values by hash, from the table or the blob store (absent ones left out);
+        an alias row is read as the prefix of its target it stands for."""
         out: dict[bytes, bytes] = {}
-        for h, data, location in tx.in_chunks(
-            "SELECT hash, data, location FROM pitstop_blobs WHERE hash IN ({in})", hashes
+        aliases: dict[bytes, tuple[bytes, int]] = {}
+        for h, data, location, alias, size in tx.in_chunks(
+            "SELECT hash, data, location, alias, size FROM pitstop_blobs WHERE hash IN ({in})",
+            hashes,
         ):
             key = bytes(h)
-            if location is None:
+            if alias is not None:
+                aliases[key] = (bytes(alias), int(size))
+            elif location is None:
                 out[key] = bytes(data)
             else:
                 value = self._fetch_external(key, location)
                 if value is not None:
                     out[key] = value
+        if aliases:
+            # A target read in this snapshot holds its prefix; one that became an alias
+            # since (a concurrent save, another snapshot) is followed again.
+            targets = self._read_values(tx, list({t for t, _ in aliases.values()} - set(out)))
+            targets.update(out)
+            for key, (target, size) in aliases.items():
+                found = targets.get(target)
+                if found is not None and len(found) >= size:
+                    out[key] = found[:size]
         return out
+
+    def _read_values_alone(self, keys: list[bytes]) -> dict[bytes, bytes]:
+        """:meth:`_read_values` in a transaction of its own."""
+        return self._tx(lambda tx: self._read_values(tx, keys))
+
+    def _make_aliases(self, tx: Tx, aliases: Sequence[Alias]) -> None:
+        """Keep each superseded chunk as a prefix of the chunk that extends it: its bytes are
+        stored once. Aliases of it follow it to the new chunk (no chains). Only a chunk in
+        the table (not a blob-store file) becomes an alias."""
+        tx.many(
+            "UPDATE pitstop_blobs SET alias = ? WHERE alias = ?",
+            [(a.target, a.key) for a in aliases],
+        )
+        tx.many(
+            "UPDATE pitstop_blobs SET data = ?, alias = ? WHERE hash = ? AND alias IS NULL "
+            "AND location IS NULL AND size = ?",
+            [(b"", a.target, a.key, a.size) for a in aliases],
+        )
+
+    def _ref_alias_targets(self, tx: Tx, run_id: str, keys: Sequence[bytes]) -> None:
+        """A run that references an alias references its target too (what GC follows)."""
+        chunk_keys = [k for k in keys if is_chunk_key(k)]
+        if chunk_keys:
+            tx.many(
+                "INSERT INTO pitstop_blob_refs (run_id, hash) VALUES (?, ?) "
+                "ON CONFLICT (run_id, hash) DO NOTHING",
+                [(run_id, target) for target in self._alias_targets(tx, chunk_keys)],
+            )
+
+    def _alias_targets(self, tx: Tx, keys: Sequence[bytes]) -> list[bytes]:
+        """The chunks that those of ``keys`` that are aliases stand in."""
+        chunk_keys = [k for k in keys if is_chunk_key(k)]
+        return [
+            bytes(target)
+            for (target,) in tx.in_chunks(
+                "SELECT alias FROM pitstop_blobs WHERE alias IS NOT NULL AND hash IN ({in})",
+                chunk_keys,
+            )
+        ]
 
     def _fetch_external(self, key: bytes, location: str) -> bytes | None:
         """A value kept in the blob store (None: the file is missing)."""
@@ -120,7 +173,8 @@ class StoredValues(SqlBackend):
         :meth:`_lock_gc`), their blob-store files once the transaction has committed."""
         unreferenced = (
             "hash IN ({in}) AND NOT EXISTS "
-            "(SELECT 1 FROM pitstop_blob_refs r WHERE r.hash = pitstop_blobs.hash)"
+            "(SELECT 1 FROM pitstop_blob_refs r WHERE r.hash = pitstop_blobs.hash) "
+            "AND NOT EXISTS (SELECT 1 FROM pitstop_blobs a WHERE a.alias = pitstop_blobs.hash)"
         )
         if self.blobs is not None:
             files = [
