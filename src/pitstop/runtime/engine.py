@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..delta import Delta
 from ..errors import LeaseLostError, PitstopError
 from ..logfmt import kv
 from ..model import Checkpoint, RunStatus, utc
@@ -26,7 +27,7 @@ from ..store import Lease, Store
 from .context import StepContext, Suspend
 from .leases import keeper
 from .policies import CheckpointPolicy, Finish, Goto, Retry
-from .state import merged
+from .state import merged, tracked, with_deltas
 from .writer import writer_for
 
 if TYPE_CHECKING:
@@ -207,6 +208,10 @@ class Execution:
         self.retries: dict[str, int] = {}  # "position:step" -> times parked for retry_failed
         self.retry_failed: Retry | None = None
         self.changed: set[str] | None = set()
+        # Fields changed only by Append/Merge since the last checkpoint, with their combined
+        # delta (None: also replaced whole). Replaced, never mutated, like `fields`.
+        self.deltas: dict[str, Delta | None] = {}
+        self.step_start_deltas: dict[str, Delta | None] = {}
         self.consumed: dict[str, str] = {}
         self.steps_since = 0
         self.checkpointed_at = time.monotonic()
@@ -309,7 +314,8 @@ class Execution:
 
     def checkpoint(self, status: RunStatus, **kw: Any) -> Generator[Op, Any, str]:
         changed, self.changed = self.changed, self._no_changes()
-        return (yield from self._save(self.fields, changed, status, **kw))
+        deltas, self.deltas = self.deltas, {}
+        return (yield from self._save(with_deltas(self.fields, deltas), changed, status, **kw))
 
     def flush(self) -> None:
         if self.writer is not None:
@@ -322,7 +328,7 @@ class Execution:
         try:
             return drive_sync(
                 self._save(
-                    self.step_start_fields,
+                    with_deltas(self.step_start_fields, self.step_start_deltas),
                     self.step_start_changed,
                     RunStatus.RUNNING,
                     source="manual",
@@ -335,6 +341,7 @@ class Execution:
             # Everything up to the step's start is now durable.
             self.step_start_changed = self._no_changes()
             self.changed = self._no_changes()
+            self.step_start_deltas = self.deltas = {}
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -347,6 +354,7 @@ class Execution:
             changed = None  # compare every field by content on the next checkpoint
         self.fields = fields
         self.changed = changed
+        self.deltas = {}
         self.parent_id = ckpt.id
         self.branch = branch or meta.get("branch") or self.run_id
         self.position = ckpt.step
@@ -437,10 +445,12 @@ class Execution:
             # references keep the step-start values for a failure, a sleep or ctx.checkpoint().
             self.step_start_fields = self.fields
             self.step_start_changed = self.changed
+            self.step_start_deltas = self.deltas
             try:
                 output = yield _Call(spec.invoke, view, ctx, inputs)
             except Suspend as suspend:
                 self.changed = self.step_start_changed
+                self.deltas = self.step_start_deltas
                 return (yield from self._sleep(spec, suspend.wake_at))
             except Exception as exc:
                 retry = spec.options.retry or wf.retry
@@ -448,6 +458,7 @@ class Execution:
                 error = _describe(exc, spec.name, attempt)
                 if retry is not None and retry.retries(exc, attempt):
                     self.changed = self.step_start_changed
+                    self.deltas = self.step_start_deltas
                     yield from self.checkpoint(RunStatus.RUNNING, source="retry", error=error)
                     delay = retry.delay(attempt)
                     log.info(kv(event="retry", run=self.run_id, step=spec.name, attempt=attempt,
@@ -457,6 +468,7 @@ class Execution:
                     yield _Sleep(delay)
                     continue
                 self.changed = self.step_start_changed
+                self.deltas = self.step_start_deltas
                 return (yield from self._fail(error, step=spec.name))
 
             updates = wf.adapter.changes(view, self.fields)
@@ -472,6 +484,7 @@ class Execution:
             if output is not None:
                 updates.update(wf.adapter.updates_from(output, self.fields))
             self.fields = merged(self.fields, updates)
+            self.deltas = tracked(self.deltas, updates)
             if self.changed is not None:
                 self.changed = self.changed.union(updates)
             if spec.name not in self.completed:
@@ -551,6 +564,7 @@ class Execution:
 
     def _sleep(self, spec: StepSpec, wake_at: float) -> Generator[Op, Any, RunResult]:
         self.fields = self.step_start_fields
+        self.deltas = self.step_start_deltas
         self.next = spec.name
         yield from self.checkpoint(RunStatus.WAITING, sync=True, wake_at=wake_at)
         return self.result(RunStatus.WAITING, wake_at=utc(wake_at), step=spec.name)
@@ -559,7 +573,9 @@ class Execution:
         self, error: dict[str, Any], *, step: str | None = None
     ) -> Generator[Op, Any, RunResult]:
         if step is not None:
-            self.fields = self.step_start_fields or self.fields
+            if self.step_start_fields:
+                self.fields = self.step_start_fields
+                self.deltas = self.step_start_deltas
             self.next = step
             retry = self.retry_failed
             key = f"{self.position}:{step}"

@@ -14,7 +14,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any, is_typeddict
 
-from ..delta import ABSENT, Append, Merge, is_delta
+from ..delta import ABSENT, Append, Applied, Delta, Merge, combine, is_delta
 
 _MISSING = object()
 
@@ -161,4 +161,34 @@ def merged(fields: dict[str, Any], updates: Mapping[str, Any]) -> dict[str, Any]
     return out
 
 
-__all__ = ["StateAdapter", "adapter_for", "merged"]
+def tracked(
+    deltas: dict[str, Delta | None], updates: Mapping[str, Any]
+) -> dict[str, Delta | None]:
+    """``deltas`` (fields changed only by deltas since the last checkpoint, with their
+    combined delta; None for one also replaced whole) after ``updates``. A new dict."""
+    if not deltas and not any(is_delta(v) for v in updates.values()):
+        return deltas
+    out = dict(deltas)
+    for name, value in updates.items():
+        if not is_delta(value):
+            out[name] = None
+        elif name not in out:
+            out[name] = value
+        elif (earlier := out[name]) is not None:
+            out[name] = combine(earlier, value, field=name)
+    return out
+
+
+def with_deltas(fields: dict[str, Any], deltas: Mapping[str, Delta | None]) -> dict[str, Any]:
+    """The fields to save: those changed only by deltas carry them (``Applied``), so the
+    store writes the change and not the value."""
+    if not deltas:
+        return fields
+    out = dict(fields)
+    for name, delta in deltas.items():
+        if delta is not None and name in out:
+            out[name] = Applied(out[name], delta)
+    return out
+
+
+__all__ = ["StateAdapter", "adapter_for", "merged", "tracked", "with_deltas"]
