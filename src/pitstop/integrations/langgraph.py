@@ -117,6 +117,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.types import INTERRUPT
 
 from ..cache import BoundedCache
+from ..delta import Append, Applied
 from ..errors import (
     CheckpointNotFoundError,
     ConflictError,
@@ -190,6 +191,27 @@ def langgraph_id(stored: str) -> str:
     return stored.rpartition(_ID_SEP)[0] or stored
 
 
+def _same(a: object, b: object) -> bool:
+    return a is b
+
+
+_ITEMS_MIN: Final = 16
+"""A list channel of at least this many items is stored item by item (a list of packed
+``dumps_typed`` pairs): the store then chunks it, and a step that appends writes only the new
+items (see :class:`_Items`)."""
+
+
+class _Items(NamedTuple):
+    """A list channel as this saver last wrote it on a run: the list LangGraph handed over and
+    the packed encoding of each item. The next checkpoint's list usually holds the same item
+    objects and more (``add_messages``, ``operator.add`` build a new list around them): only
+    the new ones are serialised, and the store is told they were appended."""
+
+    checkpoint: str
+    value: builtins.list[Any]
+    encoded: builtins.list[bytes]
+
+
 def _plain(value: Any) -> bool:
     try:
         json.dumps(value, allow_nan=False)
@@ -260,6 +282,8 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         # that finds a head clears it. A lock: two readers of an empty thread both count.
         self._empty_reads: dict[str, int] = {}
         self._empty_lock = threading.Lock()
+        # (run id, channel) -> the list channel as last written there (_Items).
+        self._items: BoundedCache[_Items] = BoundedCache(1024)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -452,23 +476,31 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
     # -- channel values: their stored form (see langgraph_values) ----------------------------
 
     def _encode_values(
-        self, values: Mapping[str, Any], changed: Iterable[str] | None
+        self,
+        values: Mapping[str, Any],
+        changed: Iterable[str] | None,
+        run_id: str | None = None,
+        parent_id: str | None = None,
     ) -> dict[str, Any]:
         """The state fields of a checkpoint's channel values: each named in ``changed`` (all
-        if None) serialised; the others None, which the store reads as "the parent's value"
-        (``put`` passes ``changed`` to it)."""
-        dumps = self.serde.dumps_typed
+        if None) serialised (:meth:`_encode`); the others None, which the store reads as
+        "the parent's value" (``put`` passes ``changed`` to it)."""
         if changed is None:
-            return {name: pack_typed(dumps(value)) for name, value in values.items()}
+            return {name: self._encode(run_id, name, v, parent_id) for name, v in values.items()}
         state: dict[str, Any] = dict.fromkeys(values)
         for name in changed:
-            state[name] = pack_typed(dumps(values[name]))
+            state[name] = self._encode(run_id, name, values[name], parent_id)
         return state
 
     def _decode_values(self, state: Mapping[str, Any]) -> dict[str, Any]:
-        """Channel values from a checkpoint's state fields."""
+        """Channel values from a checkpoint's state fields (a long list: item by item)."""
         loads = self.serde.loads_typed
-        return {name: loads(unpack_typed(value)) for name, value in state.items()}
+        return {
+            name: loads(unpack_typed(value))
+            if type(value) is not list
+            else [loads(unpack_typed(item)) for item in value]
+            for name, value in state.items()
+        }
 
     def _note_latest_read(self, run_id: str, *, empty: bool) -> None:
         """Count a read of the run's latest checkpoint that found none (or forget the count)."""
@@ -545,7 +577,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         }
         if known is None:
             changed: builtins.list[str] | None = None
-            state = self._encode_values(values, None)
+            state = self._encode_values(values, None, run_id, parent_id)
         else:
             # Unchanged: same version as the parent's, not in new_versions, a field there.
             # Its field keeps pointing at the parent's value; it is not even serialised.
@@ -559,7 +591,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
                 or name not in versions
                 or versions[name] != old.get(name)
             ]
-            state = self._encode_values(values, changed)
+            state = self._encode_values(values, changed, run_id, parent_id)
         if parent is None:
             self._create_run(run_id, thread_id, ns)
         expected = self._expected_head(run_id, parent_id, source)
@@ -596,6 +628,12 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         if written:
             self._wrote.put(run_id, stored)
             self._continues.put(stored, True)
+            for name, value in state.items():
+                if type(value) is Applied or type(value) is list:
+                    encoded = value.value if type(value) is Applied else value
+                    # A copy: the list LangGraph holds may be appended to in place.
+                    item = _Items(stored, list(values[name]), cast(builtins.list[bytes], encoded))
+                    self._items.put(f"{run_id}\0{name}", item)
         interrupted = self._interrupted.get(stored)
         if interrupted:
             # An interrupt was recorded on this checkpoint while it was being written: the
@@ -603,6 +641,27 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
             self._mark_waiting(run_id)
         self._remember(stored, values, frame, running=written and not interrupted)
         return _config(thread_id, ns, checkpoint_id)
+
+    def _encode(self, run_id: str | None, name: str, value: Any, parent_id: str | None) -> Any:
+        """A channel value as stored: one packed ``dumps_typed`` pair, or for a long list one
+        per item. A list that extends the one this saver wrote on the parent, item objects
+        unchanged, is handed to the store as that list plus an :class:`~pitstop.Append` of
+        the new items' encodings: nothing old is serialised again.
+
+        LangGraph channel values are replaced by reducers, not edited in place (a node
+        returns its update); an item edited in place behind LangGraph's back would be seen
+        only by a save of the whole list (a new thread or process)."""
+        if type(value) is not list or len(value) < _ITEMS_MIN or run_id is None:
+            return pack_typed(self.serde.dumps_typed(value))
+        dumps = self.serde.dumps_typed
+        last = self._items.get(f"{run_id}\0{name}")
+        if last is not None and last.checkpoint == parent_id:
+            old = last.value
+            n = len(old)
+            if len(value) >= n and all(map(_same, old, value)):
+                tail = [pack_typed(dumps(item)) for item in value[n:]]
+                return Applied(last.encoded + tail, Append(tail))
+        return [pack_typed(dumps(item)) for item in value]
 
     def _create_run(self, run_id: str, thread_id: str, ns: str) -> None:
         self.store.create_run(

@@ -97,7 +97,10 @@ def display_state(checkpoint: Checkpoint, *, allow_pickle: bool = False) -> Mapp
 
 def display_value(stored: Any, *, allow_pickle: bool = False) -> Any:
     """One stored channel value as plain data, without running code. Never raises: a value
-    that cannot be read shows as its type and size."""
+    that cannot be read shows as its type and size. A long list channel is stored item by
+    item (a list of packed pairs): shown as the list of its items."""
+    if type(stored) is list:
+        return [display_value(item, allow_pickle=allow_pickle) for item in stored]
     try:
         type_, data = unpack_typed(stored)
     except Exception:
