@@ -397,3 +397,23 @@ def test_a_store_from_before_chunks_is_upgraded_and_keeps_its_values(
         head = new.history("conv", limit=1)[0]
         assert head.added < 4096
         assert new.verify() == []
+
+
+def test_large_chunks_go_to_the_blob_directory(tmp_path: Any) -> None:
+    import numpy as np
+
+    blobs = tmp_path / "blobs"
+    url = f"sqlite:///{tmp_path / 'b.db'}"
+    with pitstop.open_store(url, blobs=str(blobs), blob_threshold=512 * 1024) as store:
+        array = np.arange(3 * (1 << 20) // 4, dtype=np.float32)  # 3 chunks of 1 MiB
+        store.save("a", {"w": array})
+        files = set(blobs.rglob("*.blob"))
+        assert len(files) == 3
+        array[10] = -1
+        store.save("a", {"w": array})
+        assert len(set(blobs.rglob("*.blob"))) == 4  # one chunk changed, one file added
+        assert store.verify() == []
+        store.prune(RetentionPolicy(keep_last=1, keep_milestones=False))
+        assert len(set(blobs.rglob("*.blob"))) == 3  # the replaced chunk's file is gone
+        back = store.latest("a")
+        assert back is not None and np.array_equal(back.state["w"], array)
