@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from .delta import Append, Merge
 from .errors import (
+    ArchiveError,
     CheckpointNotFoundError,
     ConflictError,
     CorruptCheckpointError,
+    FieldEditError,
     InputError,
     LeaseLostError,
     MapItemError,
@@ -27,6 +29,7 @@ from .errors import (
     RunNotStartedError,
     SchemaVersionError,
     SerializationError,
+    StepFailedError,
     StoreError,
     StoreSchemaError,
     UnregisteredTypeError,
@@ -51,8 +54,8 @@ __version__ = "0.1.0"
 # The runtime (and asyncio with it) is imported on first use, so tools that only read a store,
 # like `pitstop runs`, start fast.
 _RUNTIME = frozenset(
-    {"CheckpointPolicy", "Checkpointer", "Retry", "RunResult", "StepContext", "StepFailedError",
-     "Worker", "Workflow", "finish", "goto", "send"}
+    {"CheckpointPolicy", "Checkpointer", "Retry", "RunResult", "StepContext", "Worker",
+     "Workflow", "finish", "goto", "send"}
 )
 
 if TYPE_CHECKING:
@@ -62,7 +65,6 @@ if TYPE_CHECKING:
         Retry,
         RunResult,
         StepContext,
-        StepFailedError,
         Worker,
         Workflow,
         finish,
@@ -82,6 +84,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "Append",
+    "ArchiveError",
     "Checkpoint",
     "CheckpointNotFoundError",
     "CheckpointPolicy",
@@ -89,6 +92,7 @@ __all__ = [
     "Checkpointer",
     "ConflictError",
     "CorruptCheckpointError",
+    "FieldEditError",
     "Input",
     "InputError",
     "Lease",

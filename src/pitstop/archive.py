@@ -47,7 +47,7 @@ from typing import IO, Any
 import ormsgpack
 import zstandard
 
-from pitstop.errors import PitstopError
+from pitstop.errors import ArchiveError
 from pitstop.ids import new_id
 from pitstop.model import Run
 from pitstop.store.base import Progress, Store
@@ -61,10 +61,6 @@ SUFFIX = ".pitstop"
 
 _LENGTH = struct.Struct(">I")
 _MAX_FRAME = 1 << 31
-
-
-class ArchiveError(PitstopError):
-    """A file is not a pitstop archive, is damaged, or is of a version this pitstop cannot read."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,9 @@ the attributes by code that wants to react.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 
 class PitstopError(Exception):
     """Base class: ``except pitstop.PitstopError`` catches everything pitstop raises on purpose."""
@@ -228,6 +231,22 @@ class FieldEditError(PitstopError, ValueError):
         super().__init__(f"field {field!r}: {message}")
 
 
+class StepFailedError(PitstopError):
+    """A run failed: its step raised (after its retries). Raised by ``raise_for_status``."""
+
+    def __init__(self, run_id: str, step: str | None, error: Mapping[str, Any]) -> None:
+        self.run_id = run_id
+        self.step = step
+        self.error = dict(error)
+        super().__init__(
+            f"run {run_id!r} failed in step {step!r}: {error.get('type')}: {error.get('message')}"
+        )
+
+
+class ArchiveError(PitstopError):
+    """A file is not a pitstop archive, is damaged, or is of a version this pitstop cannot read."""
+
+
 class SchemaVersionError(PitstopError):
     """A checkpoint's state schema version is newer than the code, or no migration reaches it."""
 
@@ -260,6 +279,7 @@ class MapItemError(PitstopError):
 
 
 __all__ = [
+    "ArchiveError",
     "CheckpointNotFoundError",
     "ConflictError",
     "CorruptCheckpointError",
@@ -275,6 +295,7 @@ __all__ = [
     "RunNotStartedError",
     "SchemaVersionError",
     "SerializationError",
+    "StepFailedError",
     "StoreError",
     "StoreSchemaError",
     "UnregisteredTypeError",

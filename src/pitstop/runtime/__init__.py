@@ -1,7 +1,8 @@
 """The run/step runtime: workflows, their execution, leases and the background writer."""
 
+from ..errors import StepFailedError
 from .context import StepContext
-from .engine import RunResult, StepFailedError
+from .engine import RunResult
 from .loop import Checkpointer
 from .policies import CheckpointPolicy, Finish, Goto, Retry, WorkflowDurability, finish, goto
 from .worker import Worker, WorkerStats, run_until_idle

@@ -55,7 +55,7 @@ class StepContext:
         inputs: dict[str, Any],
         timed_out: bool,
     ) -> None:
-        self._x = execution
+        self._execution = execution
         self.step = step
         self.attempt = attempt
         self.inputs = inputs
@@ -67,24 +67,24 @@ class StepContext:
     @property
     def log(self) -> logging.LoggerAdapter[logging.Logger]:
         """A logger that adds the run id and step to each record."""
-        return logging.LoggerAdapter(log, {"run_id": self._x.run_id, "step": self.step})
+        return logging.LoggerAdapter(log, {"run_id": self._execution.run_id, "step": self.step})
 
     @property
     def run_id(self) -> str:
-        return self._x.run_id
+        return self._execution.run_id
 
     @property
     def workflow(self) -> str:
-        return self._x.wf.name
+        return self._execution.wf.name
 
     @property
     def store(self) -> Any:
-        return self._x.store
+        return self._execution.store
 
     @property
     def checkpoint_id(self) -> str | None:
         """The checkpoint this step execution started from."""
-        return self._x.parent_id
+        return self._execution.parent_id
 
     def input(self, name: str, default: Any = None) -> Any:
         """The payload delivered for ``name`` (``default`` if it timed out)."""
@@ -95,7 +95,8 @@ class StepContext:
     def idempotency_key(self, name: str) -> str:
         """A key that is the same every time this step execution runs this effect: give it
         to external APIs (payments, e-mail) so they drop a repeated request."""
-        return f"{self._x.run_id}:{self._x.branch}:{self._x.position}:{self.step}:{name}"
+        run = self._execution
+        return f"{run.run_id}:{run.branch}:{run.position}:{self.step}:{name}"
 
     def _claim(self, name: str) -> str:
         if name in self._effects:
@@ -104,7 +105,7 @@ class StepContext:
                 "step; give each effect its own name (e.g. f'charge-{i}')"
             )
         self._effects.add(name)
-        self._x.flush()  # the record must not refer to a checkpoint still in a queue
+        self._execution.flush()  # the record must not refer to a checkpoint still in a queue
         return self.idempotency_key(name)
 
     def effect(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
@@ -117,7 +118,7 @@ class StepContext:
         external system to close it.
         """
         key = self._claim(name)
-        store, run_id = self._x.store, self._x.run_id
+        store, run_id = self._execution.store, self._execution.run_id
         found, value = self._patiently(name, lambda: store.get_effect(run_id, key))
         if found:
             return value
@@ -126,7 +127,7 @@ class StepContext:
         result = fn(*args, **kwargs)
         if inspect.isawaitable(result):
             raise TypeError(f"effect {name!r}: use `await ctx.aeffect(...)` for async functions")
-        parent = self._x.parent_id
+        parent = self._execution.parent_id
         return self._patiently(
             name, lambda: store.record_effect(run_id, key, result, checkpoint_id=parent)
         )
@@ -134,7 +135,7 @@ class StepContext:
     async def aeffect(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """:meth:`effect` for async steps; ``fn`` may be sync or async."""
         key = self._claim(name)
-        store, run_id = self._x.store, self._x.run_id
+        store, run_id = self._execution.store, self._execution.run_id
         found, value = await self._apatiently(
             name, lambda: asyncio.to_thread(store.get_effect, run_id, key)
         )
@@ -145,7 +146,7 @@ class StepContext:
         result = fn(*args, **kwargs)
         if inspect.isawaitable(result):
             result = await result
-        parent = self._x.parent_id
+        parent = self._execution.parent_id
         return await self._apatiently(
             name,
             lambda: asyncio.to_thread(
@@ -205,7 +206,7 @@ class StepContext:
         """
         from .parallel import MapPlan, is_async_callable, run_map
 
-        if is_async_callable(self._x.wf.steps[self.step].fn):
+        if is_async_callable(self._execution.wf.steps[self.step].fn):
             raise TypeError(
                 f"run {self.run_id!r}, step {self.step!r}: use `await ctx.amap(...)` in an "
                 "async step"
@@ -277,7 +278,7 @@ class StepContext:
         last recorded position run again after a crash; their ``ctx.effect`` calls return
         the recorded results instead of repeating the effect.
         """
-        x = self._x
+        x = self._execution
         key = self.idempotency_key(f"iterate:{name}")
         self._claim(f"iterate:{name}")
         found, saved = x.store.get_effect(x.run_id, key)
@@ -306,7 +307,7 @@ class StepContext:
         """Write a checkpoint now, before something risky: the state as it was when this step
         started (everything earlier steps did is made durable); after a crash the run resumes
         by running this step again. Returns the checkpoint id."""
-        return self._x.force_checkpoint(self.step, tag=tag)
+        return self._execution.force_checkpoint(self.step, tag=tag)
 
     def sleep_until(self, when: datetime | float) -> None:
         """Park the run until ``when`` without holding a process: the run checkpoints as
@@ -322,9 +323,9 @@ class StepContext:
         self._timer(lambda: time.time() + seconds)
 
     def _timer(self, target: Callable[[], float]) -> None:
-        key = f"{self._x.position}:{self.step}:{self._timers}"
+        key = f"{self._execution.position}:{self.step}:{self._timers}"
         self._timers += 1
-        wake_at = self._x.timers.setdefault(key, target())
+        wake_at = self._execution.timers.setdefault(key, target())
         if time.time() < wake_at:
             raise Suspend(wake_at)
 

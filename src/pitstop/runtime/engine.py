@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..delta import Delta
-from ..errors import LeaseLostError, PitstopError
+from ..errors import LeaseLostError, StepFailedError
 from ..logfmt import kv
 from ..model import Checkpoint, RunStatus, utc
 from ..store import Lease, Store
@@ -34,18 +34,6 @@ if TYPE_CHECKING:
     from .workflow import StepSpec, Workflow
 
 log = logging.getLogger("pitstop.runtime")
-
-
-class StepFailedError(PitstopError):
-    """A run failed: its step raised (after its retries). Raised by ``raise_for_status``."""
-
-    def __init__(self, run_id: str, step: str | None, error: Mapping[str, Any]) -> None:
-        self.run_id = run_id
-        self.step = step
-        self.error = dict(error)
-        super().__init__(
-            f"run {run_id!r} failed in step {step!r}: {error.get('type')}: {error.get('message')}"
-        )
 
 
 @dataclass(frozen=True)
@@ -616,4 +604,4 @@ def _describe(exc: BaseException, step: str, attempt: int) -> dict[str, Any]:
     }
 
 
-__all__ = ["Execution", "RunResult", "StepFailedError", "drive_async", "drive_sync"]
+__all__ = ["Execution", "RunResult", "drive_async", "drive_sync"]

@@ -71,7 +71,7 @@ class MapPlan:
 
     def load(self) -> list[int]:
         """Read the results earlier executions recorded; return the indexes still to run."""
-        execution = self.ctx._x
+        execution = self.ctx._execution
         execution.flush()  # records name the step's checkpoint: it must be written first
         start = self.prefix + "["
         for key, value in execution.store.effects(execution.run_id).items():
@@ -109,7 +109,7 @@ class MapPlan:
     def record(self, batch: dict[int, Any]) -> None:
         """Write a batch of results in one transaction; a value that cannot be serialised is
         left out (and becomes the map's error) while the others are kept."""
-        execution = self.ctx._x
+        execution = self.ctx._execution
         while batch:
             try:
                 execution.store.record_effects(
