@@ -36,7 +36,14 @@ Measured:
   tables in its schema, for both savers.
 
 Ratios compare each PitstopSaver row with the LangGraph saver on the same database and with
-the same durability: ``speed`` = their ms/step / ours, ``bytes`` = their bytes / ours.
+the same durability: ``speed`` = their ms/step / ours, ``bytes`` = their bytes / ours; time
+ratios are medians of per-round ratios (the rounds are interleaved, so a slow moment of the
+machine hits both sides of a ratio).
+
+Targets (issue #13), checked at the end of a run: on the ``small`` variant, the time inside
+the saver per step is at most 0.6x ``SqliteSaver``'s on SQLite (each durability against its
+like) and at most 0.5x ``PostgresSaver``'s on PostgreSQL; on every variant the wall time per
+step is not worse than the reference saver's on the same database and durability.
 
 ``--replay`` measures the savers alone, without LangGraph's threads: the ``put`` and
 ``put_writes`` calls one ``small`` invocation makes (recorded once, on LangGraph's
@@ -44,6 +51,14 @@ the same durability: ``speed`` = their ms/step / ours, ``bytes`` = their bytes /
 saver, in turns (saver A, B, C, A, B...) after one warm-up replay. It prints the median
 µs/step and, per PitstopSaver row, the median of the per-round ratios ours / theirs (lower is
 better): the machine's noise moves single numbers far more than ratios measured in one round.
+
+``--floor`` measures the SQL alone, on SQLite: the rows one ``small`` invocation left in each
+saver's tables are written again, step by step, into a fresh database with the same schema,
+by the statements each saver sends (no Python serialisation, no LangGraph): ``SqliteSaver``'s
+two one-statement transactions per step; PitstopSaver's ``put`` transaction (BEGIN
+IMMEDIATE, the head's compare-and-set UPDATE, the checkpoint INSERT, COMMIT) and its
+``put_writes`` INSERT; and the same two in one transaction. It bounds what any change to the
+savers' Python can reach.
 """
 
 from __future__ import annotations
@@ -281,11 +296,30 @@ class Row:
     database: str
     saver: str
     variant: str
-    ms: float
-    saver_ms: float
+    rounds: list[tuple[float, float]]
+    """(wall ms/step, in-saver ms/step) of each interleaved round."""
     bytes: int
     logical: int | None
     baseline: str | None
+
+    @property
+    def ms(self) -> float:
+        return statistics.median(r[0] for r in self.rounds)
+
+    @property
+    def saver_ms(self) -> float:
+        return statistics.median(r[1] for r in self.rounds)
+
+
+def ratio(ours: Row, theirs: Row, column: int) -> float:
+    """Median over rounds of ours / theirs (wall: column 0, in saver: column 1)."""
+    return statistics.median(
+        a[column] / b[column] for a, b in zip(ours.rounds, theirs.rounds, strict=True)
+    )
+
+
+TARGETS = {"sqlite": 0.6, "postgres": 0.5}
+"""Issue #13: in-saver time per step on the small state, ours / the reference saver's."""
 
 
 def measure(
@@ -311,12 +345,7 @@ def measure(
             for name, opened in opened_all:
                 times[name].append(invoke(opened.saver, args.steps, big, args.durability))
     return [
-        Row(
-            database, name, variant,
-            statistics.median(t[0] for t in times[name]),
-            statistics.median(t[1] for t in times[name]),
-            sizes[name][0], sizes[name][1], baseline,
-        )
+        Row(database, name, variant, times[name], sizes[name][0], sizes[name][1], baseline)
         for database, name, _, baseline in savers
     ]
 
@@ -388,6 +417,149 @@ def run_replay(
         print(f"{database:9} {name:26} {statistics.median(times[name]):8.1f} {ratio:>12}")
 
 
+# -- the SQL alone ---------------------------------------------------------------------------------
+
+_MOVE_HEAD = (
+    "UPDATE pitstop_runs SET head_id = ?, step = ?, updated_at = ?, "
+    "checkpoints = checkpoints + 1, bytes = bytes + ? WHERE run_id = ? AND head_id IS ? "
+    "AND (lease_owner IS NULL OR lease_expires IS NULL OR lease_expires <= ?)"
+)
+
+
+def run_floor(args: argparse.Namespace) -> None:
+    """Time each saver's SQL for one invocation's rows (see the module docs)."""
+    with tempfile.TemporaryDirectory(prefix="bench-floor-") as tmp:
+        lg_rows, ps_rows = _recorded_rows(tmp, args.steps)
+        shapes: dict[str, Callable[[sqlite3.Connection, int], None]] = {
+            "SqliteSaver NORMAL: put + put_writes": lambda c, n: _sqlite_saver_sql(c, lg_rows, n),
+            "PitstopSaver: put + put_writes": lambda c, n: _pitstop_sql(c, ps_rows, n, False),
+            "PitstopSaver: both in one transaction": lambda c, n: _pitstop_sql(
+                c, ps_rows, n, True),
+        }
+        templates = {"SqliteSaver NORMAL: put + put_writes": os.path.join(tmp, "lg.db")}
+        times: dict[str, list[float]] = {name: [] for name in shapes}
+        conns = {}
+        for i, name in enumerate(shapes):
+            path = os.path.join(tmp, f"floor{i}.db")
+            _copy_schema(templates.get(name, os.path.join(tmp, "ps.db")), path)
+            conn = sqlite3.connect(path, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conns[name] = conn
+        for round_ in range(args.repeats + 1):
+            for name, write in shapes.items():
+                start = time.perf_counter()
+                write(conns[name], round_)
+                if round_:
+                    times[name].append((time.perf_counter() - start) / args.steps * 1e6)
+        base = times["SqliteSaver NORMAL: put + put_writes"]
+        print(f"{'SQL of one step (synchronous=NORMAL)':42} {'us/step':>8} {'vs SqliteSaver':>15}")
+        print("-" * 67)
+        for name, series in times.items():
+            ratios = statistics.median(a / b for a, b in zip(series, base, strict=True))
+            print(f"{name:42} {statistics.median(series):8.1f} {ratios:14.2f}x")
+        for conn in conns.values():
+            conn.close()
+
+
+def _recorded_rows(tmp: str, steps: int) -> tuple[Any, Any]:
+    """The rows one small invocation leaves in each saver's tables, in write order."""
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    with SqliteSaver.from_conn_string(os.path.join(tmp, "lg.db")) as saver:
+        saver.setup()
+        invoke(saver, steps, None, "sync")
+        cur = saver.conn.cursor()
+        checkpoints = cur.execute("SELECT * FROM checkpoints ORDER BY checkpoint_id").fetchall()
+        writes = cur.execute("SELECT * FROM writes ORDER BY checkpoint_id, task_id, idx").fetchall()
+    store = pitstop.open_store(f"sqlite:///{os.path.join(tmp, 'ps.db')}")
+    try:
+        invoke(PitstopSaver(store), steps, None, "sync")
+        (run_id,) = [r.id for r in store.runs(limit=None)]
+    finally:
+        store.close()
+    conn = sqlite3.connect(os.path.join(tmp, "ps.db"))
+    try:
+        ckpts = conn.execute(
+            "SELECT * FROM pitstop_checkpoints WHERE run_id = ? ORDER BY id", (run_id,)
+        ).fetchall()
+        effects = conn.execute(
+            "SELECT * FROM pitstop_effects WHERE run_id = ? ORDER BY key", (run_id,)
+        ).fetchall()
+    finally:
+        conn.close()
+    return (checkpoints, writes), (ckpts, effects)
+
+
+def _copy_schema(source: str, target: str) -> None:
+    """An empty database with ``source``'s tables and indexes."""
+    src = sqlite3.connect(source)
+    statements = [row[0] for row in src.execute(
+        "SELECT sql FROM sqlite_master WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_%' "
+        "ORDER BY type = 'index'"
+    )]
+    src.close()
+    dst = sqlite3.connect(target)
+    for statement in statements:
+        dst.execute(statement)
+    dst.commit()
+    dst.close()
+
+
+def _sqlite_saver_sql(conn: sqlite3.Connection, rows: Any, round_: int) -> None:
+    checkpoints, writes = rows
+    thread = f"floor-{round_}"
+    by_checkpoint: dict[str, list[Any]] = {}
+    for w in writes:
+        by_checkpoint.setdefault(w[2], []).append((thread, *w[1:]))
+    marks_w = ", ".join("?" * len(writes[0])) if writes else ""
+    marks_c = ", ".join("?" * len(checkpoints[0]))
+    for ckpt in checkpoints:
+        step_writes = by_checkpoint.get(ckpt[2], [])
+        if step_writes:
+            conn.execute("BEGIN")
+            conn.executemany(f"INSERT OR REPLACE INTO writes VALUES ({marks_w})", step_writes)
+            conn.execute("COMMIT")
+        conn.execute("BEGIN")
+        conn.execute(f"INSERT OR REPLACE INTO checkpoints VALUES ({marks_c})", (thread, *ckpt[1:]))
+        conn.execute("COMMIT")
+
+
+def _pitstop_sql(conn: sqlite3.Connection, rows: Any, round_: int, grouped: bool) -> None:
+    ckpts, effects = rows
+    run_id = f"floor-{round_}"
+    now = time.time()
+    conn.execute(
+        "INSERT INTO pitstop_runs (run_id, workflow, status, created_at, updated_at) "
+        "VALUES (?, 'langgraph', 'running', ?, ?)", (run_id, now, now),
+    )
+    by_checkpoint: dict[str, list[Any]] = {}
+    for e in effects:
+        by_checkpoint.setdefault(e[2], []).append((run_id, *e[1:]))
+    head = None
+    pending: list[Any] = []
+    for c in ckpts:
+        ckpt_id = f"{c[0]}-{round_}"
+        cur = conn.cursor()
+        cur.execute("BEGIN IMMEDIATE")
+        cur.execute(_MOVE_HEAD, (ckpt_id, c[3], now, 100, run_id, head, now))
+        cur.execute(f"INSERT INTO pitstop_checkpoints VALUES ({', '.join('?' * len(c))})",
+                    (ckpt_id, run_id, head, *c[3:]))
+        if grouped and pending:
+            _insert_effects(cur, pending)
+        cur.execute("COMMIT")
+        pending = [(*e[:2], ckpt_id, *e[3:]) for e in by_checkpoint.get(c[0], [])]
+        if pending and not grouped:
+            _insert_effects(cur, pending)
+        head = ckpt_id
+
+
+def _insert_effects(cur: sqlite3.Cursor, rows: list[Any]) -> None:
+    marks = ", ".join(["(" + ", ".join("?" * len(rows[0])) + ")"] * len(rows))
+    cur.execute(f"INSERT INTO pitstop_effects VALUES {marks} ON CONFLICT (run_id, key) DO NOTHING",
+                [v for row in rows for v in row])
+
+
 def _mib(n: int) -> str:
     return f"{n / MiB:8.2f} MiB" if n >= 100 * 1024 else f"{n / 1024:8.1f} KiB"
 
@@ -405,7 +577,7 @@ def report(rows: list[Row]) -> None:
         if r.baseline:
             base = by_key[(r.database, r.baseline, r.variant)]
             ratios = (
-                f"{base.ms / r.ms:6.1f}x {base.saver_ms / r.saver_ms:8.1f}x "
+                f"{1 / ratio(r, base, 0):6.2f}x {1 / ratio(r, base, 1):8.2f}x "
                 f"{base.bytes / r.bytes:7.1f}x"
             )
         logical = f"({_mib(r.logical).strip()})" if r.logical is not None else ""
@@ -413,6 +585,24 @@ def report(rows: list[Row]) -> None:
             f"{r.database:9} {r.variant:10} {r.saver:26} {r.ms:8.3f} {r.saver_ms:9.3f} "
             f"{_mib(r.bytes):>13} {logical:>13} {ratios}"
         )
+
+
+def check_targets(rows: list[Row]) -> None:
+    """Print each #13 target with this run's figure and whether it is met."""
+    by_key = {(r.database, r.saver, r.variant): r for r in rows}
+    print("\ntargets (ours / theirs, median of per-round ratios):")
+    for r in rows:
+        if not r.baseline:
+            continue
+        base = by_key[(r.database, r.baseline, r.variant)]
+        wall = ratio(r, base, 0)
+        print(f"  {r.variant:10} {r.saver:26} wall {wall:5.2f}x of {r.baseline:20} "
+              f"(<= 1.00: {'met' if wall <= 1 else 'NOT met'})")
+        limit = TARGETS.get(r.database)
+        if r.variant == "small" and limit is not None:
+            inside = ratio(r, base, 1)
+            print(f"  {r.variant:10} {r.saver:26} in saver {inside:5.2f}x of {r.baseline:16} "
+                  f"(<= {limit}: {'met' if inside <= limit else 'NOT met'})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -426,9 +616,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default="small,str 1MiB,list 1MiB")
     parser.add_argument("--replay", action="store_true",
                         help="replay one small invocation's put/put_writes calls, no LangGraph")
+    parser.add_argument("--floor", action="store_true",
+                        help="time each saver's SQL alone for one small invocation (SQLite)")
     args = parser.parse_args(argv)
     if args.repeats is None:
-        args.repeats = 9 if args.replay else 5
+        args.repeats = 9 if args.replay or args.floor else 5
+    if args.floor:
+        print(f"the SQL of one {args.steps}-step invocation, {args.repeats} rounds, "
+              f"SQLite {sqlite3.sqlite_version}\n")
+        run_floor(args)
+        return 0
     savers: list[tuple[str, str, Factory, str | None]] = [
         ("memory", "InMemorySaver (no I/O)", memory_saver, None),
         ("sqlite", "SqliteSaver", lambda: sqlite_saver(None), None),
@@ -456,6 +653,7 @@ def main(argv: list[str] | None = None) -> int:
     variants = [v.strip() for v in args.variants.split(",")]
     rows = [row for variant in variants for row in measure(savers, variant, data[variant], args)]
     report(rows)
+    check_targets(rows)
     return 0
 
 
