@@ -1019,7 +1019,7 @@ def import_(s: Session, path: str, new_run_id: str | None) -> None:
     """
     from pitstop import archive
 
-    with s.out.progress("reading") as bar:
+    with s.out.progress("reading", in_bytes=True) as bar:
         info, data = archive.read_archive(sys.stdin.buffer if path == "-" else path,
                                           progress=bar)
     store = s.store(create=True, upgrade=True)

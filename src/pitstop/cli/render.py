@@ -186,23 +186,30 @@ class Output:
     # -- progress ----------------------------------------------------------------------------
 
     @contextmanager
-    def progress(self, label: str) -> Iterator[Progress | None]:
+    def progress(self, label: str, *, in_bytes: bool = False) -> Iterator[Progress | None]:
         """A progress callback drawing a bar on stderr, or None when stderr is not a terminal
-        (then nothing is drawn and nothing is imported)."""
+        (then nothing is drawn and nothing is imported). ``in_bytes``: the counts are bytes,
+        shown as sizes (``3.2/12.0 MiB``), not as raw numbers."""
         if not _is_tty(sys.stderr):
             yield None
             return
         from rich.console import Console
         from rich.progress import (
             BarColumn,
+            DownloadColumn,
             MofNCompleteColumn,
             Progress,
+            ProgressColumn,
             TextColumn,
             TimeElapsedColumn,
         )
 
+        counts: list[ProgressColumn] = (
+            [DownloadColumn(binary_units=True)] if in_bytes
+            else [MofNCompleteColumn()]
+        )
         with Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.description}"), BarColumn(), *counts,
             TimeElapsedColumn(), console=Console(stderr=True), transient=True,
         ) as bar:
             task = bar.add_task(label, total=None)
