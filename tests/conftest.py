@@ -32,6 +32,39 @@ def _have_postgres_backend() -> bool:
     return True
 
 
+def _prepare_postgres() -> str | None:
+    """Make sure the database ``PG_URL`` names exists: a server without it gets it created
+    (a fresh machine, or a URL naming a new database). Returns why the PostgreSQL tests
+    cannot run (one line, shown as their skip reason), or None when they can."""
+    import psycopg
+    from psycopg import conninfo, errors, sql
+
+    where = conninfo.conninfo_to_dict(PG_URL)
+    server = f"{where.get('host', 'localhost')}:{where.get('port', 5432)}"
+    try:
+        psycopg.connect(PG_URL, connect_timeout=5).close()
+        return None
+    except psycopg.OperationalError as exc:
+        message = " ".join(str(exc).split())
+        database = where.get("dbname")
+        if not database or f'database "{database}" does not exist' not in message:
+            return (f"PostgreSQL on {server} is not usable ({message}); "
+                    "set PITSTOP_TEST_POSTGRES_URL")
+    try:
+        admin = conninfo.make_conninfo(PG_URL, dbname="postgres")
+        with psycopg.connect(admin, autocommit=True, connect_timeout=5) as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(str(database))))
+    except errors.DuplicateDatabase:
+        pass  # another test run created it just now
+    except psycopg.Error as exc:
+        return (f"database {database!r} does not exist on {server} and cannot be created "
+                f"({' '.join(str(exc).split())})")
+    return None
+
+
+POSTGRES_SKIP = _prepare_postgres() if _have_postgres_backend() else None
+"""Why the PostgreSQL tests are skipped on this machine, or None: they run."""
+
 BACKENDS = ["sqlite", "memory"] + (["postgres"] if _have_postgres_backend() else [])
 SHARED_BACKENDS = [b for b in BACKENDS if b != "memory"]  # memory:// lives in one process
 
@@ -113,3 +146,16 @@ def run_python(code: str, *args: str, env: dict[str, str] | None = None,
         cwd=ROOT,
         check=False,
     )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Without a usable PostgreSQL server, its tests are skipped with the one-line reason
+    instead of failing with driver tracebacks."""
+    if POSTGRES_SKIP is None:
+        return
+    skip = pytest.mark.skip(reason=POSTGRES_SKIP)
+    for item in items:
+        params = getattr(item, "callspec", None)
+        uses = params is not None and "postgres" in params.params.values()
+        if uses or "postgres" in item.keywords:
+            item.add_marker(skip)
