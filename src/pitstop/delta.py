@@ -48,6 +48,7 @@ class Append:
         return base + self.items
 
     def then(self, later: Append) -> Append:
+        """This append followed by ``later``: one Append of both item lists."""
         return Append(self.items + later.items)
 
     def __eq__(self, other: object) -> bool:
@@ -85,6 +86,7 @@ class Merge:
         return out
 
     def then(self, later: Merge) -> Merge:
+        """This merge followed by ``later``: one Merge, ``later``'s keys winning."""
         return Merge({**self.entries, **later.entries})
 
     def __eq__(self, other: object) -> bool:

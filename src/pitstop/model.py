@@ -145,6 +145,7 @@ class CheckpointSummary:
 
     @property
     def created_at(self) -> datetime:
+        """When the checkpoint was written (UTC)."""
         created = self._created
         if not isinstance(created, datetime):
             created = self._created = datetime.fromtimestamp(created, UTC)
@@ -152,6 +153,8 @@ class CheckpointSummary:
 
     @property
     def metadata(self) -> Mapping[str, Any]:
+        """The checkpoint's metadata (step name, status, next step, error...), decoded
+        on first access."""
         if self._metadata is None:
             self._metadata = json.loads(self._metadata_json) if self._metadata_json else {}
         return self._metadata
@@ -163,6 +166,7 @@ class CheckpointSummary:
 
     @property
     def tags(self) -> tuple[str, ...]:
+        """The checkpoint's tags (milestones, ``ctx.checkpoint(tag=...)``): kept by retention."""
         return tuple(self.metadata.get("tags", ()))
 
     def __eq__(self, other: object) -> bool:

@@ -71,14 +71,17 @@ class StepContext:
 
     @property
     def run_id(self) -> str:
+        """The id of the run this step belongs to."""
         return self._execution.run_id
 
     @property
     def workflow(self) -> str:
+        """The name of the run's workflow."""
         return self._execution.wf.name
 
     @property
     def store(self) -> Any:
+        """The store the run is checkpointed to."""
         return self._execution.store
 
     @property

@@ -52,6 +52,7 @@ class RunResult:
 
     @property
     def done(self) -> bool:
+        """True if the run completed or was cancelled: nothing more will run."""
         return self.status in (RunStatus.COMPLETED, RunStatus.CANCELLED)
 
     def raise_for_status(self) -> RunResult:

@@ -77,22 +77,27 @@ class CheckpointPolicy:
 
     @classmethod
     def every_step(cls) -> CheckpointPolicy:
+        """Checkpoint after every step (the default)."""
         return cls()
 
     @classmethod
     def every_n_steps(cls, n: int) -> CheckpointPolicy:
+        """Checkpoint after every ``n`` steps (and at the points that always checkpoint)."""
         return cls(every=n)
 
     @classmethod
     def every_seconds(cls, seconds: float | timedelta) -> CheckpointPolicy:
+        """Checkpoint after the first step ending ``seconds`` or more after the last one."""
         s = seconds.total_seconds() if isinstance(seconds, timedelta) else float(seconds)
         return cls(every=_NEVER, seconds=s)
 
     @classmethod
     def milestones(cls) -> CheckpointPolicy:
+        """Checkpoint only where it is always done: milestones, waits, failures, completion."""
         return cls(milestones_only=True)
 
     def due(self, *, steps_since: int, seconds_since: float, milestone: bool) -> bool:
+        """Whether a checkpoint is due after a step, given steps and seconds since the last."""
         if milestone:
             return True
         if self.milestones_only:
@@ -183,6 +188,7 @@ class Retry:
         return max(0.0, base * (1 + random.uniform(-self.jitter, self.jitter)))
 
     def retries(self, exc: BaseException, attempt: int) -> bool:
+        """Whether a step that raised ``exc`` on attempt ``attempt`` (first: 1) runs again."""
         if attempt >= self.attempts:
             return False
         # A ctx.map item's failure is judged by the item's own exception.

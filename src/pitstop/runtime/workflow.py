@@ -199,9 +199,11 @@ class Workflow:
 
     @property
     def first_step(self) -> str | None:
+        """The name of the step a new run starts with (None while there are no steps)."""
         return self._order[0] if self._order else None
 
     def next_after(self, step: str) -> str | None:
+        """The step declared after ``step`` (None after the last one)."""
         i = self._order.index(step)
         return self._order[i + 1] if i + 1 < len(self._order) else None
 
@@ -574,6 +576,7 @@ class Workflow:
         lease: Lease | None = None,
         retry_failed: Retry | None = None,
     ) -> RunResult:
+        """:meth:`resume` for asyncio."""
         import asyncio
 
         execution, done, status = await asyncio.to_thread(
@@ -595,6 +598,7 @@ class Workflow:
         run_id: str | None = None,
         policy: CheckpointPolicy | None = None,
     ) -> RunResult:
+        """:meth:`fork` for asyncio."""
         import asyncio
 
         ckpt = await asyncio.to_thread(

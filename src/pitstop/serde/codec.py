@@ -1068,6 +1068,7 @@ class MsgpackSerializer:
         self.registry = default_registry if registry is None else registry
 
     def dumps(self, value: object) -> bytes:
+        """Encode ``value``; a ``SerializationError`` names the path and type it cannot store."""
         cls = type(value)
         if cls in _PLAIN:
             # Plain data (the common case) in one call into ormsgpack, with no hook: anything
@@ -1124,6 +1125,7 @@ class MsgpackSerializer:
         return self._loads(skeleton, strict, parts)
 
     def loads(self, data: bytes, *, strict: bool = True) -> object:
+        """Decode ``data``; ``strict=False`` gives ``UnknownObject`` for unregistered classes."""
         return self._loads(data, strict, None)
 
     def _loads(self, data: bytes, strict: bool, parts: Sequence[Any] | None) -> object:

@@ -31,6 +31,7 @@ class PickleSerializer:
         self.protocol = protocol
 
     def dumps(self, value: object) -> bytes:
+        """Pickle ``value`` (any picklable object)."""
         try:
             return pickle.dumps(value, protocol=self.protocol)
         except Exception as exc:
@@ -39,6 +40,7 @@ class PickleSerializer:
             ) from exc
 
     def loads(self, data: bytes, *, strict: bool = True) -> object:
+        """Unpickle ``data``. This runs code named by the data: only for stores you trust."""
         try:
             return pickle.loads(data)
         except Exception as exc:

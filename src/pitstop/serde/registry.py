@@ -240,6 +240,7 @@ class TypeRegistry:
         return "register the class to load it, or load with strict=False to inspect it"
 
     def name_of(self, cls: type) -> str | None:
+        """The name ``cls`` is stored under, or None if it is not registered."""
         registration = self._by_class.get(cls)
         return None if registration is None else registration.name
 

@@ -113,6 +113,7 @@ class RetentionPolicy:
 
     @property
     def finished_age(self) -> float | None:
+        """``finished_older_than`` in seconds (None: finished runs are kept)."""
         age = self.finished_older_than
         return age.total_seconds() if isinstance(age, timedelta) else age
 
@@ -128,6 +129,7 @@ class PruneReport:
     bytes_reclaimed: int = 0
 
     def merge(self, other: PruneReport) -> None:
+        """Add ``other``'s deletions to this report."""
         self.checkpoints.extend(other.checkpoints)
         self.runs.extend(other.runs)
         self.blobs += other.blobs
