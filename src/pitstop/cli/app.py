@@ -47,6 +47,7 @@ from .common import (
     parse_json,
     parse_since,
     resolve,
+    run_reference,
     short,
     state_view,
 )
@@ -66,6 +67,9 @@ HELP = """Inspect, steer and maintain pitstop runs.
 Every command takes --store URL (or $PITSTOP_STORE; default sqlite:///pitstop.db):
 sqlite:///relative.db, sqlite:////absolute.db or postgresql://user@host/db?schema=NAME.
 Output is a table on a terminal, plain text when piped, and one JSON document with --json.
+
+RUN is a run id or any unique start of one (01a2326a-2e98). RUN@ID names a checkpoint of
+it: ID is the short id `pitstop history` prints, or any unique start or end of the id.
 
 \b
 Exit status:
@@ -363,13 +367,15 @@ def show(s: Session, run_id: str, ref: str | None, path: str | None, full: bool)
     from .state import PathNotFound, lookup, shorten
 
     store = s.store()
-    run = store.get_run(run_id)
-    if ref is not None:
-        ckpt = load_checkpoint(store, find_in_run(store, run_id, ref))
+    run, at = run_reference(store, run_id)
+    if at is not None and ref is not None:
+        raise CliError(f"{run_id!r} names a checkpoint already; drop --checkpoint {ref}")
+    if at is not None or ref is not None:
+        ckpt = load_checkpoint(store, at or find_in_run(store, run.id, str(ref)))
     else:
-        latest = store.latest(run_id, strict=False)
+        latest = store.latest(run.id, strict=False)
         if latest is None:
-            raise CliError(f"run {run_id!r} has no checkpoints yet")
+            raise CliError(f"run {run.id!r} has no checkpoints yet")
         ckpt = latest
     failure = failure_in(ckpt)
     view = to_jsonable(state_view(store, ckpt))
@@ -450,7 +456,8 @@ def history(s: Session, run_id: str, limit: int) -> None:
     from .graph import ASCII, UNICODE, layout
 
     store = s.store()
-    run = store.get_run(run_id)
+    run, _ = run_reference(store, run_id)
+    run_id = run.id
     entries = store.history(run_id, limit=limit + 1 if limit else None)
     more = bool(limit) and len(entries) > limit
     entries = entries[:limit] if limit else entries
@@ -556,6 +563,7 @@ def send(s: Session, run_id: str, name: str, payload: str) -> None:
     """
     value = parse_json(payload, f"the payload of input {name!r}")
     store = s.store()
+    run_id = run_reference(store, run_id)[0].id
     delivered = store.send(run_id, name, value)
     run = store.get_run(run_id)
     try:
@@ -694,9 +702,11 @@ def resume(s: Session, run_id: str, ref: str | None, spec: str) -> int:
     """
     workflow = load_workflow(spec)
     store = s.store()
-    store.get_run(run_id)
-    checkpoint_id = find_in_run(store, run_id, ref) if ref is not None else None
-    return _result(s, workflow.resume(store, run_id, from_checkpoint=checkpoint_id))
+    run, at = run_reference(store, run_id)
+    if at is not None and ref is not None:
+        raise CliError(f"{run_id!r} names a checkpoint already; drop --from {ref}")
+    checkpoint_id = at or (find_in_run(store, run.id, ref) if ref is not None else None)
+    return _result(s, workflow.resume(store, run.id, from_checkpoint=checkpoint_id))
 
 
 def _edits(assignments: Sequence[str]) -> dict[str, Any]:
@@ -801,7 +811,8 @@ def cancel(s: Session, run_id: str) -> None:
     Its current owner, if any, loses its lease and its next write is refused.
     """
     store = s.store()
-    run = store.get_run(run_id)
+    run, _ = run_reference(store, run_id)
+    run_id = run.id
     if run.status is RunStatus.COMPLETED:
         raise CliError(f"run {run_id!r} has completed; there is nothing to cancel")
     if run.status is not RunStatus.CANCELLED:
@@ -929,7 +940,7 @@ def prune(
                              finished_older_than=finished_older_than)
     store = s.store()
     if run_id is not None:
-        store.get_run(run_id)
+        run_id = run_reference(store, run_id)[0].id
     with s.out.progress("pruning") as bar:
         report = store.prune(policy, run_id=run_id, dry_run=dry_run, progress=bar)
     if s.as_json:
@@ -977,6 +988,8 @@ def export(s: Session, run_id: str, output: str | None, force: bool) -> None:
     """
     from pitstop import archive
 
+    store = s.store()
+    run_id = run_reference(store, run_id)[0].id
     target = output or archive.default_path(run_id)
     if target == "-":
         if sys.stdout.isatty():
@@ -989,7 +1002,6 @@ def export(s: Session, run_id: str, output: str | None, force: bool) -> None:
             raise CliError(f"cannot write {target!r}: directory {str(Path(target).parent)!r} "
                            "does not exist")
         dest = target
-    store = s.store()
     with s.out.progress("exporting") as bar:
         info = archive.write_archive(store, run_id, dest, progress=bar)
     if target == "-":

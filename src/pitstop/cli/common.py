@@ -26,7 +26,7 @@ from pitstop.store import DEFAULT_URL, ENV_VAR, Store, open_store
 from .render import Output
 
 if TYPE_CHECKING:
-    from pitstop.model import Checkpoint, CheckpointSummary
+    from pitstop.model import Checkpoint, CheckpointSummary, Run
     from pitstop.runtime import Workflow
 
 EXIT_OK = 0
@@ -252,6 +252,16 @@ def short(checkpoint_id: str | None) -> str:
     return "-" if checkpoint_id is None else checkpoint_id[-SHORT:]
 
 
+MIN_PREFIX = 4
+"""The shortest id prefix accepted (shorter ones match too much to mean anything)."""
+_LISTED = 5
+
+
+def _candidates(ids: list[str]) -> str:
+    shown = ", ".join(ids[:_LISTED])
+    return shown + (f", ... ({len(ids)} in all)" if len(ids) > _LISTED else "")
+
+
 def find_in_run(store: Store, run_id: str, ref: str) -> str:
     """The id of the checkpoint of ``run_id`` that ``ref`` names: its full id, or a unique
     short form (the end of the id as ``pitstop history`` prints it, or its beginning)."""
@@ -265,8 +275,9 @@ def find_in_run(store: Store, run_id: str, ref: str) -> str:
                 f"checkpoint {ref} belongs to run {summary.run_id!r}, not {run_id!r}"
             )
         return summary.id
-    if len(ref) < 4:
-        raise CliError(f"checkpoint reference {ref!r} is too short (give at least 4 characters)")
+    if len(ref) < MIN_PREFIX:
+        raise CliError(f"checkpoint reference {ref!r} is too short (give at least "
+                       f"{MIN_PREFIX} characters)")
     matches = [
         s.id
         for s in store.history(run_id, limit=None)
@@ -277,37 +288,61 @@ def find_in_run(store: Store, run_id: str, ref: str) -> str:
     if len(matches) > 1:
         raise CliError(
             f"checkpoint reference {ref!r} is ambiguous in run {run_id!r} ({len(matches)} "
-            "matches); give more characters or the full id"
+            f"matches: {_candidates(matches)}); give more characters or the full id"
         )
     return matches[0]
 
 
+def find_run(store: Store, text: str) -> Run:
+    """The run ``text`` names: its id, or a unique start of it (``01a2326a-2e98``)."""
+    try:
+        return store.get_run(text)
+    except RunNotFoundError:
+        if len(text) < MIN_PREFIX:
+            raise
+    found = store.runs(id_prefix=text, limit=_LISTED + 1)
+    if not found:
+        raise RunNotFoundError(text)
+    if len(found) > 1:
+        total = sum(store.count_runs(id_prefix=text).values()) if len(found) > _LISTED \
+            else len(found)
+        ids = [r.id for r in found[:_LISTED]]
+        raise CliError(f"run id {text!r} is ambiguous: {total} runs start with it "
+                       f"({', '.join(ids)}{', ...' if total > len(ids) else ''}); "
+                       "give more characters")
+    return found[0]
+
+
+def run_reference(store: Store, text: str) -> tuple[Run, str | None]:
+    """A run argument: a run id or a unique start of one, or ``RUN@ID`` (a checkpoint of
+    that run, by the short id ``pitstop history`` prints, or any unique start or end of its
+    id). Returns the run and the checkpoint's full id (None without ``@``)."""
+    run_text, at, ref = text.rpartition("@") if "@" in text else (text, "", "")
+    run = find_run(store, run_text)
+    return run, find_in_run(store, run.id, ref) if at else None
+
+
 def resolve(store: Store, ref: str) -> str:
-    """A checkpoint id from what a user typed: a checkpoint id, a run id (its head), or
-    ``RUN@ID`` with ID as ``pitstop history RUN`` shows it."""
+    """A checkpoint id from what a user typed: a checkpoint id, a run id or a unique start of
+    one (its head), or ``RUN@ID`` with ID as ``pitstop history RUN`` shows it."""
     try:
         return store.summary(ref).id
     except CheckpointNotFoundError:
         pass
     try:
-        run = store.get_run(ref)
+        run, checkpoint_id = run_reference(store, ref)
     except RunNotFoundError:
-        run = None
-    if run is not None:
-        if run.head_id is None:
-            raise CliError(f"run {ref!r} has no checkpoints yet")
-        return run.head_id
-    if "@" in ref:
-        run_id, _, part = ref.rpartition("@")
-        try:
-            store.get_run(run_id)
-        except RunNotFoundError:
-            raise CliError(f"no run {run_id!r} in this store (from {ref!r})") from None
-        return find_in_run(store, run_id, part)
-    raise CliError(
-        f"no checkpoint or run {ref!r} in this store; give a checkpoint id, a run id (for "
-        "its latest checkpoint) or RUN@ID with an id from `pitstop history RUN`"
-    )
+        where = f"no run {ref.rpartition('@')[0]!r} in this store (from {ref!r})" \
+            if "@" in ref else f"no checkpoint or run {ref!r} in this store"
+        raise CliError(
+            f"{where}; give a checkpoint id, a run id (for its latest checkpoint) or RUN@ID "
+            "with an id from `pitstop history RUN`"
+        ) from None
+    if checkpoint_id is not None:
+        return checkpoint_id
+    if run.head_id is None:
+        raise CliError(f"run {run.id!r} has no checkpoints yet")
+    return run.head_id
 
 
 def load_checkpoint(store: Store, checkpoint_id: str) -> Checkpoint:
@@ -371,11 +406,13 @@ __all__ = [
     "configure_logging",
     "connect",
     "find_in_run",
+    "find_run",
     "load_checkpoint",
     "load_workflow",
     "parse_duration",
     "parse_json",
     "parse_since",
     "resolve",
+    "run_reference",
     "short",
 ]
