@@ -8,6 +8,7 @@ nothing written, whichever command met it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -18,10 +19,11 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote
+from urllib.parse import parse_qsl, unquote, urlsplit
 
-from pitstop.errors import CheckpointNotFoundError, RunNotFoundError
+from pitstop.errors import CheckpointNotFoundError, RunNotFoundError, StoreSchemaError
 from pitstop.store import DEFAULT_URL, ENV_VAR, Store, open_store
+from pitstop.store import _redact as redact
 
 from .render import Output
 
@@ -85,6 +87,38 @@ def connect(url: str | None, *, create: bool = False, upgrade: bool = False) -> 
         return open_store(url, auto_migrate=upgrade)
     except sqlite3.DatabaseError as exc:  # e.g. the path names a file that is not SQLite
         raise CliError(f"cannot open store {url!r}: {exc}") from None
+    except StoreSchemaError as exc:
+        if exc.found != 0 or create:
+            raise  # a pitstop store of another version: its message says what to do
+        # No pitstop tables at all: `pitstop migrate` would create a store in the wrong
+        # place (a typo'd schema, another application's database), so do not suggest it.
+        raise CliError(
+            f"no pitstop store in {_place(url, path)}; check --store or ${ENV_VAR} (a new "
+            "store is made only by start, enqueue, import and migrate)"
+        ) from None
+
+
+def _place(url: str, path: str | None) -> str:
+    """Where a store URL points, for a message: the file (and what else is in it), or the
+    PostgreSQL schema."""
+    if path is not None:
+        import sqlite3
+
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+                tables = [row[0] for row in db.execute(
+                    "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+        except sqlite3.Error:
+            tables = []
+        if not tables:
+            return f"{path!r} (an empty SQLite database)"
+        shown = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
+        return f"{path!r} (a SQLite database of something else, with tables {shown})"
+    query = dict(parse_qsl(urlsplit(url).query))
+    where = redact(url.split("?", 1)[0])
+    if "schema" in query:
+        return f"schema {query['schema']!r} of {where}"
+    return f"the default schema (search_path) of {where}"
 
 
 class Session:

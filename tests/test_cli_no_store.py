@@ -1,0 +1,52 @@
+"""A read command pointed at something that is not a pitstop store says so, naming the file
+or schema, instead of advising ``pitstop migrate`` (which would create pitstop tables in the
+wrong place); ``migrate`` is offered only for a pitstop store of an older version."""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from pathlib import Path
+
+import pytest
+
+from clitools import one_error_line, pitstop_exe
+from conftest import POSTGRES_SKIP, drop_pg_schema, pg_schema_url
+
+
+def test_a_sqlite_file_of_another_application(tmp_path: Path) -> None:
+    path = tmp_path / "app.db"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE invoices (id INTEGER)")
+        db.execute("CREATE TABLE users (id INTEGER)")
+    for command in (["runs"], ["show", "x"], ["stats"], ["verify"]):
+        line = one_error_line(pitstop_exe(*command, "--store", f"sqlite:///{path}"))
+        assert f"no pitstop store in '{path}' (a SQLite database of something else, with " \
+               "tables invoices, users)" in line
+        assert "migrate --store" not in line
+    with sqlite3.connect(path) as db:  # nothing was added to it
+        names = {r[0] for r in db.execute("SELECT name FROM sqlite_master")}
+    assert names == {"invoices", "users"}
+
+
+def test_an_empty_sqlite_file(tmp_path: Path) -> None:
+    path = tmp_path / "empty.db"
+    path.touch()
+    line = one_error_line(pitstop_exe("runs", "--store", f"sqlite:///{path}"))
+    assert "(an empty SQLite database)" in line
+    with sqlite3.connect(path) as db:  # no pitstop tables were created in it
+        assert db.execute("SELECT count(*) FROM sqlite_master").fetchone() == (0,)
+
+
+@pytest.mark.skipif(POSTGRES_SKIP is not None, reason=str(POSTGRES_SKIP))
+def test_a_postgresql_schema_that_holds_no_store() -> None:
+    schema = f"typo_{uuid.uuid4().hex[:8]}"
+    try:
+        line = one_error_line(pitstop_exe("runs", "--store", pg_schema_url(schema)))
+        assert f"no pitstop store in schema '{schema}' of postgresql://" in line
+        assert "migrate --store" not in line
+        # migrate, which exists to create one, still does
+        assert pitstop_exe("migrate", "--store", pg_schema_url(schema)).code == 0
+        assert pitstop_exe("runs", "--store", pg_schema_url(schema)).code == 0
+    finally:
+        drop_pg_schema(schema)
