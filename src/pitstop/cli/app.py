@@ -28,6 +28,8 @@ from pitstop.errors import (
 )
 from pitstop.failures import failure_in
 from pitstop.model import CheckpointSummary, Run, RunStatus
+from pitstop.store.vacuum import Space, VacuumReport, free_space
+from pitstop.store.vacuum import vacuum as vacuum_store
 
 from .common import (
     EXIT_INTERNAL,
@@ -832,10 +834,11 @@ def cancel(s: Session, run_id: str) -> None:
 def stats(s: Session) -> None:
     """Show counts and bytes held by the store."""
     st = s.store().stats()
+    space = free_space(s.store())
     if s.as_json:
         s.out.json({"runs": st.runs, "runs_by_status": dict(st.runs_by_status),
                     "checkpoints": st.checkpoints, "values": st.blobs, "bytes": st.bytes,
-                    "file_bytes": st.file_bytes})
+                    "file_bytes": st.file_bytes, "free_bytes": space.free})
         return
     by_status = ", ".join(f"{n} {k}" for k, n in sorted(st.runs_by_status.items()))
     s.out.fields([
@@ -846,6 +849,9 @@ def stats(s: Session) -> None:
         ("bytes", f"{human_bytes(st.bytes)} ({st.bytes} bytes of records and values)"),
         ("on disk", human_bytes(st.file_bytes) if st.file_bytes is not None else ""),
     ])
+    if space.free:
+        s.out.note(f"{human_bytes(space.free)} of the file is free (deleted checkpoints); "
+                   "`pitstop vacuum` gives it back to the file system")
 
 
 def _tracking(progress: Progress | None, seen: list[int]) -> Progress:
@@ -923,9 +929,12 @@ PRUNE_COLUMNS = [Column("run", max_width=40), Column("id"), Column("step", right
               help="Delete whole runs finished longer ago than AGE (30d, 12h).")
 @click.option("--run", "run_id", metavar="RUN", help="Only this run.")
 @click.option("--dry-run", is_flag=True, help="Show what would go; delete nothing.")
+@click.option("--vacuum", "then_vacuum", is_flag=True,
+              help="Then give the freed space back to the file system (`pitstop vacuum`).")
 def prune(
     s: Session, *, keep_last: int | None, keep_milestones: bool,
     finished_older_than: timedelta | None, run_id: str | None, dry_run: bool,
+    then_vacuum: bool,
 ) -> None:
     """Delete old checkpoints and finished runs by a retention policy.
 
@@ -943,9 +952,12 @@ def prune(
         run_id = run_reference(store, run_id)[0].id
     with s.out.progress("pruning") as bar:
         report = store.prune(policy, run_id=run_id, dry_run=dry_run, progress=bar)
+    vacuumed = vacuum_store(store) if then_vacuum and not dry_run else None
+    space = free_space(store)
     if s.as_json:
         s.out.json({"dry_run": dry_run, "runs": report.runs, "checkpoints": report.checkpoints,
-                    "values": report.blobs, "bytes_reclaimed": report.bytes_reclaimed})
+                    "values": report.blobs, "bytes_reclaimed": report.bytes_reclaimed,
+                    "vacuumed": _vacuum_json(vacuumed), "space": _space_json(space)})
         return
     verb = "would delete" if dry_run else "deleted"
     s.out.line(
@@ -969,6 +981,64 @@ def prune(
             s.out.note(f"and {rest} more (--json lists them all)")
     if dry_run:
         s.out.note("dry run: nothing was deleted")
+    elif vacuumed is not None:
+        _say_vacuumed(s, vacuumed)
+    elif report.bytes_reclaimed:
+        _say_space(s, space)
+
+
+def _space_json(space: Space) -> dict[str, Any]:
+    return {"backend": space.backend, "size": space.size, "free": space.free,
+            "advice": space.advice}
+
+
+def _vacuum_json(report: VacuumReport | None) -> dict[str, Any] | None:
+    if report is None:
+        return None
+    return {"backend": report.backend, "before": report.before, "after": report.after,
+            "returned": report.returned, "full": report.full}
+
+
+def _say_space(s: Session, space: Space) -> None:
+    """After a prune: the space is not given back by itself; say what does it."""
+    if space.backend == "sqlite":
+        s.out.note(f"the SQLite file is still {human_bytes(space.size)}, "
+                   f"{human_bytes(space.free)} of it free for new checkpoints; "
+                   "`pitstop vacuum` (or prune --vacuum) gives that back to the file system")
+    elif space.backend == "postgresql":
+        s.out.note(space.advice)
+
+
+def _say_vacuumed(s: Session, report: VacuumReport) -> None:
+    s.out.line(f"vacuumed: {human_bytes(report.before)} → {human_bytes(report.after)} "
+               f"({human_bytes(report.returned)} given back)", "green")
+    if report.backend == "postgresql" and not report.full:
+        s.out.note("plain VACUUM keeps the tables' files at their size (their free space is "
+                   "reused for new checkpoints); --full returns it, locking each table")
+
+
+@command("vacuum", examples=["pitstop vacuum", "pitstop vacuum --full --store postgresql://db/app"])
+@click.option("--full", is_flag=True,
+              help="PostgreSQL: VACUUM FULL, which returns all free space but locks each "
+                   "table while rewriting it (SQLite's VACUUM always does).")
+def vacuum(s: Session, full: bool) -> None:
+    """Give the space of deleted checkpoints back to the file system.
+
+    Deleting (prune) frees space inside the database, which new checkpoints reuse, but
+    files do not shrink by themselves. SQLite: VACUUM rewrites the file (other processes'
+    writes wait meanwhile; it needs free disk of about the file's size). PostgreSQL: VACUUM
+    (ANALYZE) of pitstop's tables makes dead rows' space reusable and returns only empty
+    pages at a table's end; --full runs VACUUM FULL, which returns everything and locks
+    each table while it is rewritten (workers wait).
+    """
+    store = s.store()
+    report = vacuum_store(store, full=full)
+    if s.as_json:
+        s.out.json(_vacuum_json(report))
+    elif report.backend == "other":
+        s.out.line("nothing to vacuum: this store keeps no files")
+    else:
+        _say_vacuumed(s, report)
 
 
 # -- export and import ----------------------------------------------------------------------------

@@ -1,0 +1,166 @@
+"""Giving the space of deleted checkpoints back: what a prune leaves, and vacuuming it.
+
+Deleting rows does not shrink a database. SQLite keeps the freed pages inside the file (on
+its freelist) and reuses them for new checkpoints; only ``VACUUM``, which rewrites the file,
+returns them to the file system. PostgreSQL's (auto)vacuum makes dead rows' space reusable
+by new rows but returns to the operating system only empty pages at a table's end; ``VACUUM
+FULL`` rewrites the tables and returns the rest, holding an exclusive lock on each table
+while it does (every reader and writer of the store waits).
+
+These are functions over a store rather than store methods: they run outside the store's
+transactions, on a connection of their own, and only operators call them (``pitstop
+vacuum``, the hint after ``pitstop prune``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from .base import Store
+
+if TYPE_CHECKING:
+    import psycopg
+
+Backend = Literal["sqlite", "postgresql", "other"]
+
+
+@dataclass(frozen=True, slots=True)
+class Space:
+    """How much of a store's disk space is free for reuse inside it."""
+
+    backend: Backend
+    size: int | None
+    """Bytes the store occupies (SQLite: the file and its WAL; PostgreSQL: pitstop's tables
+    with their indexes and TOAST), when known."""
+    free: int | None
+    """Bytes inside ``size`` that hold no data and that a vacuum could return (SQLite: the
+    freelist); None where the database cannot say cheaply (PostgreSQL)."""
+
+    @property
+    def advice(self) -> str:
+        """What to run to get the space back, in one sentence."""
+        if self.backend == "sqlite":
+            return ("SQLite keeps freed pages inside the file for new checkpoints; "
+                    "`pitstop vacuum` rewrites the file and gives them back")
+        if self.backend == "postgresql":
+            return ("PostgreSQL's VACUUM makes deleted rows' space reusable for new "
+                    "checkpoints but does not shrink the tables' files; `pitstop vacuum "
+                    "--full` (VACUUM FULL) returns it, locking each table while it runs")
+        return "this store has no disk space to give back"
+
+
+@dataclass(frozen=True, slots=True)
+class VacuumReport:
+    backend: Backend
+    before: int | None
+    after: int | None
+    full: bool
+
+    @property
+    def returned(self) -> int | None:
+        """Bytes given back to the file system (None when the sizes are not known)."""
+        if self.before is None or self.after is None:
+            return None
+        return max(0, self.before - self.after)
+
+
+def _backend(store: Store) -> Backend:
+    name = type(store).__name__
+    if name == "SQLiteStore" and getattr(store, "path", ":memory:") != ":memory:":
+        return "sqlite"
+    if name == "PostgresStore":
+        return "postgresql"
+    return "other"
+
+
+def _sqlite_size(path: str) -> int:
+    return sum(os.path.getsize(p) for p in (path, path + "-wal") if os.path.exists(p))
+
+
+def _sqlite(path: str, timeout: float = 30.0) -> contextlib.closing[sqlite3.Connection]:
+    return contextlib.closing(sqlite3.connect(path, timeout=timeout, isolation_level=None))
+
+
+def free_space(store: Store) -> Space:
+    """The store's size and, where the database says, how much of it is free inside."""
+    backend = _backend(store)
+    if backend == "sqlite":
+        path = str(getattr(store, "path"))  # noqa: B009 - SQLiteStore.path, checked above
+        with _sqlite(path) as db:
+            pages = db.execute("PRAGMA freelist_count").fetchone()[0]
+            page_size = db.execute("PRAGMA page_size").fetchone()[0]
+        return Space("sqlite", _sqlite_size(path), int(pages) * int(page_size))
+    if backend == "postgresql":
+        with _postgres(store) as conn:
+            return Space("postgresql", _postgres_size(conn, store), None)
+    return Space("other", None, None)
+
+
+def vacuum(store: Store, *, full: bool = False) -> VacuumReport:
+    """Give the store's free space back to the file system.
+
+    SQLite: ``VACUUM`` (rewrites the file; waits for other processes' writes and blocks them
+    meanwhile; needs free disk space of about the file's size), then truncates the WAL.
+    PostgreSQL: ``VACUUM (ANALYZE)`` of pitstop's tables, which returns only trailing empty
+    pages; ``full=True`` runs ``VACUUM (FULL, ANALYZE)``, which returns everything and locks
+    each table exclusively while it is rewritten.
+    """
+    backend = _backend(store)
+    if backend == "sqlite":
+        path = str(getattr(store, "path"))  # noqa: B009 - SQLiteStore.path, checked above
+        before = _sqlite_size(path)
+        with _sqlite(path) as db:
+            db.execute("VACUUM")
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return VacuumReport("sqlite", before, _sqlite_size(path), full=True)
+    if backend == "postgresql":
+        from psycopg import sql
+
+        with _postgres(store) as conn:
+            before = _postgres_size(conn, store)
+            options = sql.SQL("FULL, ANALYZE" if full else "ANALYZE")
+            for table in _postgres_tables(conn, store):
+                conn.execute(sql.SQL("VACUUM ({}) {}.{}").format(
+                    options, sql.Identifier(str(getattr(store, "schema"))),  # noqa: B009
+                    sql.Identifier(table)))
+            return VacuumReport("postgresql", before, _postgres_size(conn, store), full)
+    return VacuumReport("other", None, None, full)
+
+
+# -- PostgreSQL ---------------------------------------------------------------------------------
+
+
+def _postgres(store: Store) -> psycopg.Connection[Any]:
+    import psycopg
+
+    # VACUUM cannot run inside a transaction: a connection of its own, in autocommit. The
+    # store's connection string is what its pool uses (credentials included).
+    conninfo: str = getattr(store, "_conninfo")  # noqa: B009 - PostgresStore's own
+    return psycopg.connect(conninfo, autocommit=True)
+
+
+def _postgres_tables(conn: psycopg.Connection[Any], store: Store) -> list[str]:
+    rows = conn.execute(
+        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relkind = 'r' AND c.relname LIKE 'pitstop%%' "
+        "ORDER BY c.relname",
+        (getattr(store, "schema"),),  # noqa: B009
+    ).fetchall()
+    return [row[0] for row in rows]
+
+
+def _postgres_size(conn: psycopg.Connection[Any], store: Store) -> int:
+    row = conn.execute(
+        "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relkind = 'r' AND c.relname LIKE 'pitstop%%'",
+        (getattr(store, "schema"),),  # noqa: B009
+    ).fetchone()
+    return int(row[0]) if row is not None else 0
+
+
+__all__ = ["Space", "VacuumReport", "free_space", "vacuum"]
