@@ -130,3 +130,29 @@ def test_until_idle_does_not_wait_for_a_live_owner_on_this_host(cwd: Path) -> No
                          store=url, cwd=cwd)
     assert worker.code == 0, worker
     assert worker.json["executed"] == 0
+
+
+def test_a_claimed_run_never_shows_as_queued(cwd: Path) -> None:
+    url = f"sqlite:///{cwd / 'runs.db'}"
+    marker = cwd / "claimed.marker"
+    assert pitstop_exe("enqueue", "slow:wf", "--run-id", "q", store=url, cwd=cwd).code == 0
+    assert pitstop_exe("runs", "--json", store=url, cwd=cwd).json["runs"][0]["status"] == \
+        "queued"
+    assert PITSTOP is not None
+    worker = subprocess.Popen(
+        [PITSTOP, "worker", "--workflow", "slow:wf", "-q"], cwd=cwd,
+        env={**os.environ, "PITSTOP_STORE": url, "HANG_MARKER": str(marker)},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():  # the worker claimed it and is inside its first step
+            assert worker.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        listed = pitstop_exe("runs", "--json", store=url, cwd=cwd).json["runs"][0]
+        assert listed["status"] == "running" and listed["lease"] == "held"
+        assert pitstop_exe("runs", "--status", "queued", "--json", store=url,
+                           cwd=cwd).json["runs"] == []
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()

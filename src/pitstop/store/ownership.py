@@ -133,10 +133,13 @@ class Leases(SqlBackend):
             arms.append(f"SELECT * FROM ({arm} ORDER BY {order} LIMIT ?"
                         f"{self.dialect.skip_locked}) arm{len(arms)}")
             params.append(limit)
+        # A claimed queued run is running from here on: listings must not show a run a
+        # worker holds as still waiting for one (its first checkpoint may be a while off).
         claimed = [
             _Claimed(*row)
             for row in self._autocommit_write(
-                "UPDATE pitstop_runs SET lease_owner = ?, lease_expires = ?, fence = fence + 1 "
+                "UPDATE pitstop_runs SET lease_owner = ?, lease_expires = ?, fence = fence + 1, "
+                "status = CASE WHEN status = 'queued' THEN 'running' ELSE status END "
                 "WHERE run_id IN (SELECT run_id FROM (" + " UNION ALL ".join(arms) + ") picked "
                 "ORDER BY p DESC, t LIMIT ?) "
                 "RETURNING run_id, fence, workflow, priority, COALESCE(wake_at, created_at)",
