@@ -25,6 +25,8 @@ from typing import Any
 import pytest
 
 import pitstop
+from clitools import Result
+from clitools import one_error_line as one_line_error
 from conftest import BACKENDS, ROOT, drop_pg_schema, pg_schema_url
 from pitstop import RetentionPolicy, RunStatus, Store
 from pitstop.cli.app import cli, run
@@ -79,28 +81,6 @@ CLI_BACKENDS = [b for b in BACKENDS if b != "memory"]  # memory:// dies with eac
 
 
 # -- driving the CLI ---------------------------------------------------------------------------
-
-
-@dataclass
-class Result:
-    code: int
-    out: str
-    err: str
-
-    @property
-    def json(self) -> Any:
-        return json.loads(self.out)
-
-
-def one_line_error(result: Result) -> str:
-    """The failure contract: exit 2, one ``error:`` line on stderr, nothing on stdout."""
-    assert result.code == 2, result
-    lines = result.err.strip().splitlines()
-    assert len(lines) == 1, result.err
-    assert lines[0].startswith("error: "), result.err
-    assert "Traceback" not in result.err
-    assert result.out == ""
-    return lines[0]
 
 
 @pytest.fixture

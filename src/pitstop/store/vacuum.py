@@ -143,24 +143,20 @@ def _postgres(store: Store) -> psycopg.Connection[Any]:
     return psycopg.connect(conninfo, autocommit=True)
 
 
-def _postgres_tables(conn: psycopg.Connection[Any], store: Store) -> list[str]:
+def _postgres_tables(conn: psycopg.Connection[Any], store: Store) -> dict[str, int]:
+    """pitstop's tables in the store's schema, with their sizes (indexes and TOAST too)."""
     rows = conn.execute(
-        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_class c "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace "
         "WHERE n.nspname = %s AND c.relkind = 'r' AND c.relname LIKE 'pitstop%%' "
         "ORDER BY c.relname",
         (getattr(store, "schema"),),  # noqa: B009
     ).fetchall()
-    return [row[0] for row in rows]
+    return {name: int(size) for name, size in rows}
 
 
 def _postgres_size(conn: psycopg.Connection[Any], store: Store) -> int:
-    row = conn.execute(
-        "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
-        "JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE n.nspname = %s AND c.relkind = 'r' AND c.relname LIKE 'pitstop%%'",
-        (getattr(store, "schema"),),  # noqa: B009
-    ).fetchone()
-    return int(row[0]) if row is not None else 0
+    return sum(_postgres_tables(conn, store).values())
 
 
 __all__ = ["Space", "VacuumReport", "free_space", "vacuum"]
