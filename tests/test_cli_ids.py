@@ -107,3 +107,25 @@ def test_an_ambiguous_prefix_is_an_error_listing_the_candidates(store: tuple[Pat
     assert f"checkpoint reference {start!r} is ambiguous in run 'alpha-2' (3 matches: " in line
     assert sqlite_rows(url) == before  # nothing was written, not even the cancel
     assert "no run 'zzzz'" in one_error_line(pitstop_exe("show", "zzzz", store=url, cwd=cwd))
+
+
+def test_a_unique_start_of_a_checkpoint_id_works_alone(store: tuple[Path, str]) -> None:
+    cwd, url = store
+    entries = history(cwd, url, "beta-1")
+    head, first = str(entries[0]["id"]), str(entries[-1]["id"])
+    # the start of an id is its timestamp: 24 characters pick one checkpoint out
+    diffed = pitstop_exe("diff", first[:24], head[:24], "--json", store=url, cwd=cwd)
+    assert diffed.code == 0, diffed
+    assert diffed.json["a"]["id"] == first and diffed.json["b"]["id"] == head
+    forked = pitstop_exe("fork", first[:24], "--workflow", "ids:wf", "--run-id", "delta",
+                         "--json", store=url, cwd=cwd)
+    assert forked.code == 0, forked
+    # a start shared by several checkpoints (and no run) is an error listing them
+    runs = [r["id"] for r in pitstop_exe("runs", "--json", store=url, cwd=cwd).json["runs"]]
+    shared = next((first[:i] for i in range(len(first), 0, -1) if head.startswith(first[:i])),
+                  "")
+    if len(shared) < 4 or any(r.startswith(shared) for r in runs):
+        pytest.skip("the checkpoint ids share no start that no run id has")
+    line = one_error_line(pitstop_exe("diff", shared, head, store=url, cwd=cwd))
+    assert f"checkpoint id {shared!r} is ambiguous: it starts" in line
+    assert "beta-1@" in line

@@ -358,7 +358,8 @@ def run_reference(store: Store, text: str) -> tuple[Run, str | None]:
 
 def resolve(store: Store, ref: str) -> str:
     """A checkpoint id from what a user typed: a checkpoint id, a run id or a unique start of
-    one (its head), or ``RUN@ID`` with ID as ``pitstop history RUN`` shows it."""
+    one (its head), ``RUN@ID`` with ID as ``pitstop history RUN`` shows it, or a unique
+    start of a checkpoint id. A start that fits a run is taken as the run."""
     try:
         return store.summary(ref).id
     except CheckpointNotFoundError:
@@ -366,6 +367,9 @@ def resolve(store: Store, ref: str) -> str:
     try:
         run, checkpoint_id = run_reference(store, ref)
     except RunNotFoundError:
+        found = _checkpoint_prefix(store, ref)
+        if found is not None:
+            return found
         where = f"no run {ref.rpartition('@')[0]!r} in this store (from {ref!r})" \
             if "@" in ref else f"no checkpoint or run {ref!r} in this store"
         raise CliError(
@@ -377,6 +381,21 @@ def resolve(store: Store, ref: str) -> str:
     if run.head_id is None:
         raise CliError(f"run {run.id!r} has no checkpoints yet")
     return run.head_id
+
+
+def _checkpoint_prefix(store: Store, ref: str) -> str | None:
+    """The one checkpoint whose id starts with ``ref``; an error listing them if several."""
+    from pitstop.store.lookup import checkpoints_with_prefix
+
+    if "@" in ref or len(ref) < MIN_PREFIX:
+        return None
+    found = checkpoints_with_prefix(store, ref, limit=_LISTED + 1)
+    if len(found) > 1:
+        shown = ", ".join(f"{run}@{short(cid)}" for cid, run in found[:_LISTED])
+        raise CliError(f"checkpoint id {ref!r} is ambiguous: it starts "
+                       f"{'more than ' if len(found) > _LISTED else ''}"
+                       f"{min(len(found), _LISTED)} checkpoints ({shown}); give more characters")
+    return found[0][0] if found else None
 
 
 def load_checkpoint(store: Store, checkpoint_id: str) -> Checkpoint:
