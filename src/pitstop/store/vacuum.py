@@ -20,6 +20,7 @@ import sqlite3
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..errors import StoreError
 from .base import Store
 
 if TYPE_CHECKING:
@@ -113,9 +114,13 @@ def vacuum(store: Store, *, full: bool = False) -> VacuumReport:
     if backend == "sqlite":
         path = str(getattr(store, "path"))  # noqa: B009 - SQLiteStore.path, checked above
         before = _sqlite_size(path)
-        with _sqlite(path) as db:
-            db.execute("VACUUM")
-            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        try:
+            with _sqlite(path) as db:
+                db.execute("VACUUM")
+                db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error as exc:  # busy for the whole timeout, disk full, read-only file
+            raise StoreError(f"{store.url}: VACUUM failed ({exc}); nothing was changed") \
+                from None
         return VacuumReport("sqlite", before, _sqlite_size(path), full=True)
     if backend == "postgresql":
         from psycopg import sql
