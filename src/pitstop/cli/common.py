@@ -23,7 +23,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from pitstop.errors import CheckpointNotFoundError, RunNotFoundError, StoreSchemaError
 from pitstop.store import DEFAULT_URL, ENV_VAR, Store, open_store
-from pitstop.store import _redact as redact
+from pitstop.store.urls import redact
 
 from .render import Output
 
