@@ -103,7 +103,7 @@ def test_runs_page_lists_filters_and_updates_live(world: dict[str, Any], page: A
     approval.enqueue(world["store"], {"vendor": "Live Co", "amount": 5}, run_id="live-arrival")
     page.wait_for_selector("tr.run[data-run='live-arrival']")  # no reload: pushed by SSE
     assert page.evaluate("window.__same_page") is True
-    assert page.locator("a.tab.t-queued .n").inner_text() == "4"
+    assert page.locator("a.tab.t-queued .n").inner_text() == "3"
 
 
 def test_run_page_tree_state_and_diff(world: dict[str, Any], page: Any) -> None:

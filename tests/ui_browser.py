@@ -146,7 +146,7 @@ def main(argv: Sequence[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="pitstop-shots-") as tmp:
         url = f"sqlite:///{Path(tmp) / 'demo.db'}"
         store = pitstop.open_store(url)
-        ids = populate(store)
+        ids = populate(store, hostile=False)
         store.close()
         server = Server(url, "--workflow", "ui_workflows:approval")
         try:

@@ -85,8 +85,12 @@ def _invoice(n: int, vendor: str, amount: int) -> dict[str, Any]:
     }
 
 
-def populate(store: Store, *, langgraph: bool = True) -> dict[str, str]:
-    """Write the day's runs; returns the ids the tests look for by role."""
+def populate(store: Store, *, langgraph: bool = True, hostile: bool = True) -> dict[str, str]:
+    """Write the day's runs; returns the ids the tests look for by role.
+
+    ``hostile=False`` leaves out the run whose id, names and state are markup (the XSS
+    tests' run): the docs' screenshots show a day's work, not a test fixture.
+    """
     ids: dict[str, str] = {}
     # Completed and rejected approvals.
     done = approval.start(store, _invoice(1, "Globex", 4200), run_id="inv-1001-globex")
@@ -114,12 +118,13 @@ def populate(store: Store, *, langgraph: bool = True) -> dict[str, str]:
     # Failed.
     failed = etl.start(store, {"date": "2026-11-30"}, run_id="etl-2026-11-30")
     ids["failed"] = failed.run_id
-    # Queued for a worker, and one owned by a live worker.
+    # One run claimed by a live worker (running, under its lease), two queued behind it.
+    busy = etl.enqueue(store, {"date": "2026-12-03"}, run_id="etl-2026-12-03")
+    [lease] = store.claim("worker-7@batch-2:41822", workflows=[etl.name], ttl=3600)
+    assert lease.run_id == busy.id
+    ids["owned"] = busy.id
     for n in range(2):
         etl.enqueue(store, {"date": f"2026-12-0{n + 1}"}, run_id=f"etl-2026-12-0{n + 1}")
-    busy = etl.enqueue(store, {"date": "2026-12-03"}, run_id="etl-2026-12-03")
-    store.acquire(busy.id, "worker-7@batch-2:41822", ttl=3600)
-    ids["owned"] = busy.id
     # Waiting for a person: the inbox, oldest first.
     for n, (vendor, amount) in enumerate([("Acme Corp", 12_500), ("Hooli", 980),
                                           ("Soylent", 3400)]):
@@ -128,13 +133,18 @@ def populate(store: Store, *, langgraph: bool = True) -> dict[str, str]:
         ids.setdefault("waiting", waiting.run_id)
         time.sleep(0.01)
     # Hostile markup in ids, names and state.
-    store.save(XSS_RUN, XSS_STATE, workflow="<script>window.__pitstop_xss=5</script>",
-               status=pitstop.RunStatus.COMPLETED,
-               metadata={"step_name": "<b onmouseover=alert(1)>x</b>"})
-    ids["xss"] = XSS_RUN
+    if hostile:
+        _hostile_run(store)
+        ids["xss"] = XSS_RUN
     if langgraph:
         ids["thread"] = _langgraph_thread(store)
     return ids
+
+
+def _hostile_run(store: Store) -> None:
+    store.save(XSS_RUN, XSS_STATE, workflow="<script>window.__pitstop_xss=5</script>",
+               status=pitstop.RunStatus.COMPLETED,
+               metadata={"step_name": "<b onmouseover=alert(1)>x</b>"})
 
 
 def _langgraph_thread(store: Store) -> str:
