@@ -280,6 +280,54 @@ def test_history_draws_branches_and_fork_origins(
     assert short_page["more"] is True
 
 
+@pytest.mark.parametrize("url", CLI_BACKENDS, indirect=True)
+def test_history_and_show_sizes_of_a_chunked_field(
+    url: str, store: Store, pitstop_cli: Callable[..., Result]
+) -> None:
+    """SIZE is the state's serialised size and ADDED what a checkpoint really stored: for a
+    chunked list, the first save stores it all, an append the new item (not the list again),
+    an edit of an early item about one chunk, an unchanged save nothing but its record."""
+    import ormsgpack
+
+    text = "0123456789abcdefghijklmnopqrstuvwxyz" * 30  # ~1 KiB
+    msgs = [{"role": "user", "content": f"{i}:{text}"} for i in range(200)]
+    store.save("conv", {"messages": msgs})
+    msgs.append({"role": "assistant", "content": "whole-list append " + text})
+    store.save("conv", {"messages": msgs})  # the whole new list, no hint
+    extra = {"role": "user", "content": "Append " + text}
+    store.save("conv", {"messages": pitstop.Append([extra])})
+    msgs.append(extra)
+    msgs[3] = {"role": "user", "content": "edited"}
+    store.save("conv", {"messages": msgs})
+    store.save("conv", {"messages": msgs})  # unchanged
+    full = len(ormsgpack.packb({"messages": msgs}))
+    item = len(ormsgpack.packb(extra))
+
+    hist = pitstop_cli("history", "conv", "--json", store=url).json["checkpoints"]
+    unchanged, edited, appended, whole, first = hist
+    for entry in hist:  # the state's size, within a few bytes of framing per field
+        assert abs(entry["size"] - full) < 2 * item, entry
+    assert first["added"] >= first["size"]
+    for entry in (whole, appended):
+        assert item <= entry["added"] < 3 * item, entry
+    assert edited["added"] < full / 4  # about one chunk (plus the record)
+    assert unchanged["added"] < 1024  # the record alone
+    assert sum(e["added"] for e in hist) < 1.6 * full
+
+    table = pitstop_cli("history", "conv", store=url).out.splitlines()
+    rows = {line.split()[1]: line for line in table if line.split()[1:2] and
+            any(line.split()[1] == e["id"][-8:] for e in hist)}
+    from pitstop.cli.render import human_bytes
+
+    for entry in hist:
+        line = rows[entry["id"][-8:]]
+        assert human_bytes(entry["size"]) in line
+        assert "+" + human_bytes(entry["added"]) in line
+    shown = pitstop_cli("show", "conv", store=url).out
+    assert (f"size:       {human_bytes(unchanged['size'])} state, "
+            f"+{human_bytes(unchanged['added'])} stored") in shown
+
+
 def test_field_paths_and_diff() -> None:
     old = {"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "content": "x"}],
            "draft": "v1", "odd key": {"n": 1}, "n": 1}
