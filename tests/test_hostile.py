@@ -188,7 +188,6 @@ def test_a_hostile_archive_is_refused_whole_in_one_line(
 # -- URL options (items 5 and 8) -----------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="#18 item 8: option validation in the store")
 @pytest.mark.parametrize(
     ("query", "option"),
     [("busy_timeout=nan", "busy_timeout"), ("busy_timeout=-1", "busy_timeout"),
@@ -206,17 +205,15 @@ def test_bad_sqlite_url_options_are_refused_naming_the_option(
     assert code == 2 and option in one_line(err)
 
 
-_PG_UNFIXED = pytest.mark.xfail(strict=True, reason="#18 items 5, 8: option validation")
-
-
 @pytest.mark.skipif("postgres" not in BACKENDS, reason="no PostgreSQL backend")
 @pytest.mark.parametrize(
     ("query", "option"),
-    [*(pytest.param(q, o, marks=_PG_UNFIXED) for q, o in [
-        ("statement_timeout=nan", "statement_timeout"), ("connect_timeout=inf", "connect_timeout"),
-        ("busy_timeout=nan", "busy_timeout"), ("compress_threshold=-5", "compress_threshold"),
-        ("schema=", "schema"), ("schema=" + "s" * 64, "schema"), ("schema=" + "é" * 32, "schema"),
-    ]), ("pool_max=0", "pool_max")],
+    [("statement_timeout=nan", "statement_timeout"), ("connect_timeout=inf", "connect_timeout"),
+     ("busy_timeout=nan", "busy_timeout"), ("compress_threshold=-5", "compress_threshold"),
+     ("schema=", "schema"), ("schema=" + "s" * 64, "schema"), ("schema=" + "é" * 32, "schema"),
+     ("pool_max=0", "pool_max"), ("pool_min=-1", "pool_min"), ("pool_max=1.5", "pool_max"),
+     ("statement_timeout=-1", "statement_timeout"), ("blob_threshold=x", "blob_threshold"),
+     ("durability=off", "durability")],
 )
 def test_bad_postgres_url_options_are_refused_at_once(
     cli: Cli, query: str, option: str
@@ -230,6 +227,45 @@ def test_bad_postgres_url_options_are_refused_at_once(
     assert time.monotonic() - started < 2  # not after a pool timeout
     code, _, err = cli("runs", store=url)
     assert code == 2 and option in one_line(err)
+
+
+@pytest.mark.parametrize(
+    ("options", "option"),
+    [({"busy_timeout": float("nan")}, "busy_timeout"), ({"busy_timeout": "5"}, "busy_timeout"),
+     ({"compress_threshold": True}, "compress_threshold"),
+     ({"compress_threshold": 1.5}, "compress_threshold"),
+     ({"blob_threshold": -1}, "blob_threshold"), ({"durability": "off"}, "durability")],
+)
+def test_bad_keyword_options_are_refused_like_url_ones(
+    tmp_path: Path, options: dict[str, Any], option: str
+) -> None:
+    path = tmp_path / "kw.db"
+    with pytest.raises(pitstop.UnsupportedStoreError, match=f"option '{option}' must be"):
+        pitstop.open_store(f"sqlite:///{path}", **options)
+    assert not path.exists()  # refused before the file was made
+
+
+def test_good_url_options_still_open(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ok.db'}?busy_timeout=0.5&compress_threshold=none"
+    with pitstop.open_store(url + "&blob_threshold=0&durability=full") as store:
+        assert store.busy_timeout == 0.5  # type: ignore[attr-defined]
+        assert store.save("r", {"a": 1}).state == {"a": 1}
+
+
+@pytest.mark.skipif("postgres" not in BACKENDS, reason="no PostgreSQL backend")
+def test_a_schema_name_of_63_bytes_is_taken_and_one_of_64_refused() -> None:
+    from pitstop.store.postgres import PostgresStore
+
+    name = f"h{uuid.uuid4().hex[:8]}_" + "é" * 26 + "x"  # 10 + 52 + 1 = 63 bytes
+    assert len(name.encode()) == 63
+    try:
+        with PostgresStore(PG_URL, schema=name) as store:
+            assert store.schema == name
+            store.save("r", {"a": 1})
+    finally:
+        drop_pg_schema(name)
+    with pytest.raises(pitstop.UnsupportedStoreError, match="at most 63 bytes, not 64"):
+        PostgresStore(PG_URL, schema=name + "y")
 
 
 # -- run rows (medium: the runs table is protected like checkpoints) ------------------------

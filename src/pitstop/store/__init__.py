@@ -25,6 +25,7 @@ from .base import (
     Store,
     StoreStats,
 )
+from .options import parse_option
 from .urls import redact
 
 DEFAULT_URL = "sqlite:///pitstop.db"
@@ -73,13 +74,8 @@ def _pick(options: dict[str, Any], *names: str) -> dict[str, Any]:
     return {k: v for k, v in options.items() if k in names}
 
 
-_QUERY_OPTIONS: dict[str, Callable[[str], Any]] = {
-    "durability": str,
-    "compress_threshold": lambda v: None if v.lower() in ("none", "off", "") else int(v),
-    "busy_timeout": float,
-    "blobs": str,
-    "blob_threshold": int,
-}
+# The options a SQLite (or memory://) URL's query string may set; see options.py.
+_QUERY_OPTIONS = ("durability", "compress_threshold", "busy_timeout", "blobs", "blob_threshold")
 
 
 def open_store(url: str | None = None, **options: Any) -> Store:
@@ -110,7 +106,7 @@ def open_store(url: str | None = None, **options: Any) -> Store:
                 raise UnsupportedStoreError(
                     f"unknown option {key!r} in {url!r}; known: {', '.join(_QUERY_OPTIONS)}"
                 )
-            options.setdefault(key, _QUERY_OPTIONS[key](value))
+            options.setdefault(key, parse_option(redact(base), key, value))
         url = base
     return opener(url, options)
 

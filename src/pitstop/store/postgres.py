@@ -53,7 +53,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -71,6 +71,8 @@ from pitstop.serde import Serializer
 from pitstop.store.backend import Dialect, Tx
 from pitstop.store.base import UNSET, Durability, PreparedSave, Unset
 from pitstop.store.blobs import BlobStore
+from pitstop.store.options import OPTIONS, parse_option
+from pitstop.store.options import check as check_options
 from pitstop.store.schema import CHECKPOINTS
 from pitstop.store.sql import SqlStore, WritePlan, head_update
 from pitstop.store.urls import redact
@@ -104,20 +106,8 @@ POSTGRES = PostgresDialect(
     skip_locked=" FOR UPDATE SKIP LOCKED",
 )
 
-# pitstop's own URL query options and how to read them; anything else is libpq's.
-_URL_OPTIONS: dict[str, Callable[[str], Any]] = {
-    "schema": str,
-    "pool_min": int,
-    "pool_max": int,
-    "statement_timeout": float,
-    "connect_timeout": float,
-    "application_name": str,
-    "durability": str,
-    "busy_timeout": float,
-    "compress_threshold": lambda v: None if v.lower() in ("none", "off", "") else int(v),
-    "blobs": str,
-    "blob_threshold": int,
-}
+# pitstop's own URL query options (parsed and checked by options.py); anything else is libpq's.
+_URL_OPTIONS = frozenset(OPTIONS)
 
 
 def _tcp_defaults(connect_timeout: float) -> dict[str, str]:
@@ -252,6 +242,7 @@ class PostgresStore(SqlStore):
         options.update({k: v for k, v in given.items() if v is not None})
         if compress_threshold is not UNSET:
             options["compress_threshold"] = compress_threshold
+        check_options(safe_url, options)
         super().__init__(
             safe_url,
             serializer=serializer,
@@ -260,24 +251,16 @@ class PostgresStore(SqlStore):
             blob_threshold=int(options.get("blob_threshold", 1 << 20)),
         )
         self.durability: Durability = options.get("durability", "normal")
-        if self.durability not in ("full", "normal"):
-            raise UnsupportedStoreError(
-                f"{safe_url}: durability must be 'full' or 'normal', not {self.durability!r}"
-            )
 
         self.busy_timeout = float(options.get("busy_timeout", 60.0))
         self.pool_min = int(options.get("pool_min", 1))
         self.pool_max = int(options.get("pool_max", 10))
         self.statement_timeout = float(options.get("statement_timeout", 30.0))
         self.connect_timeout = float(options.get("connect_timeout", 10.0))
-        if self.pool_min < 0 or self.pool_max < max(1, self.pool_min):
+        if self.pool_max < self.pool_min:
             raise UnsupportedStoreError(
-                f"{safe_url}: need 0 <= pool_min <= pool_max and pool_max >= 1 "
+                f"{safe_url}: option 'pool_min' must be at most pool_max "
                 f"(got pool_min={self.pool_min}, pool_max={self.pool_max})"
-            )
-        if self.statement_timeout < 0 or self.connect_timeout <= 0:
-            raise UnsupportedStoreError(
-                f"{safe_url}: statement_timeout must be >= 0 and connect_timeout > 0"
             )
 
         self._conninfo = conninfo
@@ -785,12 +768,7 @@ def _split_url(url: str, safe_url: str) -> tuple[str, dict[str, Any]]:
         if key not in _URL_OPTIONS:
             kept.append((key, value))
             continue
-        try:
-            options[key] = _URL_OPTIONS[key](value)
-        except ValueError:
-            raise UnsupportedStoreError(
-                f"{safe_url}: bad value {value!r} for option {key!r}"
-            ) from None
+        options[key] = parse_option(safe_url, key, value)
     return urlunsplit(parts._replace(query=urlencode(kept))), options
 
 

@@ -26,6 +26,7 @@ from typing import Any
 from ..errors import StoreError
 from ..process import current_pid
 from ..serde import Serializer
+from . import options
 from .backend import Dialect, Tx
 from .base import Durability
 from .blobs import BlobStore
@@ -175,8 +176,13 @@ class SQLiteStore(SqlStore):
         blobs: BlobStore | str | None = None,
         blob_threshold: int = 1 << 20,
     ) -> None:
-        if durability not in _SYNCHRONOUS:
-            raise ValueError(f"durability must be 'full' or 'normal', not {durability!r}")
+        options.check(url or f"sqlite:///{os.fspath(path)}", {
+            "durability": durability,
+            "compress_threshold": compress_threshold,
+            "busy_timeout": busy_timeout,
+            "blobs": blobs,
+            "blob_threshold": blob_threshold,
+        })
         self.path = os.fspath(path)
         self.durability = durability
         self.busy_timeout = busy_timeout
