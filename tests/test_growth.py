@@ -319,6 +319,46 @@ def test_sigkill_during_chunked_saves_leaves_the_previous_checkpoint_intact(
 
 @pytest.mark.postgres
 @pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
+def test_postgres_grows_a_list_by_inserts_alone(open_store: Any) -> None:
+    """On PostgreSQL an UPDATE leaves the old row version behind until a vacuum, so a grown
+    list's last chunk is sealed, not rewritten: saves insert rows and never change one, and
+    each message is stored about once."""
+    store = open_store()
+
+    def versions(tx: Any) -> dict[bytes, str]:
+        rows = tx.all("SELECT hash, xmin::text FROM pitstop_blobs")
+        return {bytes(h): x for h, x in rows}
+
+    msgs = _grow(store, "conv", 40)
+    before = store._tx(versions)  # type: ignore[attr-defined]
+    rng = random.Random(9)
+    for i in range(40, 80):
+        msgs.append(_message(rng, i))
+        store.save("conv", {"messages": msgs, "turn": i})  # the whole list
+    for i in range(80, 100):
+        extra = _message(rng, i)
+        msgs.append(extra)
+        store.save("conv", {"messages": Append([extra]), "turn": i})
+    after = store._tx(versions)  # type: ignore[attr-defined]
+    assert {h: after.get(h) for h in before} == before  # no row rewritten (same xmin)
+    aliases = store._tx(  # type: ignore[attr-defined]
+        lambda tx: tx.one("SELECT COUNT(*) FROM pitstop_blobs WHERE alias IS NOT NULL")[0]
+    )
+    assert aliases == 0
+    stored = store._tx(  # type: ignore[attr-defined]
+        lambda tx: tx.one("SELECT SUM(size) FROM pitstop_blobs")[0]
+    )
+    final = len(pitstop.MsgpackSerializer().dumps(msgs))
+    assert stored < 1.4 * final  # each message about once (plus index nodes)
+    assert store.latest("conv").state["messages"] == msgs  # type: ignore[union-attr]
+    for summary in store.history("conv", limit=None)[::13]:
+        ckpt = store.get(summary.id)
+        assert ckpt.state["messages"] == msgs[: ckpt.state["turn"] + 1]
+    assert store.verify() == []
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
 def test_gc_never_deletes_a_chunk_a_concurrent_save_references(open_store: Any) -> None:
     rng = random.Random(3)
     main = open_store()

@@ -368,6 +368,35 @@ def _finish(
     return Split(layout, new, extended)
 
 
+SEAL_MIN: Final = 2 * 1024
+"""An open last chunk at least this large is sealed by :func:`sealed` rather than extended."""
+
+
+def sealed(parent: Layout, min_size: int = SEAL_MIN) -> Layout:
+    """``parent`` with its open last chunk made final, if that chunk holds ``min_size`` bytes.
+
+    For a store that keeps every row it writes as written (PostgreSQL: an update leaves the
+    old row version behind until a vacuum): a grown list then keeps the parent's last chunk
+    as it is and writes the new items as a chunk of their own, instead of a longer copy of
+    the open chunk (whose superseded versions would add up to many times the list). A save
+    then inserts rows and never rewrites one; chunks are cut where saves ended as well as
+    where the content says.
+    """
+    leaves = parent.leaves
+    if not leaves or leaves[-1].flags & CUT or leaves[-1].size < min_size:
+        return parent
+    last = leaves[-1]
+    return Layout(
+        parent.kind,
+        parent.meta,
+        parent.items,
+        parent.root,
+        [*leaves[:-1], last._replace(flags=last.flags | CUT)],
+        parent.nodes,
+        parent.format_id,
+    )
+
+
 def _buffer_of(kind: str, value: Any) -> tuple[memoryview, Any]:
     if kind == "ndarray":
         from numpy.lib import format as npy_format
@@ -655,6 +684,7 @@ __all__ = [
     "encode_manifest",
     "expand",
     "kind_of",
+    "sealed",
     "split",
     "split_delta",
     "unpack_entries",

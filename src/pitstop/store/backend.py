@@ -219,6 +219,11 @@ class SqlBackend(Store):
 
     dialect: Dialect
     busy_timeout: float = 60.0
+    rewrites_in_place: bool = True
+    """Whether an UPDATE that shrinks a row gives its space back at once (SQLite: freed pages
+    are reused by the next write). If so a growing list's superseded last chunk becomes an
+    alias of the chunk that extends it; if not (PostgreSQL keeps the old row version until a
+    vacuum), a grown list's last chunk is sealed and a save only inserts rows."""
 
     def __init__(
         self,
@@ -231,6 +236,7 @@ class SqlBackend(Store):
     ) -> None:
         self.url = url
         self._value_codec = ValueCodec(serializer, compress_threshold)
+        self._value_codec.seal_chunks = not self.rewrites_in_place
         self.serializer = self._value_codec.serializer
         self.blobs = open_blob_store(blobs) if blobs is not None else None
         """Where values of at least ``blob_threshold`` stored bytes go (None: the table)."""

@@ -206,6 +206,7 @@ class PostgresStore(SqlStore):
     """
 
     dialect = POSTGRES
+    rewrites_in_place = False  # an UPDATE leaves a dead row version behind until a vacuum
 
     def __init__(
         self,

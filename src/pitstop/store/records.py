@@ -323,6 +323,9 @@ class ValueCodec:
     def __init__(self, serializer: Serializer | None, compress_threshold: int | None) -> None:
         self.serializer: Serializer = serializer or MsgpackSerializer()
         self.compress_threshold = compress_threshold
+        self.seal_chunks = False
+        """Seal a grown field's open last chunk instead of extending it (and never make a
+        superseded chunk an alias): see :func:`pitstop.serde.chunks.sealed`."""
         safe = MsgpackSerializer(getattr(self.serializer, "registry", None))
         self._readers: dict[int, Serializer] = {safe.format_id: safe}
         self._readers[self.serializer.format_id] = self.serializer
@@ -375,6 +378,8 @@ class ValueCodec:
         small after all) its whole serialised bytes."""
         fmt = self.serializer.format_id
         parent = self.layout_of(previous)
+        if parent is not None and self.seal_chunks:
+            parent = chunking.sealed(parent)
         result: chunking.Split | None = None
         try:
             kind = chunking.kind_of(value)
@@ -400,7 +405,11 @@ class ValueCodec:
             key: NewBlob(key, frame(raw, fmt, compress_threshold=None))
             for key, raw in result.new.items()
         }
-        aliases = [Alias(old, new_key, size + 1) for old, new_key, size in result.extended]
+        aliases = (
+            []
+            if self.seal_chunks  # a superseded open chunk (< SEAL_MIN) is kept as it is
+            else [Alias(old, new_key, size + 1) for old, new_key, size in result.extended]
+        )
         return FieldRef(b"", layout.size, None, manifest), new, aliases
 
     def chunks_below(self, ref: FieldRef, read: Reader) -> set[bytes]:
