@@ -19,11 +19,13 @@ from pitstop.serde import MsgpackSerializer
 from pitstop.serde.chunks import (
     BUFFER_CHUNK,
     CUT,
+    LIST_PARAMS,
     Layout,
     assemble,
     check_chunk,
     decode_manifest,
     expand,
+    sealed,
     split,
     split_delta,
 )
@@ -67,7 +69,7 @@ def test_list_round_trip_and_shape() -> None:
     chunks: dict[bytes, bytes] = {}
     layout = save(msgs, None, chunks)
     assert restore(layout, chunks) == msgs
-    assert 5 <= len(layout.leaves) <= 60  # ~32 KiB chunks of ~2 KiB items
+    assert 10 <= len(layout.leaves) <= 120  # ~16 KiB chunks of ~2 KiB items
     assert layout.leaves[-1].flags & CUT == 0 or layout.items == sum(e.items for e in layout.leaves)
     assert len(layout.root) <= 16
 
@@ -83,11 +85,43 @@ def test_append_rewrites_only_the_open_chunk() -> None:
         assert result is not None
         data = [k for k in result.new if k in {leaf.key for leaf in result.layout.leaves}]
         assert len(data) <= 2  # the open chunk (and the one after a cut)
-        assert sum(len(result.new[k]) for k in data) <= 128 * 1024 + 4096
+        assert sum(len(result.new[k]) for k in data) <= LIST_PARAMS.max + 4096
         for old, new, size in result.extended:
             assert result.new[new][:size] == chunks[old]
         chunks.update(result.new)
         layout = result.layout
+    assert restore(layout, chunks) == msgs
+
+
+def test_sealed_growth_writes_each_item_once_and_keeps_records_small() -> None:
+    """What a PostgreSQL store does: the parent's open chunk is sealed, so each append is a
+    chunk of its own and nothing is rewritten; the root (in every record) stays a few
+    entries however many leaves there are, and an append writes O(1) index nodes."""
+    rng = random.Random(4)
+    msgs = [message(rng) for _ in range(20)]
+    chunks: dict[bytes, bytes] = {}
+    layout = save(msgs, None, chunks)
+    roots = []
+    for i in range(600):
+        msgs = [*msgs, message(rng)]
+        parent = sealed(layout)
+        if i % 2:
+            delta = Append(msgs[-1:])
+            dirty = dirty_positions(msgs, delta, parent.items)
+            result = split_delta(parent, msgs, dirty, SER.dumps)
+        else:
+            whole = split(msgs, SER.dumps, 0, parent)
+            assert whole is not None
+            result = whole
+        assert not result.extended
+        data = [k for k in result.new if k not in result.layout.nodes]
+        assert len(data) == 1 and len(result.new[data[0]]) < 3000  # the new message alone
+        assert len(result.new) - len(data) <= 8  # a few index nodes at most
+        chunks.update(result.new)
+        layout = result.layout
+        roots.append(len(layout.root))
+    assert len(layout.leaves) > 550
+    assert max(roots) <= 40 and sum(roots) / len(roots) < 10
     assert restore(layout, chunks) == msgs
 
 
