@@ -375,24 +375,33 @@ def test_wait_timeout_runs_the_step_without_input(store: Store) -> None:
 
 
 def test_durable_sleep(store: Store) -> None:
+    """A resume before the wake time parks the run again (wake time not pushed back); one
+    after it completes. An attempt whose "early" resume came after the wake (a loaded
+    machine) is told by the clock and repeated with a longer nap."""
     wf = Workflow("sleepy")
-    runs: list[int] = []
+    runs: list[float] = []
 
     @wf.step
     def nap(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
-        runs.append(1)
-        ctx.sleep(0.1)
+        runs.append(state["nap_for"])
+        ctx.sleep(state["nap_for"])
         return {"woke": True}
 
-    first = wf.start(store, {})
-    assert first.status is RunStatus.WAITING and first.wake_at is not None
-    assert store.get_run(first.run_id).owner is None
-    early = wf.resume(store, first.run_id)
-    assert early.status is RunStatus.WAITING and early.wake_at == first.wake_at  # not pushed back
-    time.sleep(0.12)
-    done = wf.resume(store, first.run_id)
-    assert done.status is RunStatus.COMPLETED and done.state == {"woke": True}
-    assert len(runs) == 3
+    for nap_for in (0.1, 0.5, 2.0, 8.0):
+        first = wf.start(store, {"nap_for": nap_for})
+        assert first.status is RunStatus.WAITING and first.wake_at is not None
+        assert store.get_run(first.run_id).owner is None
+        early = wf.resume(store, first.run_id)
+        if early.status is RunStatus.COMPLETED and time.time() >= first.wake_at.timestamp():
+            continue  # the resume ended after the wake: it was not early
+        assert early.status is RunStatus.WAITING and early.wake_at == first.wake_at
+        time.sleep(max(0.0, first.wake_at.timestamp() - time.time()) + 0.02)
+        done = wf.resume(store, first.run_id)
+        assert done.status is RunStatus.COMPLETED
+        assert done.state == {"nap_for": nap_for, "woke": True}
+        assert runs.count(nap_for) == 3
+        return
+    pytest.fail("no resume came before an 8 s nap ended")
 
 
 # -- effects --------------------------------------------------------------------------------------

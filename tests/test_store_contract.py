@@ -356,14 +356,31 @@ def test_prune_bytes_reclaimed_matches_stats(store: Store) -> None:
 
 
 def test_prune_finished_runs_older_than(store: Store) -> None:
-    store.save("old-done", {"a": "one " * 20}, status=RunStatus.COMPLETED)
-    store.save("old-waiting", {"a": "two " * 20}, status=RunStatus.WAITING)
-    time.sleep(0.05)
-    store.save("new-done", {"a": "three " * 20}, status=RunStatus.COMPLETED)
-    report = store.prune(RetentionPolicy(finished_older_than=timedelta(seconds=0.03)))
-    assert report.runs == ["old-done"]
-    assert {r.id for r in store.runs()} == {"old-waiting", "new-done"}
-    assert store.stats().blobs == 2
+    """Only runs that finished before ``now - finished_older_than`` go. The cutoff is taken
+    when prune starts, so the age is set just under the older runs' age: the newer run is
+    kept if prune starts within ``gap`` of that. A late start (a loaded machine) that caught
+    the newer run too is recognised by the clock and repeated with a wider gap; any other
+    outcome fails."""
+    for gap in (0.05, 0.3, 1.5, 5.0):
+        store.save("old-done", {"a": "one " * 20}, status=RunStatus.COMPLETED)
+        store.save("old-waiting", {"a": "two " * 20}, status=RunStatus.WAITING)
+        time.sleep(gap)
+        store.save("new-done", {"a": "three " * 20}, status=RunStatus.COMPLETED)
+        old = store.get_run("old-done").updated_at.timestamp()
+        new = store.get_run("new-done").updated_at.timestamp()
+        before = time.time()
+        age = before - old - 0.001  # old-done is older than this whenever prune starts
+        report = store.prune(RetentionPolicy(finished_older_than=timedelta(seconds=age)))
+        late = time.time() - age >= new  # prune may have started after new-done aged out
+        if late and sorted(report.runs) == ["new-done", "old-done"]:
+            for run in store.runs():
+                store.delete_run(run.id)
+            continue
+        assert report.runs == ["old-done"]
+        assert {r.id for r in store.runs()} == {"old-waiting", "new-done"}
+        assert store.stats().blobs == 2
+        return
+    pytest.fail("prune never started within 5 s of being called")
 
 
 def test_prune_effects_of_pruned_checkpoints(store: Store) -> None:
