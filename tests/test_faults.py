@@ -8,18 +8,29 @@ production. Timeouts are short so the whole module stays quick.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import pitstop
 from conftest import BACKENDS, drop_pg_schema, pg_schema_url
-from faults import FaultProxy
+from faults import (
+    FaultProxy,
+    file_size_limit,
+    pitstop_cli,
+    run,
+    small_disk,
+    unprivileged,
+)
 from pitstop import RunStatus, StoreError, Worker
 
 needs_postgres = pytest.mark.skipif("postgres" not in BACKENDS, reason="no PostgreSQL backend")
@@ -159,3 +170,109 @@ def test_a_start_cut_while_the_store_stays_away_converges_when_repeated(
         again = wf.start(store, {"order": 8}, run_id="order-8")  # at once: no lease to wait out
         assert again.status is RunStatus.COMPLETED
         assert sum(h.source == "input" for h in store.history("order-8", limit=None)) == 1
+
+
+# -- the disk ------------------------------------------------------------------------------------
+
+# 40 steps each adding 32 KiB of incompressible bytes: about 1.3 MiB of checkpoints.
+GROW = """
+import os
+import pitstop
+
+wf = pitstop.Workflow("grow")
+
+
+@wf.step
+def add(state):
+    chunks = [*state.get("chunks", []), os.urandom(32 * 1024)]
+    if len(chunks) < 40:
+        return pitstop.goto("add", {"chunks": chunks})
+    return {"chunks": chunks, "done": True}
+"""
+
+
+def _cli(where: Path, *args: str, store: Path, preexec: Callable[[], None] | None = None,
+         as_user: bool = False) -> subprocess.CompletedProcess[str]:
+    argv = pitstop_cli(*args, "--store", f"sqlite:///{store}")
+    return run(unprivileged(argv) if as_user else argv, cwd=where, preexec=preexec,
+               env={"PITSTOP_DEBUG": ""})
+
+
+def _one_line(done: subprocess.CompletedProcess[str]) -> str:
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, (done.returncode, done.stderr)
+    assert lines[0].startswith("error: ") and "internal error" not in lines[0], done.stderr
+    return lines[0]
+
+
+@contextlib.contextmanager
+def _full_disk(kind: str, tmp_path: Path) -> Iterator[tuple[Path, Callable[[], None] | None,
+                                                            Callable[[], None]]]:
+    """(directory for the store, preexec for the commands that hit the limit, and a function
+    that frees space): a 600 KiB tmpfs (ENOSPC), or RLIMIT_FSIZE of 600 KB (EFBIG)."""
+    if kind == "rlimit":
+        yield tmp_path, file_size_limit(600_000), lambda: None
+        return
+    try:
+        disk = small_disk("600k")
+        place = disk.__enter__()
+    except PermissionError as exc:
+        pytest.skip(str(exc))
+    try:
+        def grow() -> None:
+            subprocess.run(["mount", "-o", "remount,size=16m", str(place)], check=True)
+
+        yield place, None, grow
+    finally:
+        disk.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize("kind", ["tmpfs", "rlimit"])
+def test_a_full_disk_is_one_line_and_the_run_completes_once_space_is_freed(
+    tmp_path: Path, kind: str
+) -> None:
+    (tmp_path / "grow.py").write_text(GROW)
+    with _full_disk(kind, tmp_path) as (place, limit, free_space):
+        store = place / "runs.db"
+        line = _one_line(_cli(tmp_path, "start", "grow:wf", "--run-id", "g",
+                              store=store, preexec=limit))
+        assert str(store) in line and "space" in line, line
+        assert _cli(tmp_path, "verify", store=store).returncode == 0
+        free_space()
+        done = _cli(tmp_path, "resume", "g", "--workflow", "grow:wf", store=store)
+        assert done.returncode == 0, done.stderr
+        assert "completed" in done.stdout
+        checked = _cli(tmp_path, "verify", store=store)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        with pitstop.open_store(f"sqlite:///{store}") as opened:
+            latest = opened.latest("g")
+            assert latest is not None and latest.state["done"] is True
+            assert len(latest.state["chunks"]) == 40
+
+
+@pytest.mark.parametrize("what", ["file", "directory"])
+def test_a_read_only_store_is_one_line_and_the_run_completes_once_writable(
+    tmp_path: Path, what: str
+) -> None:
+    (tmp_path / "grow.py").write_text(GROW)
+    place = tmp_path / "ro"
+    place.mkdir()
+    store = place / "runs.db"
+    assert _cli(tmp_path, "enqueue", "grow:wf", "--run-id", "g", store=store).returncode == 0
+    target = store if what == "file" else place
+    mode = target.stat().st_mode
+    target.chmod(0o444 if what == "file" else 0o555)
+    try:
+        line = _one_line(_cli(tmp_path, "resume", "g", "--workflow", "grow:wf", store=store,
+                              as_user=True))
+        assert str(store) in line and "writ" in line, line
+        assert "writable" in line, line
+        if what == "file":  # reading needs only the directory (for -shm) to be writable
+            listed = _cli(tmp_path, "runs", store=store, as_user=True)
+            assert listed.returncode == 0 and "queued" in listed.stdout, listed.stderr
+    finally:
+        target.chmod(mode)
+    assert sorted(os.listdir(place))[0] == "runs.db"
+    done = _cli(tmp_path, "resume", "g", "--workflow", "grow:wf", store=store)
+    assert done.returncode == 0 and "completed" in done.stdout, done.stderr
+    assert _cli(tmp_path, "verify", store=store).returncode == 0

@@ -316,10 +316,107 @@ def test_a_damaged_run_row_is_reported_and_the_others_still_listed(
 # -- filters (item 7) ----------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="#18 item 7: filter values validated")
-def test_filter_values_that_are_not_json_are_refused_clearly(url: str) -> None:
+@pytest.mark.parametrize(
+    ("filters", "error", "names"),
+    [({"metadata": {"k": object()}}, TypeError, "metadata filter 'k'"),
+     ({"metadata": {"k": float("nan")}}, ValueError, "metadata filter 'k'"),
+     ({"metadata": {"k": {"deep": object()}}}, TypeError, "metadata filter 'k'"),
+     ({"metadata": {"": 1}}, ValueError, "metadata key"),
+     ({"metadata": {"k": [1, 2**70]}, "status": ["queued"]}, None, None),
+     ({"metadata": {1: 1}}, TypeError, "metadata key"),
+     ({"status": "bogus"}, ValueError, "status 'bogus'"),
+     ({"status": ["queued", 5]}, ValueError, "status 5"),
+     ({"workflow": 5}, TypeError, "workflow"),
+     ({"since": "yesterday"}, TypeError, "since"),
+     ({"until": float("nan")}, ValueError, "until"),
+     ({"id_prefix": b"r"}, TypeError, "id_prefix"),
+     ({"limit": -1}, ValueError, "limit"),
+     ({"limit": "5"}, TypeError, "limit"),
+     ({"offset": -1}, ValueError, "offset"),
+     ({"before": 3}, TypeError, "before")],
+)
+def test_filter_values_are_refused_clearly(
+    url: str, filters: dict[str, Any], error: type[Exception] | None, names: str
+) -> None:
     with pitstop.open_store(url) as store:
-        with pytest.raises((TypeError, ValueError), match="metadata filter 'k'"):
-            store.runs(metadata={"k": object()})
-        with pytest.raises(ValueError, match="status"):
-            store.runs(status="bogus")
+        store.save("r", {"a": 1})
+        store.update_run("r", metadata={"k": 1})
+        if error is None:  # a filter that is fine, and matches nothing
+            assert store.runs(**filters) == []
+            return
+        with pytest.raises(error, match=names):
+            store.runs(**filters)
+        if "limit" not in filters and "offset" not in filters and "before" not in filters:
+            with pytest.raises(error, match=names):
+                store.count_runs(**filters)
+        assert [r.id for r in store.runs(metadata={"k": 1})] == ["r"]  # still usable
+
+
+def test_a_metadata_filter_of_a_huge_int_is_answered_or_refused_clearly(url: str) -> None:
+    with pitstop.open_store(url) as store:
+        store.save("r", {"a": 1})
+        store.update_run("r", metadata={"k": 2**70})
+        if url.startswith("sqlite"):
+            with pytest.raises(ValueError, match="metadata filter 'k': SQLite compares"):
+                store.runs(metadata={"k": 2**70})
+        else:
+            assert [r.id for r in store.runs(metadata={"k": 2**70})] == ["r"]
+
+
+# -- a damaged SQLite file (item 7) --------------------------------------------------------------
+
+
+def _damage_table(path: Path, table: str) -> None:
+    """Overwrite the header of ``table``'s root page, as a disk or a stray write might."""
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        page_size = db.execute("PRAGMA page_size").fetchone()[0]
+        (root,) = db.execute("SELECT rootpage FROM sqlite_master WHERE name = ?",
+                             (table,)).fetchone()
+    with open(path, "r+b") as f:
+        f.seek((root - 1) * page_size)
+        f.write(b"\xff" * 8)
+
+
+def _sqlite_store(tmp_path: Path) -> tuple[Path, str]:
+    path = tmp_path / "damaged.db"
+    url = f"sqlite:///{path}"
+    with pitstop.open_store(url) as store:
+        for n in range(3):
+            store.save("r", {"n": n})
+    return path, url
+
+
+def test_a_damaged_table_is_corruption_naming_the_file(tmp_path: Path, cli: Cli) -> None:
+    path, url = _sqlite_store(tmp_path)
+    _damage_table(path, "pitstop_runs")
+    with pitstop.open_store(url) as store, \
+            pytest.raises(pitstop.CorruptCheckpointError, match=str(path)):
+        store.runs()
+    code, _, err = cli("runs", store=url)
+    assert code == 1, err
+    line = one_line(err)
+    assert str(path) in line and "damaged" in line and "pitstop verify" in line
+
+
+def test_a_damaged_column_is_corruption_not_an_internal_error(tmp_path: Path, cli: Cli) -> None:
+    path, url = _sqlite_store(tmp_path)
+    with sqlite3.connect(path) as db:  # what a flipped byte in the schema text can do
+        db.execute("ALTER TABLE pitstop_checkpoints RENAME COLUMN size TO sise")
+    with pitstop.open_store(url) as store, \
+            pytest.raises(pitstop.CorruptCheckpointError, match="no such column"):
+        store.history("r")
+    code, _, err = cli("history", "r", store=url)
+    assert code == 1, err
+    assert str(path) in one_line(err)
+
+
+def test_a_file_too_damaged_to_open_says_so(tmp_path: Path, cli: Cli) -> None:
+    path, url = _sqlite_store(tmp_path)
+    with open(path, "r+b") as f:  # page 1 holds the schema: its b-tree header follows the
+        f.seek(100)  # 100-byte file header
+        f.write(b"\xff" * 8)
+    with pytest.raises(pitstop.StoreError, match="too damaged to open"):
+        pitstop.open_store(url)
+    code, _, err = cli("runs", store=url)
+    assert code == 2 and ".recover" in one_line(err)

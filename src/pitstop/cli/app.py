@@ -1195,7 +1195,8 @@ def run(argv: Sequence[str] | None = None) -> int:
         error_line(str(exc))
         return exc.code
     except CorruptCheckpointError as exc:
-        error_line(f"{exc} (run `pitstop verify` for the whole store)")
+        hint = "" if "pitstop verify" in str(exc) else " (run `pitstop verify` for the whole store)"
+        error_line(f"{exc}{hint}")
         return EXIT_PROBLEMS
     except (PitstopError, ValueError, OSError) as exc:
         # pitstop's own errors name what and why; ValueError is how the runtime rejects

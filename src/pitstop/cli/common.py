@@ -81,12 +81,8 @@ def connect(url: str | None, *, create: bool = False, upgrade: bool = False) -> 
         origin = "--store" if given else (f"${ENV_VAR}" if os.environ.get(ENV_VAR) else
                                           "the default store")
         raise CliError(f"no store at {path!r} (from {origin}); check --store or ${ENV_VAR}")
-    import sqlite3
-
     try:
         return open_store(url, auto_migrate=upgrade)
-    except sqlite3.DatabaseError as exc:  # e.g. the path names a file that is not SQLite
-        raise CliError(f"cannot open store {url!r}: {exc}") from None
     except StoreSchemaError as exc:
         if exc.found != 0 or create:
             raise  # a pitstop store of another version: its message says what to do

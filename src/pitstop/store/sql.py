@@ -48,6 +48,7 @@ from ..errors import (
 )
 from ..ids import new_id
 from ..model import Checkpoint, CheckpointSummary, Run, RunStatus
+from . import filters
 from .backend import Tx, placeholders
 from .base import UNSET, Durability, Lease, PreparedSave, Unset
 from .effects import Effects
@@ -209,14 +210,6 @@ def _self_contained(record: CheckpointRecord) -> bool:
         return not stored_hashes(record.field_map())
     except CorruptCheckpointError:
         return False  # read the usual way, which reports it
-
-
-def _statuses(status: RunStatus | str | Iterable[RunStatus | str] | None) -> list[str]:
-    if status is None:
-        return []
-    if isinstance(status, str):
-        return [RunStatus(status).value]
-    return [RunStatus(s).value for s in status]
 
 
 def _head_of(row: Sequence[Any]) -> CheckpointRecord | None:
@@ -737,6 +730,9 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects):
         limit: int | None = 100,
         offset: int = 0,
     ) -> list[Run]:
+        filters.text("before", before)
+        filters.count("limit", limit, optional=True)
+        filters.count("offset", offset)
         where, params = self._run_filters(status, workflow, since, until, metadata, id_prefix)
         if before is not None:
             # Keyset paging: the rows after ``before`` in (created_at DESC, run_id DESC)
@@ -788,7 +784,10 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects):
         share."""
         where: list[str] = []
         params: list[Any] = []
-        statuses = _statuses(status)
+        statuses = filters.statuses(status)
+        filters.text("workflow", workflow)
+        filters.text("id_prefix", id_prefix)
+        filters.metadata(metadata)
         if statuses:
             where.append(f"status IN ({placeholders(len(statuses))})")
             params.extend(statuses)
@@ -797,10 +796,10 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects):
             params.append(workflow)
         if since is not None:
             where.append("created_at >= ?")
-            params.append(_ts(since))
+            params.append(filters.timestamp("since", since))
         if until is not None:
             where.append("created_at < ?")
-            params.append(_ts(until))
+            params.append(filters.timestamp("until", until))
         if id_prefix:
             # substr, not LIKE: no escaping of % and _, the same text on both dialects.
             where.append("substr(run_id, 1, ?) = ?")

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
-from ..errors import StoreError
+from ..errors import CorruptCheckpointError, StoreError
 from ..process import current_pid
 from ..serde import Serializer
 from . import options
@@ -38,6 +38,12 @@ class SQLiteDialect(Dialect):
         path = "$." + _json_key(key)
         if value is None:
             return f"json_type({column}, ?) = 'null'", [path]
+        if isinstance(value, int) and not isinstance(value, bool) and not (
+            -(1 << 63) <= value < 1 << 63
+        ):
+            raise ValueError(
+                f"metadata filter {key!r}: SQLite compares integers of at most 64 bits"
+            )
         if isinstance(value, dict | list):
             import json
 
@@ -158,6 +164,62 @@ class _Transaction:
             self.store._lock.release()
 
 
+# What a damaged file looks like to SQLite when it is not reported as SQLITE_CORRUPT: a page
+# of the schema or of an index read as something else.
+_DAMAGE = ("malformed", "no such column", "no such table", "no such index", "not a database")
+
+
+def sqlite_error(url: str, path: str, exc: sqlite3.Error) -> Exception:
+    """``exc`` as the one-line error to raise: what happened to which file and what to do.
+
+    A full disk, a read-only file or directory and an I/O error are :class:`StoreError`; a
+    damaged file is :class:`CorruptCheckpointError` (``pitstop verify`` says what is still
+    readable). Each says that the store keeps its last committed transaction: SQLite rolls
+    back the one that failed, so fixing the cause and running the command again is enough.
+    Errors that are not about the file (a constraint, a bad parameter) are returned as they
+    are: they are bugs, or handled by the caller.
+    """
+    if isinstance(exc, sqlite3.IntegrityError | sqlite3.ProgrammingError | sqlite3.InterfaceError):
+        return exc
+    code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
+    text = str(exc)
+    where = repr(path)
+    kept = "a write that failed was rolled back: the store is intact"
+    if code == sqlite3.SQLITE_FULL:
+        return StoreError(
+            f"{url}: the disk holding {where} is full ({text}); free some space and run the "
+            f"command again ({kept})"
+        )
+    if code == sqlite3.SQLITE_READONLY or (code == sqlite3.SQLITE_CANTOPEN and path != ":memory:"
+                                           and not _writable(path)):
+        return StoreError(
+            f"{url}: {where} cannot be written by this process ({text}); make the file and its "
+            f"directory writable (SQLite keeps {os.path.basename(path)}-wal and -shm beside it) "
+            "and run the command again"
+        )
+    if code == sqlite3.SQLITE_IOERR:
+        return StoreError(
+            f"{url}: cannot write {where} ({text}: a full disk, a file size limit or a failing "
+            f"device); free some space, or check the device, and run the command again ({kept})"
+        )
+    if code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB) or any(
+        sign in text.lower() for sign in _DAMAGE
+    ):
+        return CorruptCheckpointError(
+            f"the SQLite file {where} is damaged ({text}); `pitstop verify` shows what is "
+            f"affected: restore the file from a backup, or try `sqlite3 {path} .recover`"
+        )
+    if isinstance(exc, sqlite3.OperationalError):
+        return StoreError(f"{url}: {text} (SQLite file {where})")
+    return exc
+
+
+def _writable(path: str) -> bool:
+    """Whether this process may write ``path`` and create files beside it."""
+    parent = os.path.dirname(os.path.abspath(path))
+    return os.access(parent, os.W_OK) and (not os.path.exists(path) or os.access(path, os.W_OK))
+
+
 class SQLiteStore(SqlStore):
     """A store in one SQLite file (or in memory, for :class:`~pitstop.store.MemoryStore`)."""
 
@@ -201,8 +263,24 @@ class SQLiteStore(SqlStore):
         self._synchronous: str = durability
         self._writing = _Transaction(self, True, None, False)
         self._reading = _Transaction(self, False, None, False)
-        self._connection()
-        self._ensure_schema(auto_migrate)
+        try:
+            self._connection()
+            self._ensure_schema(auto_migrate)
+        except CorruptCheckpointError as exc:
+            # Damage in the file's own schema: nothing can be read, not even by verify.
+            self.close()
+            cause = exc.__cause__
+            if getattr(cause, "sqlite_errorcode", None) == sqlite3.SQLITE_NOTADB:
+                raise StoreError(
+                    f"{self.url}: {self.path!r} is not a SQLite database ({cause}); check "
+                    "the path (if it was a store, its header is damaged: restore it from a "
+                    "backup)"
+                ) from exc
+            raise StoreError(
+                f"{self.url}: the SQLite file {self.path!r} is too damaged to open "
+                f"({exc.__cause__ or exc}); restore it from a backup, or try SQLite's "
+                f"`sqlite3 {self.path} .recover`"
+            ) from exc
 
     # -- connections -------------------------------------------------------------------------
 
@@ -216,16 +294,28 @@ class SQLiteStore(SqlStore):
                 self.path, timeout=5.0, isolation_level=None, check_same_thread=False
             )
         except sqlite3.Error as exc:
-            raise StoreError(f"{self.url}: cannot open ({exc})") from exc
-        if self.path != ":memory:":
-            # Switching to WAL needs a moment of exclusive access; other processes opening the
-            # same new file at once may hold it, so retry like any busy transaction.
-            self._retrying(lambda: conn.execute("PRAGMA journal_mode=WAL"))
-        conn.execute(f"PRAGMA synchronous={_SYNCHRONOUS[self.durability]}")
+            if os.path.isdir(self.path):
+                raise StoreError(f"{self.url}: {self.path!r} is a directory, not a SQLite "
+                                 "file") from None
+            error = self._store_error(exc)
+            if error is exc:
+                raise StoreError(f"{self.url}: cannot open ({exc})") from exc
+            raise error from exc
+        try:
+            if self.path != ":memory:":
+                # Switching to WAL needs a moment of exclusive access; other processes opening
+                # the same new file at once may hold it, so retry like any busy transaction.
+                self._retrying(lambda: conn.execute("PRAGMA journal_mode=WAL"))
+            conn.execute(f"PRAGMA synchronous={_SYNCHRONOUS[self.durability]}")
+            conn.execute(
+                "PRAGMA fullfsync=1" if self.durability == "full" else "PRAGMA fullfsync=0"
+            )
+            conn.execute("PRAGMA temp_store=MEMORY")
+            conn.execute("PRAGMA cache_size=-16000")
+        except sqlite3.Error as exc:
+            conn.close()
+            raise self._store_error(exc) from exc
         self._synchronous = self.durability
-        conn.execute("PRAGMA fullfsync=1" if self.durability == "full" else "PRAGMA fullfsync=0")
-        conn.execute("PRAGMA temp_store=MEMORY")
-        conn.execute("PRAGMA cache_size=-16000")
         return conn
 
     def _connection(self) -> sqlite3.Connection:
@@ -250,6 +340,11 @@ class SQLiteStore(SqlStore):
                 return tx.all(sql, params)
 
         return self._retrying(attempt)
+
+    def _store_error(self, exc: Exception) -> Exception:
+        if isinstance(exc, sqlite3.Error):
+            return sqlite_error(self.url, self.path, exc)
+        return exc
 
     def _duplicate_checkpoint(self, exc: Exception) -> bool:
         return isinstance(exc, sqlite3.IntegrityError) and "pitstop_checkpoints." in str(exc)
