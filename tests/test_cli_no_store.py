@@ -50,3 +50,41 @@ def test_a_postgresql_schema_that_holds_no_store() -> None:
         assert pitstop_exe("runs", "--store", pg_schema_url(schema)).code == 0
     finally:
         drop_pg_schema(schema)
+
+
+READ_COMMANDS = [
+    ["runs"], ["runs", "--status", "queued"], ["show", "r"], ["history", "r"], ["stats"],
+    ["verify"], ["diff", "r@a", "r@b"], ["export", "r", "-o", "out.pitstop"],
+    ["send", "r", "go", "1"], ["cancel", "r"], ["prune", "--keep-last", "1"], ["vacuum"],
+]
+
+
+@pytest.mark.parametrize("command", READ_COMMANDS, ids=" ".join)
+def test_no_command_but_the_creating_ones_makes_a_store_file(
+    tmp_path: Path, command: list[str]
+) -> None:
+    path = tmp_path / "nothing-here.db"
+    line = one_error_line(pitstop_exe(*command, "--store", f"sqlite:///{path}", cwd=tmp_path))
+    assert f"no store at '{path}'" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no .db, -wal, -shm, archive
+    # nor through $PITSTOP_STORE, nor the default store in the current directory
+    one_error_line(pitstop_exe(*command, store=str(path), cwd=tmp_path))
+    line = one_error_line(pitstop_exe(*command, cwd=tmp_path))
+    assert "no store at 'pitstop.db' (from the default store)" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_an_empty_file_is_left_as_it_was(tmp_path: Path) -> None:
+    path = tmp_path / "empty.db"
+    path.touch()
+    for command in READ_COMMANDS:
+        one_error_line(pitstop_exe(*command, "--store", str(path), cwd=tmp_path))
+    assert path.stat().st_size == 0  # not made a SQLite database (WAL mode writes a header)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.db"]
+
+
+def test_a_missing_directory_is_not_created(tmp_path: Path) -> None:
+    path = tmp_path / "no" / "such" / "runs.db"
+    line = one_error_line(pitstop_exe("runs", "--store", f"sqlite:///{path}", cwd=tmp_path))
+    assert str(path) in line
+    assert not (tmp_path / "no").exists()

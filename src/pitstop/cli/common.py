@@ -81,17 +81,24 @@ def connect(url: str | None, *, create: bool = False, upgrade: bool = False) -> 
         origin = "--store" if given else (f"${ENV_VAR}" if os.environ.get(ENV_VAR) else
                                           "the default store")
         raise CliError(f"no store at {path!r} (from {origin}); check --store or ${ENV_VAR}")
+    if path is not None and not create and os.path.isfile(path) and not os.path.getsize(path):
+        # Opening an empty file would make it a SQLite database (WAL mode writes a header).
+        raise _no_pitstop_store(url, path)
     try:
         return open_store(url, auto_migrate=upgrade)
     except StoreSchemaError as exc:
         if exc.found != 0 or create:
             raise  # a pitstop store of another version: its message says what to do
-        # No pitstop tables at all: `pitstop migrate` would create a store in the wrong
-        # place (a typo'd schema, another application's database), so do not suggest it.
-        raise CliError(
-            f"no pitstop store in {_place(url, path)}; check --store or ${ENV_VAR} (a new "
-            "store is made only by start, enqueue, import and migrate)"
-        ) from None
+        raise _no_pitstop_store(url, path) from None
+
+
+def _no_pitstop_store(url: str, path: str | None) -> CliError:
+    # No pitstop tables at all: `pitstop migrate` would create a store in the wrong place (a
+    # typo'd schema, another application's database), so do not suggest it.
+    return CliError(
+        f"no pitstop store in {_place(url, path)}; check --store or ${ENV_VAR} (a new "
+        "store is made only by start, enqueue, import and migrate)"
+    )
 
 
 def _place(url: str, path: str | None) -> str:
