@@ -11,7 +11,15 @@ from pathlib import Path
 import pytest
 
 from clitools import one_error_line, pitstop_exe
-from conftest import POSTGRES_SKIP, drop_pg_schema, pg_schema_url
+from conftest import PG_URL, POSTGRES_SKIP, drop_pg_schema, pg_schema_url
+
+
+def _schema_exists(schema: str) -> bool:
+    import psycopg
+
+    with psycopg.connect(PG_URL) as conn:
+        found = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,))
+        return found.fetchone() is not None
 
 
 def test_a_sqlite_file_of_another_application(tmp_path: Path) -> None:
@@ -42,9 +50,11 @@ def test_an_empty_sqlite_file(tmp_path: Path) -> None:
 def test_a_postgresql_schema_that_holds_no_store() -> None:
     schema = f"typo_{uuid.uuid4().hex[:8]}"
     try:
-        line = one_error_line(pitstop_exe("runs", "--store", pg_schema_url(schema)))
-        assert f"no pitstop store in schema '{schema}' of postgresql://" in line
-        assert "migrate --store" not in line
+        for command in (["runs"], ["show", "r"], ["stats"], ["verify"], ["cancel", "r"]):
+            line = one_error_line(pitstop_exe(*command, "--store", pg_schema_url(schema)))
+            assert f"no pitstop store in schema '{schema}' of postgresql://" in line
+            assert "migrate --store" not in line
+        assert not _schema_exists(schema)  # not even an empty schema was made
         # migrate, which exists to create one, still does
         assert pitstop_exe("migrate", "--store", pg_schema_url(schema)).code == 0
         assert pitstop_exe("runs", "--store", pg_schema_url(schema)).code == 0
