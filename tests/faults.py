@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -42,7 +43,10 @@ class FaultProxy:
     * :meth:`cut_on` arms a one-shot trigger: a client message containing a pattern
       (``b"COMMIT"``; the first after ``skip`` others) is forwarded to the server, or
       dropped, and the connection is reset before the server's answer gets back: the client
-      cannot tell whether it was applied.
+      cannot tell whether it was applied;
+    * :meth:`blackhole_on` arms a one-shot trigger that starts a black hole (for a while, or
+      until :meth:`heal`) at the first client message containing a pattern, that message
+      held back with the rest: a network that stalls in the middle of a large write.
     """
 
     def __init__(self, target: tuple[str, int] | None = None) -> None:
@@ -59,6 +63,8 @@ class FaultProxy:
         self._trigger: tuple[bytes, bool] | None = None
         self._skip = 0
         self._refusing = False
+        self._stall_on: tuple[bytes, float | None] | None = None
+        self._rate: float | None = None
         self.triggered = threading.Event()
         self._closed = False
         threading.Thread(target=self._accept, name="fault-proxy", daemon=True).start()
@@ -104,6 +110,18 @@ class FaultProxy:
         with self._lock:
             self._trigger = (pattern, deliver)
             self._skip = skip
+
+    def throttle(self, bytes_per_second: float | None) -> None:
+        """Forward at most ``bytes_per_second`` from clients to the server (None: no limit):
+        a slow link, on which a large write takes many socket buffers' worth of time."""
+        self._rate = bytes_per_second
+
+    def blackhole_on(self, pattern: bytes, *, heal_after: float | None = None) -> None:
+        """Black-hole everything from the first client message containing ``pattern`` on
+        (that message included); heal by itself after ``heal_after`` seconds if given."""
+        self.triggered.clear()
+        with self._lock:
+            self._stall_on = (pattern, heal_after)
 
     def close(self) -> None:
         self._closed = True
@@ -153,6 +171,11 @@ class FaultProxy:
                             raise OSError("closed")
                         if src is client and self._fire(data, client, server):
                             return
+                        if src is client and self._stall(data):
+                            self._flowing.wait()  # the black hole began with this message
+                        rate = self._rate
+                        if src is client and rate:
+                            time.sleep(len(data) / rate)
                         peer[src].sendall(data)
             except (OSError, ValueError):
                 pass
@@ -175,6 +198,21 @@ class FaultProxy:
                 server.settimeout(2)
                 server.recv(1 << 16)
         _reset(client, server)
+        self.triggered.set()
+        return True
+
+
+    def _stall(self, data: bytes) -> bool:
+        with self._lock:
+            stall = self._stall_on
+            if stall is None or stall[0] not in data:
+                return False
+            self._stall_on = None
+        self.blackhole()
+        if stall[1] is not None:
+            timer = threading.Timer(stall[1], self.heal)
+            timer.daemon = True
+            timer.start()
         self.triggered.set()
         return True
 

@@ -172,6 +172,84 @@ def test_a_start_cut_while_the_store_stays_away_converges_when_repeated(
         assert sum(h.source == "input" for h in store.history("order-8", limit=None)) == 1
 
 
+def _within(limit: float, fn: Any) -> Any:
+    """``fn()`` in a thread: its result, or its exception raised here; fails the test (rather
+    than hanging the suite) if it is still running after ``limit`` seconds."""
+    outcome: list[tuple[bool, Any]] = []
+
+    def call() -> None:
+        try:
+            outcome.append((True, fn()))
+        except BaseException as exc:
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(limit)
+    assert outcome, f"still waiting after {limit:.0f}s"
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
+
+
+# Short timeouts: a connection silent for statement_timeout + connect_timeout is stalled.
+_QUICK = {"statement_timeout": "1", "connect_timeout": "1", "busy_timeout": "2"}
+
+
+@needs_postgres
+@pytest.mark.parametrize("size", [10, 20 << 20], ids=["small", "20MiB"])
+def test_a_write_into_a_silent_network_fails_instead_of_hanging(
+    proxy: FaultProxy, schema: str, size: int
+) -> None:
+    """The network stops forwarding in the middle of a write, closing nothing (the kernel
+    still acknowledges, so TCP timeouts never fire): the write ends in a StoreError naming
+    the stall, and once the network is back the same write succeeds."""
+    value = b"x" * size
+    with pitstop.open_store(proxied_url(proxy, schema, **_QUICK)) as store:
+        store.save("r", {"a": 1})
+        proxy.blackhole_on(b"pitstop_effects")
+        with pytest.raises(StoreError, match=r"stalled|unreachable"):
+            _within(60, lambda: store.record_effect("r", "download", value))
+        assert proxy.triggered.is_set()
+        proxy.heal()
+        assert store.record_effect("r", "download", value) == value
+        assert store.get_effect("r", "download") == (True, value)
+
+
+@needs_postgres
+def test_a_read_from_a_silent_network_fails_instead_of_hanging(
+    proxy: FaultProxy, schema: str
+) -> None:
+    with pitstop.open_store(proxied_url(proxy, schema, **_QUICK)) as store:
+        store.save("r", {"a": 1})
+        proxy.blackhole()
+        with pytest.raises(StoreError, match=r"stalled|unreachable|no connection"):
+            _within(60, lambda: store.latest("r"))
+        proxy.heal()
+        assert store.latest("r").state == {"a": 1}  # type: ignore[union-attr]
+
+
+@needs_postgres
+def test_a_start_whose_commit_stalls_converges_when_repeated(
+    proxy: FaultProxy, schema: str
+) -> None:
+    """``start``'s COMMIT goes into a black hole: the caller gets a StoreError (the outcome
+    is unknown), and the same start, once the network is back, converges on one run."""
+    wf = pitstop.Workflow("orders")
+    wf.step(name="ship")(lambda state: {"shipped": state["order"]})
+    with pitstop.open_store(proxied_url(proxy, schema, **_QUICK)) as store:
+        store.runs()
+        proxy.blackhole_on(b"COMMIT")
+        with pytest.raises(StoreError):
+            _within(60, lambda: wf.start(store, {"order": 9}, run_id="order-9"))
+        proxy.heal()
+        again = wf.start(store, {"order": 9}, run_id="order-9")
+        assert again.status is RunStatus.COMPLETED and again.state["shipped"] == 9
+        assert sum(h.source == "input" for h in store.history("order-9", limit=None)) == 1
+        assert store.verify() == []
+
+
 # -- the disk ------------------------------------------------------------------------------------
 
 # 40 steps each adding 32 KiB of incompressible bytes: about 1.3 MiB of checkpoints.

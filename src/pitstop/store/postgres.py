@@ -32,7 +32,12 @@ module only supplies connections, the dialect and the few PostgreSQL-specific de
   returns once its commit is on the server's disk. ``durability=`` of one save overrides it.
 * **Unreachable server.** Opening, or waiting for a connection, gives up after
   ``connect_timeout`` with a one-line :class:`~pitstop.StoreError` naming the server (password
-  redacted); established connections use TCP keepalives so a vanished server is noticed.
+  redacted); established connections use TCP keepalives so a vanished server is noticed,
+  and a connection on which nothing moves for ``statement_timeout + connect_timeout`` (a
+  network that stopped forwarding without closing) is dropped as lost (pitstop.store.pgconn).
+* **Large values.** Every byte of a transaction is sent before its pipeline syncs
+  (:func:`~pitstop.store.pgconn.flush_all`): psycopg's own sync may keep a large value's tail
+  in libpq's buffer while it waits for the server, which waits for that tail.
 * **Garbage collection.** Unlike SQLite, saves run concurrently with prune/delete here; the
   ``_lock_values``/``_lock_gc`` advisory locks (see there) keep a value from being deleted
   while a concurrent save starts referencing it.
@@ -73,6 +78,7 @@ from pitstop.store.base import UNSET, Durability, PreparedSave, Unset
 from pitstop.store.blobs import BlobStore
 from pitstop.store.options import OPTIONS, parse_option
 from pitstop.store.options import check as check_options
+from pitstop.store.pgconn import GuardedConnection, flush_all
 from pitstop.store.schema import CHECKPOINTS
 from pitstop.store.sql import SqlStore, WritePlan, head_update
 from pitstop.store.urls import redact
@@ -139,6 +145,8 @@ _RETRY_ALWAYS = (
 
 _IDLE = psycopg.pq.TransactionStatus.IDLE
 
+_Pool = ConnectionPool[GuardedConnection]
+
 # The last part of the one-statement save: the checkpoint row, inserted only if the head moved.
 _INSERT_CHECKPOINT_IF_MOVED = (
     f" INSERT INTO pitstop_checkpoints ({CHECKPOINTS.column_list()}) "
@@ -166,11 +174,25 @@ class _PipelinedCursor:
     ``execute`` sends without waiting, a fetch waits for the results up to its own, and
     ``rowcount`` (known only once the result arrived) syncs first."""
 
-    __slots__ = ("_cur", "_pipeline")
+    __slots__ = ("_conn", "_cur", "_pipeline", "_stall_timeout")
 
-    def __init__(self, cur: psycopg.Cursor[Any], pipeline: psycopg.Pipeline) -> None:
-        self._cur = cur
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        pipeline: psycopg.Pipeline,
+        stall_timeout: float | None,
+    ) -> None:
+        self._conn = conn
+        self._cur = conn.cursor()
         self._pipeline = pipeline
+        self._stall_timeout = stall_timeout
+
+    def sync(self) -> None:
+        """Wait for the results of everything sent so far. Every byte goes out first:
+        ``Pipeline.sync()`` alone may keep the tail of a large value in libpq's buffer and
+        then wait for a server that waits for that tail (see pitstop.store.pgconn)."""
+        flush_all(self._conn, self._stall_timeout)
+        self._pipeline.sync()
 
     def execute(self, query: str, params: Any = ()) -> _PipelinedCursor:
         self._cur.execute(query, params)
@@ -187,7 +209,7 @@ class _PipelinedCursor:
 
     @property
     def rowcount(self) -> int:
-        self._pipeline.sync()
+        self.sync()
         return self._cur.rowcount
 
 
@@ -264,6 +286,12 @@ class PostgresStore(SqlStore):
                 f"(got pool_min={self.pool_min}, pool_max={self.pool_max})"
             )
 
+        # A pooled connection silent for longer than this is taken for stalled: the server
+        # ends any statement (or lock wait) itself after statement_timeout, and the network
+        # has had connect_timeout on top to deliver its answer. No statement_timeout: no limit.
+        self._stall_timeout: float | None = (
+            self.statement_timeout + self.connect_timeout if self.statement_timeout > 0 else None
+        )
         self._conninfo = conninfo
         params = _conninfo_params(conninfo, safe_url)
         password = params.get("password")
@@ -279,10 +307,10 @@ class PostgresStore(SqlStore):
             },
         }
         self._lock = threading.Lock()
-        self._pool: ConnectionPool | None = None
+        self._pool: _Pool | None = None
         self._pid = current_pid()
         self._closed = False
-        self._abandoned: list[ConnectionPool] = []
+        self._abandoned: list[_Pool] = []
         self._in_use = 0
 
         # One direct connection first: it fails fast with libpq's own reason (refused, bad
@@ -342,7 +370,10 @@ class PostgresStore(SqlStore):
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
         """Run once per new pooled connection (never per transaction): the schema, the
         statement timeout and the store's default durability ("full" keeps the server's
-        own ``synchronous_commit``, normally ``on``)."""
+        own ``synchronous_commit``, normally ``on``). Pooled connections give up on a
+        server silent for longer than :attr:`_stall_timeout` (see pitstop.store.pgconn)."""
+        if isinstance(conn, GuardedConnection):
+            conn.stall_timeout = self._stall_timeout
         conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
         conn.execute(
             "SELECT set_config('statement_timeout', %s, false)",
@@ -351,9 +382,10 @@ class PostgresStore(SqlStore):
         if self.durability == "normal":
             conn.execute("SET synchronous_commit TO off")
 
-    def _open_pool(self) -> ConnectionPool:
-        pool: ConnectionPool = ConnectionPool(
+    def _open_pool(self) -> _Pool:
+        pool: _Pool = ConnectionPool(
             self._conninfo,
+            connection_class=GuardedConnection,
             kwargs=self._connect_kwargs,
             min_size=self.pool_min,
             max_size=self.pool_max,
@@ -369,7 +401,7 @@ class PostgresStore(SqlStore):
             raise self._unavailable(exc) from None
         return pool
 
-    def _live_pool(self) -> ConnectionPool:
+    def _live_pool(self) -> _Pool:
         pool = self._pool
         if pool is None or self._closed:
             raise StoreError(f"{self.url}: store is closed")
@@ -397,7 +429,7 @@ class PostgresStore(SqlStore):
             f"{self.connect_timeout:g}s ({self._clean(exc)})"
         )
 
-    def _getconn(self, pool: ConnectionPool) -> psycopg.Connection[Any]:
+    def _getconn(self, pool: _Pool) -> GuardedConnection:
         """A pooled connection; waiting up to ``connect_timeout`` for the server, or up to
         ``busy_timeout`` while every connection is simply in use by this store."""
         deadline = time.monotonic() + self.busy_timeout
@@ -420,7 +452,7 @@ class PostgresStore(SqlStore):
                 self._in_use += 1
             return conn
 
-    def _putconn(self, pool: ConnectionPool, conn: psycopg.Connection[Any]) -> None:
+    def _putconn(self, pool: _Pool, conn: GuardedConnection) -> None:
         with self._lock:
             self._in_use -= 1
         pool.putconn(conn)
@@ -441,7 +473,7 @@ class PostgresStore(SqlStore):
         committing = False
         try:
             with conn.pipeline() as pipeline:
-                cur = _PipelinedCursor(conn.cursor(), pipeline)
+                cur = _PipelinedCursor(conn, pipeline, self._stall_timeout)
                 # Reads see one snapshot across their statements; writes lock rows instead.
                 cur.execute("BEGIN" if write else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 if write and durability is not None and durability != self.durability:
@@ -453,12 +485,12 @@ class PostgresStore(SqlStore):
                 try:
                     yield Tx(cur, POSTGRES)
                     if write:
-                        pipeline.sync()
+                        cur.sync()
                 except BaseException as exc:
                     # Never hide the error that got us here behind one from the cleanup.
                     if isinstance(exc, psycopg.Error) and not conn.closed:
                         with suppress(psycopg.Error):
-                            pipeline.sync()  # collect what the error left behind, quietly
+                            cur.sync()  # collect what the error left behind, quietly
                     if not conn.closed:
                         with suppress(psycopg.Error):
                             cur.execute("ROLLBACK")

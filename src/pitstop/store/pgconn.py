@@ -1,0 +1,106 @@
+"""psycopg connections that never wait on the server forever, and a pipeline sync that always
+delivers what it syncs.
+
+Two ways a PostgreSQL call could block for good, both met in practice:
+
+* **A sync that keeps part of the transaction.** ``Pipeline.sync()`` flushes libpq's output
+  buffer only as far as the socket takes it without blocking, and then waits for the server's
+  reply. A large value (tens of MiB) still partly in that buffer never reaches the server,
+  which waits for the rest of it (``ClientRead``) while the client waits for a reply that
+  cannot come. :func:`flush_all` sends every byte first, reading whatever the server says
+  meanwhile so neither side can block the other.
+* **A connection that stops forwarding without closing** (a partition, a stuck middlebox, a
+  paused VM). The local kernel keeps acknowledging, so TCP keepalives and
+  ``tcp_user_timeout`` never fire, and libpq would wait for the whole outage.
+  :class:`GuardedConnection` gives up once no byte has moved either way for its
+  ``stall_timeout``, closes the connection, and raises :class:`ConnectionStalled` (an
+  ``OperationalError``, so callers treat it as a lost connection: retried when the
+  transaction cannot have committed, reported as of unknown outcome when it may have).
+
+The stall timeout is longer than the server's ``statement_timeout``: a statement that is
+merely slow (or waiting for a lock) is ended by the server, with an error, before the client
+would call it a stall.
+"""
+
+from __future__ import annotations
+
+import selectors
+import time
+from collections.abc import Generator
+from typing import Any, TypeVar
+
+import psycopg
+
+RV = TypeVar("RV")
+
+# psycopg's generators yield what they wait for and are sent what became ready; a wait that
+# timed out (psycopg wakes every ``interval`` seconds) sends 0.
+_Gen = Generator[Any, Any, RV]
+
+
+class ConnectionStalled(psycopg.OperationalError):
+    """No byte moved between client and server for the connection's stall timeout."""
+
+
+class GuardedConnection(psycopg.Connection[Any]):
+    """A psycopg connection whose every wait on the server ends after ``stall_timeout``
+    seconds without traffic (None: waits as long as psycopg would)."""
+
+    stall_timeout: float | None = None
+
+    def wait(self, gen: _Gen[RV], *args: Any, **kwargs: Any) -> RV:
+        limit = self.stall_timeout
+        if limit is not None:
+            gen = _guarded(gen, self, limit)
+        return super().wait(gen, *args, **kwargs)
+
+
+def _guarded(gen: _Gen[RV], conn: GuardedConnection, limit: float) -> _Gen[RV]:
+    """``gen``, failing once nothing has become ready for ``limit`` seconds."""
+    quiet_since = time.monotonic()
+    try:
+        waiting = next(gen)
+        while True:
+            ready = yield waiting
+            if ready:
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since > limit:
+                raise _stalled(conn, limit)
+            waiting = gen.send(ready)
+    except StopIteration as done:
+        result: RV = done.value
+        return result
+
+
+def _stalled(conn: psycopg.Connection[Any], limit: float) -> ConnectionStalled:
+    # The protocol was left mid-exchange: the connection can never be used again.
+    conn.close()
+    return ConnectionStalled(f"no answer from the server for {limit:g}s (connection stalled)")
+
+
+def flush_all(conn: psycopg.Connection[Any], stall_timeout: float | None) -> None:
+    """Send everything libpq holds for the server, reading (and keeping for libpq) what the
+    server sends meanwhile; :class:`ConnectionStalled` if nothing moves for
+    ``stall_timeout`` seconds."""
+    pgconn = conn.pgconn
+    if pgconn.flush() == 0:
+        return
+    quiet_since = time.monotonic()
+    with selectors.DefaultSelector() as selector:
+        selector.register(pgconn.socket, selectors.EVENT_READ | selectors.EVENT_WRITE)
+        while True:
+            wait = None if stall_timeout is None else 0.1
+            events = 0
+            for _, mask in selector.select(wait):
+                events |= mask
+            if events:
+                quiet_since = time.monotonic()
+            elif stall_timeout is not None and time.monotonic() - quiet_since > stall_timeout:
+                raise _stalled(conn, stall_timeout)
+            if events & selectors.EVENT_READ:
+                pgconn.consume_input()  # results of earlier statements: libpq keeps them
+            if events & selectors.EVENT_WRITE and pgconn.flush() == 0:
+                return
+
+
+__all__ = ["ConnectionStalled", "GuardedConnection", "flush_all"]
