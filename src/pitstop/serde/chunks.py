@@ -74,15 +74,14 @@ class Params(NamedTuple):
 # 1.56x, 64 KiB: 1.9x for a 2,000-turn conversation). A dict with one key changed per save
 # wants small ones (each save rewrites the chunk holding the key).
 LIST_PARAMS: Final = Params(target=16 * 1024, max=64 * 1024)
-DICT_PARAMS: Final = Params(target=3 * 1024, max=12 * 1024)
+DICT_PARAMS: Final = Params(target=512, max=2 * 1024)
 BUFFER_CHUNK: Final = 1 << 20
 """Buffers (bytes, arrays) are cut every MiB: a region changed in a large array rewrites the
 chunks it touches, and a 64 MiB array is 64 chunks."""
 
-NODE_MASK: Final = 7
-LEAF_MASK: Final = 3
-"""A list's leaves are grouped smaller (4 on average, not 8): the leaves after the last full
-group are in every checkpoint record's root."""
+NODE_MASK: Final = 3
+"""Entries are grouped into nodes of 4 on average: the entries after the last full group
+are in every checkpoint record's root, and a changed leaf rewrites a node at each level."""
 NODE_MAX: Final = 64
 ROOT_NODES: Final = 8
 """A level with more sealed nodes than this is grouped again into a level above it."""
@@ -142,6 +141,13 @@ class Layout:
     format_id: int = 0
     starts: list[int] = field(default_factory=list)
     """Item offset of each leaf (computed on demand)."""
+    prefix: tuple[int, int, bytes] | None = None
+    """``(leaves, bytes, xxh3-128)`` of the first final leaves' bytes, if known: a whole-value
+    save compares them with the new value's bytes in one hash, not one per leaf."""
+    index: dict[bytes, tuple[Entry, list[Entry]]] = field(default_factory=dict)
+    """The nodes by their last entry's key (:data:`NodeIndex`), for the next version's tree."""
+    levels: list[tuple[list[Entry], list[Entry], list[int]]] = field(default_factory=list)
+    """The tree's levels (:data:`Levels`), for the next version's tree."""
 
     def leaf_starts(self) -> list[int]:
         if len(self.starts) != len(self.leaves):
@@ -221,67 +227,119 @@ def node_keys(entries: Iterable[Entry]) -> list[bytes]:
 # -- the tree ---------------------------------------------------------------------------------
 
 
-def _group(
-    entries: Sequence[Entry], format_id: int, nodes: dict[bytes, list[Entry]], mask: int = NODE_MASK
-) -> tuple[list[Entry], list[Entry]]:
-    """Sealed nodes made of ``entries`` and the trailing entries not in a full group."""
-    sealed: list[Entry] = []
-    current: list[Entry] = []
-    for entry in entries:
-        current.append(entry)
-        # Cut only after a final entry: a node never holds a list's open last chunk, which
-        # the next append replaces.
-        if entry.flags & CUT and (
-            len(current) >= NODE_MAX or (len(current) >= 2 and not entry.key[-1] & mask)
-        ):
-            raw = _pack_entries(current)
-            key = chunk_key(format_id, raw)
-            nodes[key] = current
-            sealed.append(
-                Entry(key, sum(e.items for e in current), sum(e.size for e in current), CUT | NODE)
-            )
-            current = []
-    return sealed, current
+NodeIndex = dict[bytes, tuple[Entry, list[Entry]]]
+"""A tree's nodes by the key of their last entry: what the next version's tree reuses
+without packing or hashing a node again (its entries are compared first)."""
 
 
-def _node(entries: list[Entry], format_id: int, nodes: dict[bytes, list[Entry]]) -> Entry:
-    key = chunk_key(format_id, _pack_entries(entries))
-    nodes[key] = entries
-    return Entry(key, sum(e.items for e in entries), sum(e.size for e in entries), CUT | NODE)
+class _Builder:
+    def __init__(self, format_id: int, parent: Layout | None) -> None:
+        self.format_id = format_id
+        self.reuse: NodeIndex = parent.index if parent is not None else {}
+        self.reuse_nodes = parent.nodes if parent is not None else {}
+        self.nodes: dict[bytes, list[Entry]] = {}
+        self.index: NodeIndex = {}
+
+    def node(self, entries: list[Entry]) -> Entry:
+        last = entries[-1].key
+        found = self.reuse.get(last)
+        if found is not None and found[1] == entries:
+            entry, entries = found
+        else:
+            key = chunk_key(self.format_id, _pack_entries(entries))
+            items = size = 0
+            for e in entries:
+                items += e.items
+                size += e.size
+            entry = Entry(key, items, size, CUT | NODE)
+        self.nodes[entry.key] = entries
+        self.index[last] = (entry, entries)
+        return entry
+
+    def group(
+        self, entries: list[Entry], before: tuple[list[Entry], list[Entry], list[int]] | None
+    ) -> tuple[list[Entry], list[Entry], list[int]]:
+        """Sealed nodes made of ``entries``, the trailing entries in no full group, and where
+        each node ends. ``before`` is the same for the parent's tree at this level (its
+        entries, nodes and ends): the nodes over a prefix the two share are the parent's,
+        found with a few list comparisons instead of a pass over every entry."""
+        sealed: list[Entry] = []
+        ends: list[int] = []
+        start = 0
+        if before is not None and before[2]:
+            old, old_sealed, old_ends = before
+            lo, hi = 0, len(old_ends)  # how many of the parent's nodes are this level's too
+            if entries[: old_ends[-1]] == old[: old_ends[-1]]:
+                lo = hi
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if entries[: old_ends[mid - 1]] == old[: old_ends[mid - 1]]:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            if lo:
+                sealed = old_sealed[:lo]
+                ends = old_ends[:lo]
+                start = ends[-1]
+                for node in sealed:
+                    self.nodes[node.key] = old_nodes = self.reuse_nodes[node.key]
+                    self.index[old_nodes[-1].key] = (node, old_nodes)
+        current: list[Entry] = []
+        for position in range(start, len(entries)):
+            entry = entries[position]
+            current.append(entry)
+            # Cut only after a final entry: a node never holds a list's open last chunk,
+            # which the next append replaces.
+            if entry.flags & CUT and (
+                len(current) >= NODE_MAX or (len(current) >= 2 and not entry.key[-1] & NODE_MASK)
+            ):
+                sealed.append(self.node(current))
+                ends.append(position + 1)
+                current = []
+        return sealed, current, ends
+
+
+Levels = list[tuple[list[Entry], list[Entry], list[int]]]
+"""A tree's levels, bottom up: each level's entries, the nodes grouping them, where each ends."""
 
 
 def build_tree(
-    leaves: list[Entry], format_id: int, chain: bool = False
-) -> tuple[list[Entry], dict[bytes, list[Entry]]]:
-    """The root entries over ``leaves`` and the nodes they reference.
+    leaves: list[Entry], format_id: int, parent: Layout | None = None
+) -> tuple[list[Entry], dict[bytes, list[Entry]], NodeIndex, Levels]:
+    """The root entries over ``leaves``, the nodes they reference, their index and levels
+    (what ``parent``'s tree shares with this one is taken from it, not packed and hashed
+    again).
 
-    With ``chain`` (lists, which grow at the end), everything before the last leaves that
-    are in no full group yet is one node: the root (in every checkpoint record) is then that
-    node and those few leaves, not also the entries left over at each level above. That node
-    holds the level above's leftovers after a node holding what precedes them, and so on
-    up: an append rewrites the lowest of these nodes only when a group of leaves fills.
+    Everything before the last leaves that are in no full group yet is one node: the root
+    (in every checkpoint record) is then that node and those few leaves, not also the
+    entries left over at each level above. That node holds the level above's leftovers after
+    a node holding what precedes them, and so on up: an append rewrites the lowest of these
+    nodes only when a group of leaves fills, and a record stays far below the size at which
+    the database moves it to an overflow page.
     """
-    nodes: dict[bytes, list[Entry]] = {}
+    builder = _Builder(format_id, parent)
+    old_levels = parent.levels if parent is not None else []
+    levels: Levels = []
     tails: list[list[Entry]] = []
     level = leaves
     while len(level) > ROOT_NODES:
-        mask = LEAF_MASK if chain and level is leaves else NODE_MASK
-        sealed, trailing = _group(level, format_id, nodes, mask)
+        depth = len(levels)
+        sealed, trailing, ends = builder.group(
+            level, old_levels[depth] if depth < len(old_levels) else None
+        )
         if not sealed:
             break
+        levels.append((level, sealed, ends))
         tails.append(trailing)
         level = sealed
-    if chain and tails:
-        head = list(level)
-        for trailing in reversed(tails[1:]):
-            head = [_node(head, format_id, nodes), *trailing] if len(head) > 1 else head + trailing
-        if len(head) > 1:
-            head = [_node(head, format_id, nodes)]
-        return [*head, *tails[0]], nodes
-    root = list(level)
-    for trailing in reversed(tails):
-        root.extend(trailing)
-    return root, nodes
+    if not tails:
+        return list(level), builder.nodes, builder.index, levels
+    head = list(level)
+    for trailing in reversed(tails[1:]):
+        head = [builder.node(head), *trailing] if len(head) > 1 else head + trailing
+    if len(head) > 1:
+        head = [builder.node(head)]
+    return [*head, *tails[0]], builder.nodes, builder.index, levels
 
 
 # -- item encodings ---------------------------------------------------------------------------
@@ -368,8 +426,8 @@ def _finish(
     format_id: int,
     parent: Layout | None,
 ) -> Split:
-    root, nodes = build_tree(leaves, format_id, chain=kind == "list")
-    layout = Layout(kind, meta, items, root, leaves, nodes, format_id)
+    root, nodes, index, levels = build_tree(leaves, format_id, parent)
+    layout = Layout(kind, meta, items, root, leaves, nodes, format_id, index=index, levels=levels)
     known = parent.keys() if parent is not None else set()
     new = {k: raw for k, raw in raws.items() if k not in known}
     for key, entries in nodes.items():
@@ -421,6 +479,9 @@ def sealed(parent: Layout, min_size: int = SEAL_MIN) -> Layout:
         [*leaves[:-1], last._replace(flags=last.flags | CUT)],
         parent.nodes,
         parent.format_id,
+        prefix=parent.prefix,
+        index=parent.index,
+        levels=parent.levels,
     )
 
 
@@ -488,56 +549,80 @@ def _header_size(n: int) -> int:
     return 1 if n < 16 else 3 if n < 1 << 16 else 5
 
 
-def _batch(
-    kind: str, value: Any, items: list[Any] | None, dumps: Dumps, first: int, stop: int
-) -> bytes:
-    """Items ``first`` to ``stop`` encoded in one call: their container's encoding without its
-    header is their encodings concatenated (msgpack is compositional)."""
-    part = value[first:stop] if kind == "list" else dict((items or [])[first:stop])
-    return dumps(part)[_header_size(stop - first) :]
-
-
 def _split_guided(
     kind: str, value: Any, dumps: Dumps, format_id: int, parent: Layout
 ) -> Split | None:
-    """``value`` cut where its parent was, where it can be: each of the parent's chunks is
-    tried at its old place (then, after the first that differs, at its place counted from
-    the end, which an insertion or deletion shifts), one serialiser call per chunk. Only
-    what lies between the matching prefix and suffix is serialised item by item and cut
-    afresh, so a whole-value save of a grown list costs about one serialisation of it.
+    """``value`` cut where its parent was, where it can be. The value is serialised once,
+    whole; each of the parent's chunks is then compared, by its key, with the bytes at its
+    old place (then, after the first that differs, at its place counted from the end, which
+    an insertion or deletion shifts). Only what lies between the matching prefix and suffix
+    is serialised item by item and cut afresh, so a whole-value save of a grown list costs
+    about one serialisation of it and a fast hash of it.
+
+    Equal bytes from the start are the same items (msgpack items delimit themselves). For
+    the suffix the bytes are checked to begin where the re-serialised middle ends; if not,
+    nothing after the prefix is reused.
     """
     n = len(value)
     items = list(value.items()) if kind == "dict" else None
     old = parent.leaves
     starts = parent.leaf_starts()
+    whole = dumps(value)
+    body = memoryview(whole)[_header_size(n) :]
+    total = len(body)
+    digest = xxhash.xxh3_128_digest
     leaves: list[Entry] = []
     raws: dict[bytes, bytes] = {}
 
-    def same(entry: Entry, start: int) -> bool:
-        raw = _batch(kind, value, items, dumps, start, start + entry.items)
-        return chunk_key(format_id, raw) == entry.key
-
     i = 0
-    while i < len(old) and old[i].flags & CUT and starts[i] + old[i].items <= n:
-        if not same(old[i], starts[i]):
+    offset = 0
+    count = len(old)
+    span = parent.prefix
+    if (
+        span is not None
+        and span[0] <= count
+        and starts[span[0] - 1] + old[span[0] - 1].items <= n
+        and span[1] <= total
+        and digest(body[: span[1]], seed=format_id) == span[2]
+    ):
+        i, offset = span[0], span[1]  # the parent's final chunks, checked in one hash
+    while i < count:
+        entry = old[i]
+        if not entry.flags & CUT or starts[i] + entry.items > n or offset + entry.size > total:
             break
-        leaves.append(old[i])
+        if b"\x01" + digest(body[offset : offset + entry.size], seed=format_id) != entry.key:
+            break
+        offset += entry.size
         i += 1
-    first = starts[i] if i < len(old) else parent.items
-    shift = n - parent.items
+    leaves.extend(old[:i])
+    first = starts[i] if i < count else parent.items
     suffix: list[Entry] = []
-    j = len(old) - 1
+    back = total  # byte offset where the kept suffix begins
+    kept_items = 0
+    j = count - 1
     while j > i:
-        start = starts[j] + shift
-        if start < first or start + old[j].items > n or not same(old[j], start):
+        entry = old[j]
+        if (
+            n - kept_items - entry.items < first
+            or back - entry.size < offset
+            or b"\x01" + digest(body[back - entry.size : back], seed=format_id) != entry.key
+        ):
             break
-        suffix.append(old[j])
+        suffix.append(entry)
+        back -= entry.size
+        kept_items += entry.items
         j -= 1
     suffix.reverse()
-    stop = n - sum(e.items for e in suffix)
+    stop = n - kept_items
     encodings = _encode_items(kind, value, dumps, first, stop, items)
     if encodings is None:
         return None
+    if suffix and offset + sum(map(len, encodings)) != back:
+        # The suffix's bytes do not start at an item: serialise the rest item by item too.
+        suffix, stop = [], n
+        encodings = _encode_items(kind, value, dumps, first, stop, items)
+        if encodings is None:
+            return None
     params = LIST_PARAMS if kind == "list" else DICT_PARAMS
     ranges = _cuts(encodings, params)
     for k, (a, b, cut) in enumerate(ranges):
@@ -547,7 +632,19 @@ def _split_guided(
         final = cut or (k == len(ranges) - 1 and bool(suffix))  # cut before a kept suffix
         leaves.append(Entry(key, b - a, len(raw), CUT if final else 0))
     leaves.extend(suffix)
-    return _finish(kind, None, n, leaves, raws, format_id, parent)
+    result = _finish(kind, None, n, leaves, raws, format_id, parent)
+    # What the next whole-value save checks in one hash: the bytes of the final chunks
+    # before the last one (the last may become a kept suffix, shifted).
+    kept = len(leaves) - 1
+    while kept > 0 and not leaves[kept - 1].flags & CUT:
+        kept -= 1
+    if kept > 0:
+        if kept >= i:  # the kept prefix's bytes are known: add only what follows it
+            end = offset + sum(e.size for e in leaves[i:kept])
+        else:
+            end = sum(e.size for e in leaves[:kept])
+        result.layout.prefix = (kept, end, digest(body[:end], seed=format_id))
+    return result
 
 
 def encoded_size(layout: Layout) -> int:
