@@ -154,13 +154,10 @@ HOSTILE: dict[str, tuple[Callable[[list[dict[str, Any]]], None], str]] = {
 }
 
 
-_UNFIXED = pytest.mark.xfail(strict=True, reason="#18 item 3: record validation in the store")
 
 
-@pytest.mark.parametrize(
-    "case",
-    [pytest.param(c, marks=[] if c == "hash of the wrong type" else [_UNFIXED]) for c in HOSTILE],
-)
+
+@pytest.mark.parametrize("case", list(HOSTILE))
 def test_a_hostile_archive_is_refused_whole_in_one_line(
     tmp_path: Path, cli: Cli, case: str
 ) -> None:
@@ -271,7 +268,6 @@ def test_a_schema_name_of_63_bytes_is_taken_and_one_of_64_refused() -> None:
 # -- run rows (medium: the runs table is protected like checkpoints) ------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="#18: run rows protected (head belongs to the run)")
 def test_a_head_pointing_at_another_runs_checkpoint_is_corruption(url: str) -> None:
     with pitstop.open_store(url) as store:
         store.save("a", {"who": "a"})
@@ -282,7 +278,6 @@ def test_a_head_pointing_at_another_runs_checkpoint_is_corruption(url: str) -> N
         assert any(p.run_id == "a" or p.id == "a" for p in store.verify())
 
 
-@pytest.mark.xfail(strict=True, reason="#18: run rows protected (head pointing nowhere)")
 def test_a_head_pointing_nowhere_is_corruption_not_an_empty_run(url: str) -> None:
     with pitstop.open_store(url) as store:
         store.save("a", {"n": 1})
@@ -292,7 +287,6 @@ def test_a_head_pointing_nowhere_is_corruption_not_an_empty_run(url: str) -> Non
         assert store.verify()
 
 
-@pytest.mark.xfail(strict=True, reason="#18 item 3: one bad run row must not break listing")
 @pytest.mark.parametrize(
     "damage",
     ["status = 'bogus'", "metadata = 'not json'", "waiting_for = '{\"x'"],
@@ -459,3 +453,67 @@ def test_random_byte_flips_never_end_in_an_internal_error(tmp_path: Path, cli: C
         for command in (["runs"], ["show", "run-3"], ["history", "run-4"], ["verify"]):
             code, _, err = cli(*command, store=url)
             assert code in (0, 1, 2) and "internal error" not in err, (trial, command, err)
+
+
+# -- fallback past corruption (item 6) ------------------------------------------------------
+
+
+def _five(store: Store) -> list[str]:
+    return [store.save("a", {"n": n, "text": f"value {n} " * 20}).id for n in range(5)]
+
+
+@pytest.mark.parametrize("parent", ["nowhere", "oldest"])
+def test_fallback_does_not_trust_a_corrupt_heads_parent_link(url: str, parent: str) -> None:
+    with pitstop.open_store(url) as store:
+        ids = _five(store)
+        target = "nowhere" if parent == "nowhere" else ids[0]
+        tamper(url, "UPDATE pitstop_checkpoints SET parent_id = ? WHERE id = ?", (target, ids[4]))
+    with pitstop.open_store(url) as store:
+        with pytest.raises(pitstop.CorruptCheckpointError, match="checksum"):
+            store.latest("a")
+        found = store.latest("a", fallback=True)
+        assert found is not None and found.id == ids[3] and found.state["n"] == 3
+        assert len(found.skipped) == 1 and ids[4] in found.skipped[0]
+        _, head = store.latest_with_run("a", fallback=True)
+        assert head is not None and head.id == ids[3]
+
+
+def test_fallback_passes_an_unreadable_field_map(url: str) -> None:
+    with pitstop.open_store(url) as store:
+        ids = _five(store)
+        tamper(url, "UPDATE pitstop_checkpoints SET fields = ? WHERE id IN (?, ?)",
+               (b"\xc1\xc1", ids[4], ids[3]))
+    with pitstop.open_store(url) as store:
+        with pytest.raises(pitstop.CorruptCheckpointError):
+            store.latest("a")
+        found = store.latest("a", fallback=True)
+        assert found is not None and found.id == ids[2]
+        assert [s.split(":")[0] for s in found.skipped] == [ids[4], ids[3]]
+        _, head = store.latest_with_run("a", fallback=True)
+        assert head is not None and head.id == ids[2]
+
+
+def test_fallback_never_goes_past_the_head_to_newer_checkpoints(url: str) -> None:
+    with pitstop.open_store(url) as store:
+        ids = _five(store)
+        # The run was moved back to checkpoint 2 (3 and 4 are a branch it left); 2 rots.
+        tamper(url, "UPDATE pitstop_runs SET head_id = ? WHERE run_id = 'a'", (ids[2],))
+        tamper(url, "UPDATE pitstop_checkpoints SET step = step + 9 WHERE id = ?", (ids[2],))
+    with pitstop.open_store(url) as store:
+        found = store.latest("a", fallback=True)
+        assert found is not None and found.id == ids[1]
+
+
+@pytest.mark.parametrize("head", ["another run's", "nowhere"])
+def test_fallback_from_a_head_outside_the_run_takes_its_newest_valid(url: str, head: str) -> None:
+    with pitstop.open_store(url) as store:
+        ids = _five(store)
+        other = store.save("b", {"who": "b"}).id
+        tamper(url, "UPDATE pitstop_runs SET head_id = ? WHERE run_id = 'a'",
+               (other if head == "another run's" else "nowhere",))
+    with pitstop.open_store(url) as store:
+        found = store.latest("a", fallback=True)
+        assert found is not None and found.id == ids[4] and found.run_id == "a"
+        assert len(found.skipped) == 1
+        _, via_run = store.latest_with_run("a", fallback=True)
+        assert via_run is not None and via_run.id == ids[4]

@@ -52,6 +52,7 @@ from pitstop.ids import new_id
 from pitstop.model import Run
 from pitstop.store.base import Progress, Store
 from pitstop.store.records import CheckpointRecord, encode_metadata
+from pitstop.store.rowcheck import export_problem
 from pitstop.store.transfer import EffectRecord, InputRecord, RunExport, RunRecord
 
 FORMAT = "pitstop-archive"
@@ -271,6 +272,9 @@ def _read(
             raise ArchiveError(f"{name}: malformed {kind} record ({exc})") from None
     if data is None:
         raise ArchiveError(f"{name}: the archive is truncated (no end marker)")
+    problem = export_problem(data)
+    if problem:
+        raise ArchiveError(f"{name}: malformed {problem}")
     data.verify()
     info = ArchiveInfo(
         run_id=run.run_id if run else "",

@@ -106,6 +106,8 @@ class CorruptCheckpointError(PitstopError):
         self.checkpoint_id = checkpoint_id
         self.run_id = run_id
         self.field = field
+        self.detail = message
+        """What is wrong, without the run/checkpoint/field prefix."""
         parts = []
         if run_id is not None:
             parts.append(f"run {run_id!r}")

@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from pitstop.failures import RunFailure
     from pitstop.owners import Ownership
     from pitstop.runtime import RunResult, Workflow
-    from pitstop.store.base import Progress
+    from pitstop.store.base import Problem, Progress
 
 STORE_HELP = "Store URL (default: $PITSTOP_STORE, else sqlite:///pitstop.db)."
 
@@ -283,11 +283,11 @@ def runs(
     from pitstop.owners import ownership
 
     store = s.store()
-    found = store.runs(
+    found_all = store.runs(
         status=statuses or None, workflow=workflow, since=since, limit=limit + 1, offset=offset
     )
-    more = len(found) > limit
-    found = found[:limit]
+    more = len(found_all) > limit
+    found = found_all[:limit]
     now = datetime.now(UTC)
     leases = [ownership(r, now) for r in found]
     failures = [run_failure(store, r) for r in found]
@@ -295,6 +295,7 @@ def runs(
         s.out.json({"runs": [_run_json(r, lease, failure)
                              for r, lease, failure in zip(found, leases, failures, strict=True)],
                     "more": more})
+        _report_damaged(found_all.damaged)
         return
     rows = [
         [
@@ -313,6 +314,16 @@ def runs(
     s.out.table(RUN_COLUMNS, rows, empty="no runs match")
     if more:
         s.out.note(f"more runs: --offset {offset + limit} for the next page")
+    _report_damaged(found_all.damaged)
+
+
+def _report_damaged(damaged: list[Problem]) -> None:
+    """Runs left out of a listing because their rows are damaged: one line, exit status 1."""
+    if damaged:
+        named = "; ".join(f"{p.id!r} ({p.message})" for p in damaged[:3])
+        rest = f" and {len(damaged) - 3} more" if len(damaged) > 3 else ""
+        raise CliError(f"{len(damaged)} damaged run row{'s' if len(damaged) > 1 else ''} not "
+                       f"listed: {named}{rest}; run `pitstop verify`", EXIT_PROBLEMS)
 
 
 # -- show ------------------------------------------------------------------------------------

@@ -393,7 +393,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
     def _runs(self, config: RunnableConfig | None) -> builtins.list[tuple[str, str, str]]:
         """(run id, thread id, namespace) of the runs a ``list`` config covers."""
         if config is None:
-            found = self.store.runs(workflow=WORKFLOW, limit=None)
+            found: builtins.list[Run] = self.store.runs(workflow=WORKFLOW, limit=None)
         else:
             conf = config["configurable"]
             thread_id = str(conf["thread_id"])

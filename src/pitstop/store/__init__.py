@@ -22,6 +22,7 @@ from .base import (
     Problem,
     PruneReport,
     RetentionPolicy,
+    RunList,
     Store,
     StoreStats,
 )
@@ -125,6 +126,7 @@ __all__ = [
     "Lease",
     "PreparedSave",
     "Problem",
+    "RunList",
     "PruneReport",
     "RetentionPolicy",
     "Store",

@@ -162,6 +162,21 @@ class Problem:
         return f"{self.kind} {self.id}{run}: {self.message}"
 
 
+class RunList(list[Run]):
+    """What :meth:`Store.runs` returns: the runs, and the rows it could not read.
+
+    A damaged run row (a status no pitstop writes, metadata that is not JSON) must not hide
+    every other run: it is left out of the list and described in :attr:`damaged`, the way
+    :meth:`Store.verify` reports it.
+    """
+
+    damaged: list[Problem]
+
+    def __init__(self, runs: Iterable[Run] = (), damaged: Iterable[Problem] = ()) -> None:
+        super().__init__(runs)
+        self.damaged = list(damaged)
+
+
 class Store(ABC):
     """Runs and immutable checkpoints, stored outside the process.
 
@@ -280,8 +295,10 @@ class Store(ABC):
     ) -> Checkpoint | None:
         """The run's head checkpoint (the one it continues from), or None if it has none.
 
-        A corrupt head raises :class:`~pitstop.CorruptCheckpointError`; with
-        ``fallback=True`` the newest valid ancestor is returned instead, and its ``skipped``
+        A corrupt head (a damaged record, or a head that is missing or another run's)
+        raises :class:`~pitstop.CorruptCheckpointError`; with ``fallback=True`` the newest
+        valid checkpoint of the run older than the head is returned instead, found by stored
+        order (a corrupt record's parent link cannot be trusted), and its ``skipped``
         attribute lists the checkpoints passed over and why.
         """
 
@@ -387,9 +404,12 @@ class Store(ABC):
         before: str | None = None,
         limit: int | None = 100,
         offset: int = 0,
-    ) -> list[Run]:
+    ) -> RunList:
         """Runs newest first, filtered by status, workflow, creation time, metadata values
         and the start of their id.
+
+        A run whose row is damaged is left out and named in the result's
+        :attr:`~RunList.damaged` (``pitstop runs`` reports it; :meth:`verify` too).
 
         Paginate with ``before=<id of the last run of the previous page>`` (keyset paging:
         as fast on the thousandth page as on the first, and no run is skipped or repeated
@@ -610,6 +630,7 @@ __all__ = [
     "Progress",
     "PruneReport",
     "RetentionPolicy",
+    "RunList",
     "Store",
     "StoreStats",
     "Unset",

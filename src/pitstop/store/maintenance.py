@@ -19,7 +19,7 @@ from ..model import RunStatus
 from .backend import CHUNK, Tx, placeholders
 from .base import Problem, Progress, PruneReport, RetentionPolicy, StoreStats
 from .records import CheckpointRecord, FieldRef, decode_field_map, is_chunk_key
-from .schema import SELECT_CHECKPOINT
+from .schema import SELECT_CHECKPOINT, SELECT_RUN, RunRow
 from .values import StoredValues
 
 _ORPHAN_AGE = 3600.0  # seconds before an unreferenced blob-store file is surely abandoned
@@ -410,13 +410,7 @@ class Maintenance(StoredValues):
                     self._value_codec.decode_value(bytes(data), bytes(h), strict=False)
                 except Exception as exc:
                     problems.append(Problem(kind, str(ident), str(exc), run_id=rid))
-        for run_id, head in self._query(
-            "SELECT r.run_id, r.head_id FROM pitstop_runs r WHERE r.head_id IS NOT NULL "
-            "AND NOT EXISTS (SELECT 1 FROM pitstop_checkpoints c WHERE c.id = r.head_id)"
-        ):
-            problems.append(
-                Problem("run", run_id, f"head checkpoint {head} is missing", run_id=run_id)
-            )
+        problems.extend(self._run_problems())
         if self.blobs is not None:
             for orphan in self.blobs.keys(older_than=_ORPHAN_AGE):
                 if orphan not in seen:
@@ -425,5 +419,34 @@ class Maintenance(StoredValues):
                                 "record references (left by a crash; `pitstop prune` removes it)")
                     )
         return problems
+
+    def _run_problems(self) -> list[Problem]:
+        """Damaged run rows (no checksum covers them: they change on every step), and heads
+        that point nowhere or at another run's checkpoint."""
+        problems: list[Problem] = []
+        after = ""
+        while True:
+            rows = self._query(SELECT_RUN + " WHERE run_id > ? ORDER BY run_id LIMIT ?",
+                               (after, CHUNK))
+            if not rows:
+                break
+            for row in rows:
+                try:
+                    RunRow(*row).to_run()
+                except CorruptCheckpointError as exc:
+                    problems.append(Problem("run", str(row[0]), exc.detail, run_id=str(row[0])))
+            after = rows[-1][0]
+        for run_id, head, owner in self._query(
+            "SELECT r.run_id, r.head_id, c.run_id FROM pitstop_runs r "
+            "LEFT JOIN pitstop_checkpoints c ON c.id = r.head_id "
+            "WHERE r.head_id IS NOT NULL AND (c.id IS NULL OR c.run_id <> r.run_id)"
+        ):
+            message = (
+                f"head checkpoint {head} is missing" if owner is None
+                else f"head checkpoint {head} belongs to run {owner!r}, not to this run"
+            )
+            problems.append(Problem("run", run_id, message, run_id=run_id))
+        return problems
+
 
 __all__ = ["Maintenance"]

@@ -27,8 +27,10 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
+from ..errors import CorruptCheckpointError
 from ..model import CheckpointSummary, Run, RunStatus, utc
 from .records import CheckpointRecord
+from .rowcheck import run_problem
 
 # --------------------------------------------------------------------------------------------
 # Migrations. {blob}, {real}, {bigint} and {without_rowid} are filled in by the dialect.
@@ -190,23 +192,33 @@ class RunRow(RunRecord):
     """The fencing token: grows each time the run changes hands (see :class:`~pitstop.Lease`)."""
 
     def to_run(self) -> Run:
-        return Run(
-            id=self.run_id,
-            status=RunStatus(self.status),
-            workflow=self.workflow,
-            created_at=utc(self.created_at),  # type: ignore[arg-type]
-            updated_at=utc(self.updated_at),  # type: ignore[arg-type]
-            metadata=json.loads(self.metadata) if self.metadata else {},
-            head_id=self.head_id,
-            step=self.step,
-            waiting_for=tuple(json.loads(self.waiting_for)) if self.waiting_for else (),
-            wake_at=utc(self.wake_at),
-            checkpoints=self.checkpoints,
-            bytes=self.bytes,
-            owner=self.lease_owner,
-            lease_expires_at=utc(self.lease_expires),
-            priority=self.priority,
-        )
+        """The row as a :class:`Run`; a damaged row (no checksum covers it: it changes on
+        every step) is :class:`~pitstop.CorruptCheckpointError` naming the run and field."""
+        try:
+            run = Run(
+                id=self.run_id,
+                status=RunStatus(self.status),
+                workflow=self.workflow,
+                created_at=utc(self.created_at),  # type: ignore[arg-type]
+                updated_at=utc(self.updated_at),  # type: ignore[arg-type]
+                metadata=json.loads(self.metadata) if self.metadata else {},
+                head_id=self.head_id,
+                step=self.step,
+                waiting_for=tuple(json.loads(self.waiting_for)) if self.waiting_for else (),
+                wake_at=utc(self.wake_at),
+                checkpoints=self.checkpoints,
+                bytes=self.bytes,
+                owner=self.lease_owner,
+                lease_expires_at=utc(self.lease_expires),
+                priority=self.priority,
+            )
+        except (ValueError, TypeError, OverflowError, OSError) as exc:
+            problem = run_problem(self) or f"unreadable ({exc})"
+        else:
+            if isinstance(run.metadata, dict):
+                return run
+            problem = run_problem(self) or "metadata is not a JSON object"
+        raise CorruptCheckpointError(f"damaged run row: {problem}", run_id=str(self.run_id))
 
 
 @dataclass(frozen=True, slots=True)

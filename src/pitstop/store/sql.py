@@ -50,7 +50,7 @@ from ..ids import new_id
 from ..model import Checkpoint, CheckpointSummary, Run, RunStatus
 from . import filters
 from .backend import Tx, placeholders
-from .base import UNSET, Durability, Lease, PreparedSave, Unset
+from .base import UNSET, Durability, Lease, PreparedSave, Problem, RunList, Unset
 from .effects import Effects
 from .inputs import Inputs
 from .maintenance import Maintenance
@@ -66,6 +66,7 @@ from .records import (
     stored_hashes,
 )
 from .schema import (
+    CHECKPOINTS,
     INSERT_CHECKPOINT,
     RUN_COLUMN_COUNT,
     SELECT_CHECKPOINT,
@@ -210,6 +211,13 @@ def _self_contained(record: CheckpointRecord) -> bool:
         return not stored_hashes(record.field_map())
     except CorruptCheckpointError:
         return False  # read the usual way, which reports it
+
+
+_SELECT_HEAD = (
+    f"SELECT r.head_id, {CHECKPOINTS.column_list('c.')} FROM pitstop_runs r "
+    "LEFT JOIN pitstop_checkpoints c ON c.id = r.head_id WHERE r.run_id = ?"
+)
+"""The run's head id and its checkpoint (all None when the head is missing)."""
 
 
 def _head_of(row: Sequence[Any]) -> CheckpointRecord | None:
@@ -549,7 +557,10 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects):
         return record, self._load_values(tx, record)
 
     def _load_values(self, tx: Tx, record: CheckpointRecord) -> dict[bytes, bytes]:
-        fields = record.field_map()
+        try:
+            fields = record.field_map()
+        except CorruptCheckpointError:
+            return {}  # decoding the record reports it (and a fallback passes it)
         values = self._read_values(tx, list(stored_hashes(fields)))
         # A chunked value's tree, a level per query (a value of thousands of chunks is two).
         while missing := self._value_codec.missing_below(fields, values):
@@ -568,14 +579,17 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects):
     def latest(
         self, run_id: str, *, fallback: bool = False, strict: bool = True
     ) -> Checkpoint | None:
-        record, values = self._tx(
-            lambda tx: self._load(
-                tx,
-                "WHERE id = (SELECT head_id FROM pitstop_runs WHERE run_id = ?)",
-                (run_id,),
-            )
-        )
-        return self._head(run_id, record, values, fallback, strict)
+        def read(tx: Tx) -> tuple[str | None, CheckpointRecord | None, dict[bytes, bytes]]:
+            row = tx.one(_SELECT_HEAD, (run_id,))
+            if row is None or row[0] is None:
+                return None, None, {}
+            head = CheckpointRecord(*row[1:])
+            if head.id is None:
+                return row[0], None, {}
+            return row[0], head, self._load_values(tx, head)
+
+        head_id, record, values = self._tx(read)
+        return self._head(run_id, head_id, record, values, fallback, strict)
 
     def latest_with_run(
         self, run_id: str, *, fallback: bool = False, strict: bool = True
@@ -595,45 +609,61 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects):
         if row is None:
             raise RunNotFoundError(run_id)
         run = RunRow(*row[:RUN_COLUMN_COUNT]).to_run()
-        return run, self._head(run_id, head, values, fallback, strict)
+        return run, self._head(run_id, run.head_id, head, values, fallback, strict)
 
     def _head(
         self,
         run_id: str,
+        head_id: str | None,
         record: CheckpointRecord | None,
         values: Mapping[bytes, bytes],
         fallback: bool,
         strict: bool,
     ) -> Checkpoint | None:
-        if record is None:
+        """The run's head checkpoint, decoded and verified: the head the run row names must
+        exist and belong to the run (the row has no checksum), or it is corrupt too."""
+        if head_id is None:
             return None
         try:
+            if record is None:
+                raise CorruptCheckpointError(
+                    f"the run's head {head_id} is missing", run_id=run_id, checkpoint_id=head_id
+                )
+            if record.run_id != run_id:
+                raise CorruptCheckpointError(
+                    f"the run's head {head_id} is a checkpoint of run {record.run_id!r}",
+                    run_id=run_id, checkpoint_id=head_id,
+                )
             found = self._value_codec.decode_checkpoint(record, values, strict=strict)
         except CorruptCheckpointError as exc:
             if not fallback:
                 raise
-            return self._fallback(run_id, record, exc, strict)
+            own = record is not None and record.run_id == run_id
+            return self._fallback(run_id, head_id, own, exc, strict)
         # A run is usually loaded to be continued: its next save will want this field map.
         self._fields.put(record.id, Parent(record.id, run_id, record.step, record.field_map()))
         return found
 
     def _fallback(
-        self, run_id: str, bad: CheckpointRecord, error: Exception, strict: bool
+        self, run_id: str, bad_id: str, own: bool, error: CorruptCheckpointError, strict: bool
     ) -> Checkpoint:
-        """Walk back from a corrupt head along its ancestors to the newest valid checkpoint."""
-        skipped = [f"{bad.id}: {error}"]
-        parent_id = bad.parent_id
-        while parent_id is not None:
-            record, values = self._tx(
-                partial(self._load, where="WHERE id = ? AND run_id = ?", params=(parent_id, run_id))
-            )
+        """The newest valid checkpoint of the run older than its corrupt head (any of the
+        run's, when the head is not one of them), by stored order: a corrupt record's parent
+        link cannot be trusted, so the walk goes by id (ids grow with time), never by links."""
+        skipped = [f"{bad_id}: {error.detail}"]
+        below: str | None = bad_id if own else None
+        while True:
+            params: tuple[str, ...] = (run_id,) if below is None else (run_id, below)
+            where = "WHERE run_id = ? " + ("" if below is None else "AND id < ? ")
+            where += "ORDER BY id DESC LIMIT 1"
+            record, values = self._tx(partial(self._load, where=where, params=params))
             if record is None:
                 break
             try:
                 found = self._value_codec.decode_checkpoint(record, values, strict=strict)
             except CorruptCheckpointError as exc:
-                skipped.append(f"{record.id}: {exc}")
-                parent_id = record.parent_id
+                skipped.append(f"{record.id}: {exc.detail}")
+                below = record.id
                 continue
             found.skipped = tuple(skipped)
             log.warning(
@@ -644,9 +674,9 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects):
             )
             return found
         raise CorruptCheckpointError(
-            "no valid checkpoint in the head's ancestry (" + "; ".join(skipped) + ")",
+            "no valid checkpoint in the run (" + "; ".join(skipped) + ")",
             run_id=run_id,
-            checkpoint_id=bad.id,
+            checkpoint_id=bad_id,
         )
 
     def summary(self, checkpoint_id: str) -> CheckpointSummary:
@@ -729,7 +759,7 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects):
         before: str | None = None,
         limit: int | None = 100,
         offset: int = 0,
-    ) -> list[Run]:
+    ) -> RunList:
         filters.text("before", before)
         filters.count("limit", limit, optional=True)
         filters.count("offset", offset)
@@ -752,7 +782,13 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects):
             params.extend([limit, offset])
         elif offset:
             raise ValueError("offset needs a limit")
-        return [RunRow(*row).to_run() for row in self._query(sql, params)]
+        found = RunList()
+        for row in self._query(sql, params):
+            try:
+                found.append(RunRow(*row).to_run())
+            except CorruptCheckpointError as exc:  # one damaged row must not hide the others
+                found.damaged.append(Problem("run", str(row[0]), exc.detail, run_id=str(row[0])))
+        return found
 
     def count_runs(
         self,

@@ -23,6 +23,7 @@ from ..serde import digest, unframe
 from .backend import CHUNK, Tx
 from .base import Progress
 from .records import CheckpointRecord, NewBlob, stored_hashes
+from .rowcheck import export_problem
 from .schema import (
     EFFECTS,
     EXPORTED_RUN_COLUMNS,
@@ -55,8 +56,13 @@ class RunExport:
         """Check every checksum and reference; raise :class:`~pitstop.CorruptCheckpointError`.
 
         Importers call this before writing anything, so a damaged or hand-edited export is
-        refused as a whole instead of leaving a half-imported run behind.
+        refused as a whole instead of leaving a half-imported run behind: first the type and
+        range of every field and that no record appears twice
+        (:func:`~pitstop.store.rowcheck.export_problem`), then checksums and references.
         """
+        problem = export_problem(self)
+        if problem:
+            raise CorruptCheckpointError(problem, run_id=str(self.run.run_id))
         run_id = self.run.run_id
         ids = set()
         for record in self.checkpoints:

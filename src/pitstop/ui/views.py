@@ -196,7 +196,7 @@ def list_runs(
 ) -> dict[str, Any]:
     """A page of runs newest first, with counts per status for the same filters (the status
     filter aside, so the status tabs can say what each would show)."""
-    found = store.runs(**filters.store_filters(), before=before, limit=limit + 1)
+    found: list[Run] = store.runs(**filters.store_filters(), before=before, limit=limit + 1)
     more = len(found) > limit
     found = found[:limit]
     counting = filters.store_filters()
