@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sqlite3
 import struct
 import uuid
@@ -180,6 +181,7 @@ def test_a_hostile_archive_is_refused_whole_in_one_line(
     code, out, err = cli("runs", "--json", store=url)
     assert code == 0, err
     assert [r["id"] for r in json.loads(out)["runs"]] == ["bystander"]  # nothing written
+
 
 
 # -- URL options (items 5 and 8) -----------------------------------------------------------------
@@ -517,3 +519,47 @@ def test_fallback_from_a_head_outside_the_run_takes_its_newest_valid(url: str, h
         assert len(found.skipped) == 1
         _, via_run = store.latest_with_run("a", fallback=True)
         assert via_run is not None and via_run.id == ids[4]
+
+
+# -- the database's own structures, and the blob store (verify) --------------------------------
+
+
+def test_verify_reports_sqlite_index_damage(tmp_path: Path) -> None:
+    path = tmp_path / "store.db"
+    url = f"sqlite:///{path}"
+    with pitstop.open_store(url) as store:
+        for n in range(3):
+            store.save("a", {"n": n})
+    # The id index no longer holds ids: lookups by id find nothing (what byte flips in an
+    # index page do), while every table row is intact.
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA writable_schema = ON")
+        conn.execute(
+            "UPDATE sqlite_master SET sql = 'CREATE UNIQUE INDEX pitstop_checkpoints_id "
+            "ON pitstop_checkpoints (checksum)' WHERE name = 'pitstop_checkpoints_id'"
+        )
+    with pitstop.open_store(url) as store:
+        with pytest.raises(pitstop.CorruptCheckpointError):
+            store.latest("a")  # not None: the run has a head
+        problems = store.verify()
+        assert any(p.kind == "store" and "pitstop_checkpoints_id" in p.message
+                   for p in problems), problems
+
+
+def test_a_blob_file_replaced_by_a_directory_is_corruption_with_fallback(tmp_path: Path) -> None:
+    blobs = tmp_path / "blobs"
+    url = f"sqlite:///{tmp_path / 'store.db'}?blobs={blobs}&blob_threshold=1000"
+    with pitstop.open_store(url) as store:
+        good = store.save("a", {"big": os.urandom(5000)})
+        first = set(blobs.glob("*/*/*.blob"))
+        store.save("a", {"big": os.urandom(5000)})
+    (newest,) = set(blobs.glob("*/*/*.blob")) - first
+    newest.unlink()
+    newest.mkdir()
+    with pitstop.open_store(url) as store:
+        with pytest.raises(pitstop.CorruptCheckpointError, match="big"):
+            store.latest("a")
+        found = store.latest("a", fallback=True)
+        assert found is not None and found.id == good.id
+        assert any(p.kind == "blob" and "directory" in p.message for p in store.verify())
+        store.prune(pitstop.RetentionPolicy(keep_last=1))  # the sweep steps over it

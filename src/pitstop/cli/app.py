@@ -878,7 +878,8 @@ def _tracking(progress: Progress | None, seen: list[int]) -> Progress:
 
 @command("verify", examples=["pitstop verify", "pitstop verify --json"])
 def verify(s: Session) -> int:
-    """Check every record's checksum and every reference; exit 1 and list each problem."""
+    """Check every record's checksum and every reference, every run row and head, and (SQLite)
+    the database file's own integrity check; exit 1 and list each problem."""
     store = s.store()
     checked: list[int] = [0]
     with s.out.progress("verifying") as bar:

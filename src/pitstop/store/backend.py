@@ -318,6 +318,13 @@ class SqlBackend(Store):
         Default: None."""
         return None
 
+    def _integrity_problems(self) -> list[str]:
+        """Backend hook, optional: damage the database engine itself finds in its files
+        (indexes that disagree with their tables, broken pages), one line each, for
+        ``verify``: a damaged index can hide rows from every query pitstop makes.
+        Default: none found."""
+        return []
+
     # -- transactions ----------------------------------------------------------------------
 
     def _tx(

@@ -152,7 +152,9 @@ class StoreStats:
 class Problem:
     """One bad record found by :meth:`Store.verify`."""
 
-    kind: Literal["checkpoint", "blob", "input", "effect", "run"]
+    kind: Literal["checkpoint", "blob", "input", "effect", "run", "store"]
+    """What is bad: a record of that kind, or ``store``: the database itself (SQLite's
+    integrity check; ``id`` is then the file)."""
     id: str
     message: str
     run_id: str | None = None
@@ -478,7 +480,10 @@ class Store(ABC):
 
     @abstractmethod
     def verify(self, *, progress: Progress | None = None) -> list[Problem]:
-        """Check every record's checksum and every reference; return what is wrong."""
+        """Check every record's checksum and every reference, every run row (its fields, and
+        that its head is one of its own checkpoints) and, where the database has one, its
+        own integrity check (SQLite's ``PRAGMA integrity_check``: index damage); return what
+        is wrong."""
 
     @abstractmethod
     def migrate(self) -> int:

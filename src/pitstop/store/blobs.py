@@ -47,6 +47,10 @@ class BlobStore(ABC):
     def keys(self, *, older_than: float = 0.0) -> Iterator[bytes]:
         """Every key, or only those written more than ``older_than`` seconds ago."""
 
+    def why_missing(self, key: bytes) -> str:
+        """Why :meth:`get` found nothing under ``key`` (what ``verify`` reports)."""
+        return f"file missing from {self}"
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
 
@@ -72,7 +76,7 @@ class DirectoryBlobStore(BlobStore):
 
     def put(self, key: bytes, data: bytes) -> None:
         path = self._path(key)
-        if path.exists():
+        if path.is_file():
             return
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
@@ -89,21 +93,29 @@ class DirectoryBlobStore(BlobStore):
         _fsync_dir(path.parent)
 
     def get(self, key: bytes) -> bytes | None:
+        # Something else where the file should be (a directory, a dangling path) is a
+        # missing value, so loading reports it by field and a fallback passes it.
         try:
             return self._path(key).read_bytes()
-        except FileNotFoundError:
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
+
+    def why_missing(self, key: bytes) -> str:
+        path = self._path(key)
+        if path.is_dir():
+            return f"{path} is a directory, not a file"
+        return f"file missing from {self}"
 
     def delete(self, keys: Iterable[bytes]) -> None:
         for key in keys:
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError, NotADirectoryError):
                 self._path(key).unlink()
 
     def keys(self, *, older_than: float = 0.0) -> Iterator[bytes]:
         cutoff = time.time() - older_than
         for path in self.root.glob("*/*/*.blob"):
             try:
-                if older_than and path.stat().st_mtime > cutoff:
+                if not path.is_file() or (older_than and path.stat().st_mtime > cutoff):
                     continue
                 yield bytes.fromhex(path.stem)
             except (OSError, ValueError):

@@ -306,7 +306,10 @@ class Maintenance(StoredValues):
         return self._tx(read)
 
     def verify(self, *, progress: Progress | None = None) -> list[Problem]:
-        problems: list[Problem] = []
+        # The engine's own check first: a damaged index hides rows from the reads below.
+        problems = [
+            Problem("store", self.url, line) for line in self._integrity_problems()
+        ]
         total = self._tx(
             lambda tx: int(tx.scalar("SELECT COUNT(*) FROM pitstop_checkpoints"))
             + int(tx.scalar("SELECT COUNT(*) FROM pitstop_blobs"))
@@ -373,7 +376,9 @@ class Maintenance(StoredValues):
                     else:
                         value = self._fetch_external(h, location)
                     if value is None:
-                        raise CorruptCheckpointError(f"file missing from {self.blobs}")
+                        raise CorruptCheckpointError(
+                            self.blobs.why_missing(h) if self.blobs else "value missing"
+                        )
                     self._value_codec.check_stored(h, value)
                 except Exception as exc:
                     owner = referenced.get(h)

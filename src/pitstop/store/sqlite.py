@@ -220,6 +220,10 @@ def _writable(path: str) -> bool:
     return os.access(parent, os.W_OK) and (not os.path.exists(path) or os.access(path, os.W_OK))
 
 
+_INTEGRITY_LINES = 100
+"""At most this many problems from SQLite's integrity check (a badly damaged file has more)."""
+
+
 class SQLiteStore(SqlStore):
     """A store in one SQLite file (or in memory, for :class:`~pitstop.store.MemoryStore`)."""
 
@@ -371,6 +375,14 @@ class SQLiteStore(SqlStore):
             for p in (self.path, self.path + "-wal")
             if os.path.exists(p)
         )
+
+    def _integrity_problems(self) -> list[str]:
+        # integrity_check, not quick_check: only it compares each index with its table.
+        try:
+            rows = self._query(f"PRAGMA integrity_check({_INTEGRITY_LINES})")
+        except (sqlite3.DatabaseError, CorruptCheckpointError, StoreError) as exc:
+            return [str(exc)]  # too damaged to check: that is the finding
+        return [str(line) for (line,) in rows if line != "ok"]
 
     def close(self) -> None:
         with self._lock:
