@@ -184,6 +184,114 @@ def test_a_hostile_archive_is_refused_whole_in_one_line(
 
 
 
+def _victim_frames(tmp_path: Path) -> list[dict[str, Any]]:
+    with pitstop.open_store(f"sqlite:///{tmp_path / 'source.db'}") as source:
+        source.save("victim", {"n": 1, "blob": os.urandom(3000)})
+        return export_frames(source, "victim")
+
+
+def _zstd_bomb(path: Path, header: Mapping[str, Any], length: int) -> None:
+    """A header, then a frame claiming ``length`` bytes followed by that many zeros: 2 GiB
+    of zeros compress to about 65 KB."""
+    from pitstop import archive
+
+    packed = ormsgpack.packb(header)
+    with path.open("wb") as fh:
+        fh.write(archive.MAGIC)
+        with zstandard.ZstdCompressor(level=3).stream_writer(fh, closefd=False) as out:
+            out.write(struct.pack(">I", len(packed)) + packed + struct.pack(">I", length))
+            zeros = bytes(16 << 20)
+            for _ in range(length // len(zeros)):
+                out.write(zeros)
+            out.write(bytes(length % len(zeros)))
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [None, {"frames": 2**31 + 10, "largest": 2**31 - 1}, {"frames": 1000, "largest": 500}],
+    ids=["undeclared", "declared-honestly", "declared-small"],
+)
+def test_an_archive_inflating_to_2_gib_is_refused_in_little_memory(
+    tmp_path: Path, sizes: Mapping[str, int] | None
+) -> None:
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    header = {"t": "header", "format": "pitstop-archive", "version": 1, "created": "now",
+              "source": {"kind": "sqlite"}, "run_id": "bomb", "counts": {}}
+    if sizes is not None:
+        header["sizes"] = sizes
+    bomb = tmp_path / "bomb.pitstop"
+    _zstd_bomb(bomb, header, 2**31 - 1)
+    assert bomb.stat().st_size < 100_000
+    probe = (
+        "import resource, sys\n"
+        "from pitstop.cli.app import run\n"
+        "code = run(['import', sys.argv[1], '--store', sys.argv[2]])\n"
+        "print(code, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(bomb), f"sqlite:///{tmp_path / 't.db'}"],
+        capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )
+    code, peak_mib = map(int, done.stdout.split())
+    assert code == 2, done.stderr
+    assert "damaged archive" in one_line(done.stderr)
+    assert peak_mib < 200, peak_mib  # the interpreter and pitstop: nothing of the 2 GiB
+    assert not (tmp_path / "t.db").exists()
+
+
+def test_declared_sizes_and_counts_must_match_the_frames(tmp_path: Path, cli: Cli) -> None:
+    frames = _victim_frames(tmp_path)
+    url = f"sqlite:///{tmp_path / 'target.db'}"
+    body = sum(4 + len(ormsgpack.packb(f)) for f in frames[1:])
+    largest = max(len(ormsgpack.packb(f)) for f in frames[1:])
+    cases = {
+        "fewer bytes": ({"frames": body - 1, "largest": largest}, {}, "do not add up"),
+        "more bytes": ({"frames": body + 1, "largest": largest}, {}, "do not add up"),
+        "smaller largest": ({"frames": body, "largest": largest - 1}, {}, "larger than"),
+        "counts": ({"frames": body, "largest": largest}, {"checkpoints": 2}, "declares 2"),
+        "sizes not numbers": ({"frames": "lots", "largest": largest}, {}, "declared sizes"),
+    }
+    for case, (sizes, counts, reason) in cases.items():
+        frames[0] = {**frames[0], "sizes": sizes, "counts": counts}
+        path = tmp_path / f"{case}.pitstop"
+        write_frames(path, frames)
+        code, _, err = cli("import", str(path), store=url)
+        assert code == 2 and reason in one_line(err), (case, err)
+    frames[0] = {**frames[0], "sizes": {"frames": body, "largest": largest}, "counts": {}}
+    write_frames(tmp_path / "exact.pitstop", frames)
+    code, _, err = cli("import", str(tmp_path / "exact.pitstop"), store=url)
+    assert code == 0, err
+
+
+def test_an_export_declares_its_sizes_and_a_bad_value_is_refused_as_read(
+    tmp_path: Path, cli: Cli
+) -> None:
+    from pitstop import archive
+
+    with pitstop.open_store(f"sqlite:///{tmp_path / 'source.db'}") as source:
+        source.save("victim", {"text": "a value stored on its own " * 4})
+        archive.write_archive(source, "victim", tmp_path / "real.pitstop")
+    raw = zstandard.ZstdDecompressor().decompressobj().decompress(
+        (tmp_path / "real.pitstop").read_bytes()[len(archive.MAGIC):]
+    )
+    (length,) = struct.unpack(">I", raw[:4])
+    header = ormsgpack.unpackb(raw[4 : 4 + length])
+    assert header["sizes"]["frames"] > header["sizes"]["largest"] > 0
+
+    frames = _victim_frames(tmp_path)
+    value = next(f for f in frames if f["t"] == "value")
+    value["data"] = b"\x00" * len(value["data"])
+    write_frames(tmp_path / "bad.pitstop", frames)
+    code, _, err = cli("import", str(tmp_path / "bad.pitstop"),
+                       store=f"sqlite:///{tmp_path / 't.db'}")
+    assert code == 2 and "malformed value record" in one_line(err), err
+
+
 # -- URL options (items 5 and 8) -----------------------------------------------------------------
 
 

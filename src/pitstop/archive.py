@@ -12,7 +12,8 @@ File format, version 1::
     zstd stream of frames  each frame: 4-byte big-endian length, then one msgpack map
         {"t": "header", "format": "pitstop-archive", "version": 1, "created": ISO-8601,
          "source": {"kind": "sqlite" | "postgresql" | ..., "pitstop": version}, "run_id": ...,
-         "counts": {"checkpoints": n, "values": n, "inputs": n, "effects": n}}
+         "counts": {"checkpoints": n, "values": n, "inputs": n, "effects": n},
+         "sizes": {"frames": bytes, "largest": bytes}}
         {"t": "run", ...the run's stored columns}
         {"t": "value", "hash": bytes, "data": bytes}          one per referenced value
         {"t": "checkpoint", ...the checkpoint's stored columns}   oldest first
@@ -22,6 +23,15 @@ File format, version 1::
 A reader refuses a file without the magic, an archive whose version is newer than it knows,
 a stream that ends before the ``end`` frame, and any checksum mismatch, before anything is
 written. Unknown keys in a frame are ignored, so a minor addition does not need a new version.
+
+Sizes are bounded before memory is spent, since a few kilobytes of zstd can claim gigabytes:
+``sizes`` declares the bytes of every frame between the header and the end frame (length
+prefixes included) and the largest frame. A reader refuses a frame larger than declared,
+frames that add up to more or less than declared, counts that differ from the header's, a
+frame whose first byte does not start a map, a value whose hash does not match as soon as it
+is read, and declared sizes beyond this machine's memory; frame bodies are read in pieces, so
+a length prefix alone never allocates. An archive without ``sizes`` (an older pitstop wrote
+it) may hold frames of at most :data:`LEGACY_MAX_FRAME` bytes.
 
 Importing under a new run id (:func:`renamed`) copies a run into a store that may already
 hold it: checkpoint and input ids are unique keys in a store, so the copy gets fresh ones (in
@@ -47,13 +57,13 @@ from typing import IO, Any
 import ormsgpack
 import zstandard
 
-from pitstop.errors import ArchiveError
+from pitstop.errors import ArchiveError, CorruptCheckpointError
 from pitstop.ids import new_id
 from pitstop.model import Run
 from pitstop.store.base import Progress, Store
 from pitstop.store.records import CheckpointRecord, encode_metadata
 from pitstop.store.rowcheck import export_problem
-from pitstop.store.transfer import EffectRecord, InputRecord, RunExport, RunRecord
+from pitstop.store.transfer import EffectRecord, InputRecord, RunExport, RunRecord, check_value
 
 FORMAT = "pitstop-archive"
 VERSION = 1
@@ -62,6 +72,17 @@ SUFFIX = ".pitstop"
 
 _LENGTH = struct.Struct(">I")
 _MAX_FRAME = 1 << 31
+_HEADER_MAX = 1 << 20
+"""The header frame, read before any size is declared, is small."""
+_END_MAX = 1024
+"""The end frame (frame count and digest) is not among the declared sizes."""
+LEGACY_MAX_FRAME = 256 << 20
+"""The largest frame read from an archive that declares no sizes."""
+_PIECE = 1 << 20
+"""Frame bodies are read this much at a time: memory follows the bytes that arrive, not the
+length a frame claims."""
+_MAP_STARTS = frozenset(range(0x80, 0x90)) | {0xDE, 0xDF}
+"""First bytes of a msgpack map: every frame is one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +163,13 @@ def _write(data: RunExport, store: Store, fh: IO[bytes], progress: Progress | No
         "counts": counts,
     }
     total = 2 + sum(counts.values())
+    # Declared up front so a reader can bound what it reads: a pass that packs each frame
+    # only to measure it (packing is a copy; compression costs far more).
+    lengths = [len(ormsgpack.packb({"t": kind, **body})) for kind, body in _bodies(data)]
+    header["sizes"] = {
+        "frames": sum(lengths) + _LENGTH.size * len(lengths),
+        "largest": max(lengths, default=0),
+    }
     hasher = hashlib.sha256()
     start = fh.tell() if fh.seekable() else 0
     fh.write(MAGIC)
@@ -161,15 +189,8 @@ def _write(data: RunExport, store: Store, fh: IO[bytes], progress: Progress | No
                 progress(frames, total)
 
         emit("header", header)
-        emit("run", asdict(data.run))
-        for h, blob in data.blobs.items():
-            emit("value", {"hash": h, "data": blob})
-        for record in data.checkpoints:
-            emit("checkpoint", _record_fields(record))
-        for item in data.inputs:
-            emit("input", asdict(item))
-        for effect in data.effects:
-            emit("effect", asdict(effect))
+        for kind, body in _bodies(data):
+            emit(kind, body)
         digest = hasher.hexdigest()
         end = ormsgpack.packb({"t": "end", "frames": frames, "sha256": digest})
         out.write(_LENGTH.pack(len(end)) + end)
@@ -183,6 +204,19 @@ def _write(data: RunExport, store: Store, fh: IO[bytes], progress: Progress | No
         sha256=digest,
         bytes=size,
     )
+
+
+def _bodies(data: RunExport) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """Every frame after the header, in archive order: (kind, body)."""
+    yield "run", asdict(data.run)
+    for h, blob in data.blobs.items():
+        yield "value", {"hash": h, "data": blob}
+    for record in data.checkpoints:
+        yield "checkpoint", _record_fields(record)
+    for item in data.inputs:
+        yield "input", asdict(item)
+    for effect in data.effects:
+        yield "effect", asdict(effect)
 
 
 def _record_fields(record: CheckpointRecord) -> dict[str, Any]:
@@ -226,7 +260,8 @@ def _read(
         raise ArchiveError(f"{name}: not a pitstop archive (no {FORMAT} signature)")
     counter.add(len(magic))
     hasher = hashlib.sha256()
-    frames = _frames(_CountingReader(fh, counter), name, hasher)
+    limits = _Limits(name)
+    frames = _frames(_CountingReader(fh, counter), name, hasher, limits)
     header = next(frames, None)
     if header is None:
         raise ArchiveError(f"{name}: the archive is truncated (it ends before its header)")
@@ -238,6 +273,7 @@ def _read(
             f"{name}: archive format version {version} is newer than this pitstop reads "
             f"({VERSION}); upgrade pitstop to import it"
         )
+    limits.declare(header.get("sizes"))
     run: RunRecord | None = None
     data: RunExport | None = None
     blobs: dict[bytes, bytes] = {}
@@ -261,7 +297,11 @@ def _read(
             if kind == "run":
                 run = RunRecord(**_known(RunRecord, frame))
             elif kind == "value":
-                blobs[bytes(frame["hash"])] = bytes(frame["data"])
+                key, value = bytes(frame["hash"]), bytes(frame["data"])
+                # Checked as it arrives: a bogus value is refused before the next is read.
+                check_value(value, key, run_id=str(header.get("run_id")),
+                            what=f"value {key.hex()[:16]}")
+                blobs[key] = value
             elif kind == "checkpoint":
                 checkpoints.append(CheckpointRecord(**_known(CheckpointRecord, frame)))
             elif kind == "input":
@@ -270,8 +310,12 @@ def _read(
                 effects.append(EffectRecord(**_known(EffectRecord, frame)))
         except (KeyError, TypeError) as exc:
             raise ArchiveError(f"{name}: malformed {kind} record ({exc})") from None
+        except CorruptCheckpointError as exc:
+            raise ArchiveError(f"{name}: malformed value record ({exc.detail})") from None
     if data is None:
         raise ArchiveError(f"{name}: the archive is truncated (no end marker)")
+    limits.finish()
+    _check_counts(name, header.get("counts"), data)
     problem = export_problem(data)
     if problem:
         raise ArchiveError(f"{name}: malformed {problem}")
@@ -288,9 +332,98 @@ def _read(
     return info, data
 
 
+def _check_counts(name: str, declared: Any, data: RunExport) -> None:
+    found = {"checkpoints": len(data.checkpoints), "values": len(data.blobs),
+             "inputs": len(data.inputs), "effects": len(data.effects)}
+    if not isinstance(declared, Mapping):
+        raise ArchiveError(f"{name}: damaged archive (its header has no record counts)")
+    for kind, n in found.items():
+        if declared.get(kind, n) != n:
+            raise ArchiveError(
+                f"{name}: the archive declares {declared.get(kind)!r} {kind} but holds {n} "
+                "(damaged or altered)"
+            )
+
+
 def _known(cls: type, frame: Mapping[str, Any]) -> dict[str, Any]:
     """The frame's values for ``cls``'s fields (extra keys from a later minor version skipped)."""
     return {f.name: frame[f.name] for f in fields(cls)}
+
+
+def _memory_bytes() -> int | None:
+    """This machine's physical memory, if the platform says."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _size(sizes: Any, key: str) -> int | None:
+    value = sizes.get(key) if isinstance(sizes, Mapping) else None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+class _Limits:
+    """How large the next frame may be, from what the header declares (see the module doc)."""
+
+    __slots__ = ("declared", "largest", "name", "remaining")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.largest = _HEADER_MAX
+        self.declared: int | None = None
+        self.remaining: int | None = None
+
+    def declare(self, sizes: Any) -> None:
+        if sizes is None:  # written before archives declared sizes
+            self.largest = LEGACY_MAX_FRAME
+            return
+        total = _size(sizes, "frames")
+        largest = _size(sizes, "largest")
+        if total is None or largest is None:
+            raise ArchiveError(f"{self.name}: damaged archive (its declared sizes are {sizes!r})")
+        memory = _memory_bytes()
+        if memory is not None and total > memory:
+            raise ArchiveError(
+                f"{self.name}: the archive declares {total / 2**30:.1f} GiB of records, more "
+                f"than this machine's memory ({memory / 2**30:.1f} GiB)"
+            )
+        if largest > min(total, _MAX_FRAME):
+            raise ArchiveError(f"{self.name}: damaged archive (its declared sizes are {sizes!r})")
+        self.largest = largest
+        self.declared = self.remaining = total
+
+    def check(self, length: int) -> None:
+        """Refuse a frame of ``length`` bytes, before reading it, if it is too big."""
+        if length > max(self.largest, _END_MAX):
+            if self.declared is None and self.largest == LEGACY_MAX_FRAME:
+                raise ArchiveError(
+                    f"{self.name}: damaged archive (a frame of {length} bytes; an archive "
+                    f"that declares no sizes holds frames of at most {LEGACY_MAX_FRAME} bytes)"
+                )
+            raise ArchiveError(
+                f"{self.name}: damaged archive (a frame of {length} bytes, larger than the "
+                f"{self.largest} it declares)"
+            )
+
+    def count(self, length: int) -> None:
+        """Account for a frame read (any but the header and the end frame)."""
+        if self.remaining is not None:
+            self.remaining -= _LENGTH.size + length
+            if self.remaining < 0:
+                self._mismatch()
+
+    def finish(self) -> None:
+        if self.remaining:
+            self._mismatch()
+
+    def _mismatch(self) -> None:
+        raise ArchiveError(
+            f"{self.name}: damaged archive (its frames do not add up to the "
+            f"{self.declared} bytes it declares)"
+        )
 
 
 class _CountingReader:
@@ -306,8 +439,13 @@ class _CountingReader:
         return chunk
 
 
-def _frames(raw: _CountingReader, name: str, hasher: Any) -> Iterator[dict[str, Any]]:
-    """Frames from the compressed stream; every frame but the end one goes into ``hasher``."""
+def _frames(
+    raw: _CountingReader, name: str, hasher: Any, limits: _Limits
+) -> Iterator[dict[str, Any]]:
+    """Frames from the compressed stream; every frame but the end one goes into ``hasher``.
+    The header is the first; every other frame is bounded by ``limits`` (which the header
+    sets) before its body is read."""
+    first = True
     try:
         reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)  # type: ignore[arg-type]
         while True:
@@ -317,26 +455,45 @@ def _frames(raw: _CountingReader, name: str, hasher: Any) -> Iterator[dict[str, 
             (length,) = _LENGTH.unpack(head)
             if length > _MAX_FRAME:
                 raise ArchiveError(f"{name}: damaged archive (frame of {length} bytes)")
-            body = _read_exact(reader, length, name)
-            if len(body) != length:
-                raise ArchiveError(f"{name}: the archive is truncated")
+            if first and length > _HEADER_MAX:
+                raise ArchiveError(f"{name}: damaged archive (a header of {length} bytes)")
+            if not first:
+                limits.check(length)
+            body = _read_body(reader, length, name)
             frame = ormsgpack.unpackb(body)
             if not isinstance(frame, dict):
                 raise ArchiveError(f"{name}: damaged archive (a frame is not a map)")
             if frame.get("t") != "end":
                 hasher.update(head)
                 hasher.update(body)
+                if not first:
+                    limits.count(length)
+            first = False
             yield frame
     except zstandard.ZstdError as exc:
         raise ArchiveError(f"{name}: damaged archive ({exc})") from None
     except ormsgpack.MsgpackDecodeError as exc:
         raise ArchiveError(f"{name}: damaged archive ({exc})") from None
+    except MemoryError:
+        raise ArchiveError(f"{name}: not enough memory to read the archive") from None
+
+
+def _read_body(reader: Any, length: int, name: str) -> bytes:
+    """A frame's bytes: its first byte must start a map (a stream of zeros is refused
+    before it is read), the rest read in pieces."""
+    start = _read_exact(reader, min(length, 1), name)
+    if start and start[0] not in _MAP_STARTS:
+        raise ArchiveError(f"{name}: damaged archive (a frame is not a map)")
+    body = start + _read_exact(reader, length - len(start), name)
+    if len(body) != length:
+        raise ArchiveError(f"{name}: the archive is truncated")
+    return body
 
 
 def _read_exact(reader: Any, n: int, name: str) -> bytes:
     parts = bytearray()
     while len(parts) < n:
-        chunk = reader.read(n - len(parts))
+        chunk = reader.read(min(n - len(parts), _PIECE))
         if not chunk:
             break
         parts += chunk
@@ -447,6 +604,7 @@ def default_path(run_id: str) -> str:
 
 __all__ = [
     "FORMAT",
+    "LEGACY_MAX_FRAME",
     "MAGIC",
     "SUFFIX",
     "VERSION",
