@@ -671,3 +671,21 @@ def test_a_blob_file_replaced_by_a_directory_is_corruption_with_fallback(tmp_pat
         assert found is not None and found.id == good.id
         assert any(p.kind == "blob" and "directory" in p.message for p in store.verify())
         store.prune(pitstop.RetentionPolicy(keep_last=1))  # the sweep steps over it
+
+
+def test_a_worker_drains_the_others_past_a_damaged_queued_run(url: str) -> None:
+    wf = pitstop.Workflow("drain")
+    wf.step(name="one")(lambda state, ctx: {"done": True})
+    with pitstop.open_store(url) as store:
+        for i in range(3):
+            wf.enqueue(store, {"n": i}, run_id=f"r{i}")
+        tamper(url, "UPDATE pitstop_runs SET metadata = 'not json' WHERE run_id = 'r1'")
+        worker = pitstop.Worker(store, [wf], poll_interval=0.02,
+                                on_error=pitstop.Retry(attempts=2, backoff=0.01, jitter=0.0))
+        stats = worker.run(until_idle=True, handle_signals=False)
+        assert stats.executed == 2 and stats.given_up == 1
+        assert [store.get_run(f"r{i}").status.value for i in range(3)] == [
+            "completed", "failed", "completed"]
+        failed = store.get_run("r1").metadata
+        assert "damaged run row" in failed["error"]["message"]
+        assert failed["unreadable_metadata"] == "not json"  # kept, not thrown away

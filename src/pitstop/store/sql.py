@@ -220,6 +220,20 @@ _SELECT_HEAD = (
 """The run's head id and its checkpoint (all None when the head is missing)."""
 
 
+def _stored_metadata(run_id: str, text: str | None) -> dict[str, Any]:
+    """A run's stored metadata, to merge an update into. Damaged text (not a JSON object)
+    is kept whole under ``unreadable_metadata``: marking such a run failed must work (a
+    worker giving up on it), and must not throw away what is left of it."""
+    try:
+        merged = json.loads(text) if text else {}
+    except ValueError:
+        merged = None
+    if isinstance(merged, dict):
+        return merged
+    log.warning("run %r: its metadata is not a JSON object; kept as unreadable_metadata", run_id)
+    return {"unreadable_metadata": text}
+
+
 def _head_of(row: Sequence[Any]) -> CheckpointRecord | None:
     """The head checkpoint in a row of SELECT_RUN_AND_HEAD (after the run's columns), or
     None: the run has no head, or its head is gone."""
@@ -863,7 +877,7 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects):
             cancelling = status == RunStatus.CANCELLED
             if not cancelling:
                 self._check_lease(run_id, current, lease, now)
-            merged = json.loads(current.metadata) if current.metadata else {}
+            merged = _stored_metadata(run_id, current.metadata)
             merged.update(metadata or {})
             if cancelling:
                 # Cancelling breaks any lease: the owner's next write is fenced off.
