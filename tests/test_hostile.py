@@ -160,9 +160,8 @@ HOSTILE: dict[str, tuple[Callable[[list[dict[str, Any]]], None], str]] = {
 
 @pytest.mark.parametrize("case", list(HOSTILE))
 def test_a_hostile_archive_is_refused_whole_in_one_line(
-    tmp_path: Path, cli: Cli, case: str
+    tmp_path: Path, cli: Cli, case: str, url: str
 ) -> None:
-    url = f"sqlite:///{tmp_path / 'target.db'}"
     source = pitstop.open_store(f"sqlite:///{tmp_path / 'source.db'}")
     wf = pitstop.Workflow("hostile")
     wf.step(name="one")(lambda state, ctx: {"r": ctx.effect("e", lambda: 1), "big": "x" * 100})
@@ -399,7 +398,7 @@ def test_a_head_pointing_nowhere_is_corruption_not_an_empty_run(url: str) -> Non
 
 @pytest.mark.parametrize(
     "damage",
-    ["status = 'bogus'", "metadata = 'not json'", "waiting_for = '{\"x'"],
+    ["status = 'bogus'", "metadata = 'not json'", "waiting_for = '{\"x'", "metadata = '[1]'"],
 )
 def test_a_damaged_run_row_is_reported_and_the_others_still_listed(
     url: str, cli: Cli, damage: str
@@ -689,3 +688,14 @@ def test_a_worker_drains_the_others_past_a_damaged_queued_run(url: str) -> None:
         failed = store.get_run("r1").metadata
         assert "damaged run row" in failed["error"]["message"]
         assert failed["unreadable_metadata"] == "not json"  # kept, not thrown away
+
+
+def test_verify_checks_every_run_field_sqlite_would_keep(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    with pitstop.open_store(url) as store:
+        store.save("a", {"n": 1})
+        store.save("b", {"n": 1})
+        tamper(url, "UPDATE pitstop_runs SET priority = 'high', checkpoints = -3 "
+               "WHERE run_id = 'a'")
+        assert [(p.kind, p.id) for p in store.verify()] == [("run", "a")]
+        assert "checkpoints -3 is out of range" in store.verify()[0].message

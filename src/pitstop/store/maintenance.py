@@ -19,6 +19,7 @@ from ..model import RunStatus
 from .backend import CHUNK, Tx, placeholders
 from .base import Problem, Progress, PruneReport, RetentionPolicy, StoreStats
 from .records import CheckpointRecord, FieldRef, decode_field_map, is_chunk_key
+from .rowcheck import run_problem
 from .schema import SELECT_CHECKPOINT, SELECT_RUN, RunRow
 from .values import StoredValues
 
@@ -436,10 +437,18 @@ class Maintenance(StoredValues):
             if not rows:
                 break
             for row in rows:
-                try:
-                    RunRow(*row).to_run()
-                except CorruptCheckpointError as exc:
-                    problems.append(Problem("run", str(row[0]), exc.detail, run_id=str(row[0])))
+                # Every field by type and range (SQLite keeps whatever was written), not
+                # only what would stop the row from loading.
+                problem = run_problem(RunRow(*row))
+                if problem is None:
+                    try:
+                        RunRow(*row).to_run()
+                    except CorruptCheckpointError as exc:
+                        problem = exc.detail
+                else:
+                    problem = f"damaged run row: {problem}"
+                if problem is not None:
+                    problems.append(Problem("run", str(row[0]), problem, run_id=str(row[0])))
             after = rows[-1][0]
         for run_id, head, owner in self._query(
             "SELECT r.run_id, r.head_id, c.run_id FROM pitstop_runs r "
