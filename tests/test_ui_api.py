@@ -91,6 +91,21 @@ def test_bad_filters_are_422_with_a_message(client: TestClient, params: dict[str
     assert body["status"] == 422 and message in body["message"]
 
 
+def test_a_damaged_run_row_is_named_and_the_others_still_listed(
+    populated: tuple[Store, dict[str, str]], client: TestClient, tmp_path: Path
+) -> None:
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "ui.db") as conn:
+        conn.execute("UPDATE pitstop_runs SET metadata = 'not json' "
+                     "WHERE run_id = 'inv-1010-acme'")
+    page = client.get("/api/runs").json()
+    assert "inv-1010-acme" not in _ids(page) and len(page["runs"]) == 12
+    assert [d["id"] for d in page["damaged"]] == ["inv-1010-acme"]
+    assert "not JSON" in page["damaged"][0]["message"]
+    assert client.get("/api/runs", params={"id": "inv-1011"}).json()["damaged"] == []
+
+
 def test_keyset_pages_cover_every_run_once(client: TestClient) -> None:
     seen: list[str] = []
     before = None

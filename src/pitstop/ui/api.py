@@ -76,11 +76,20 @@ class RunOut(BaseModel):
     error: Failure | None
 
 
+class Damaged(BaseModel):
+    id: str = Field(description="The run whose row is damaged.")
+    message: str = Field(description="What is wrong with it.")
+
+
 class RunPage(BaseModel):
     runs: list[RunOut]
     counts: dict[str, int] = Field(description="Runs per status for the other filters.")
     total: int = Field(description="Runs matching every filter.")
     next: str | None = Field(description="Pass as ?before= for the next page (None: last).")
+    damaged: list[Damaged] = Field(
+        default_factory=list,
+        description="Runs of this page left out because their rows are damaged "
+                    "(`pitstop verify` lists them).")
 
 
 class Fork(BaseModel):

@@ -196,9 +196,9 @@ def list_runs(
 ) -> dict[str, Any]:
     """A page of runs newest first, with counts per status for the same filters (the status
     filter aside, so the status tabs can say what each would show)."""
-    found: list[Run] = store.runs(**filters.store_filters(), before=before, limit=limit + 1)
-    more = len(found) > limit
-    found = found[:limit]
+    listed = store.runs(**filters.store_filters(), before=before, limit=limit + 1)
+    more = len(listed) > limit
+    found = listed[:limit]
     counting = filters.store_filters()
     counting.pop("status")
     counts = store.count_runs(**counting)
@@ -207,6 +207,7 @@ def list_runs(
         "counts": {s: counts.get(s, 0) for s in STATUSES},
         "total": sum(counts.get(s, 0) for s in (filters.statuses or STATUSES)),
         "next": found[-1].id if more and found else None,
+        "damaged": [{"id": p.id, "message": p.message} for p in listed.damaged],
     }
 
 
