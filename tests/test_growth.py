@@ -207,6 +207,42 @@ def test_corrupt_chunk_is_detected_and_named(store: Store) -> None:
     assert any(p.kind == "blob" for p in problems), problems
 
 
+def test_a_chunk_key_held_by_other_bytes_is_refused(store: Store) -> None:
+    """Chunk keys are xxh3-128, which a crafted value can collide with: a new chunk whose
+    key a stored chunk with other bytes holds is refused, naming the run and the field, and
+    nothing is written (the stored chunk is not taken for the new one)."""
+    rng = random.Random(11)
+    msgs = [_message(rng, i) for i in range(60)]
+    extra = _message(rng, 60)
+    # Another run makes the very chunks the next save will need; their rows are then given
+    # other bytes, as if a colliding value had been stored under those keys first.
+    store.save("other", {"messages": msgs})
+    before = set(_all_chunk_keys(store))
+    store.save("other", {"messages": [*msgs, extra]})
+    planted = set(_all_chunk_keys(store)) - before
+    assert planted
+
+    def plant(tx: Any) -> None:
+        for key in planted:
+            tx.run("UPDATE pitstop_blobs SET data = ? WHERE hash = ?", (b"\x00" + b"x" * 40, key))
+
+    store.save("victim", {"messages": msgs})
+    head = store.latest("victim")
+    store._tx(plant, write=True)  # type: ignore[attr-defined]
+    with pytest.raises(pitstop.StoreError) as info:
+        store.save("victim", {"messages": [*msgs, extra]})
+    message = str(info.value)
+    assert "'victim'" in message and "'messages'" in message and "collision" in message
+    latest = store.latest("victim")
+    assert latest is not None and head is not None and latest.id == head.id
+    assert latest.state["messages"] == msgs
+
+
+def _all_chunk_keys(store: Store) -> list[bytes]:
+    rows = store._tx(lambda tx: tx.all("SELECT hash FROM pitstop_blobs"))  # type: ignore[attr-defined]
+    return [bytes(h) for (h,) in rows if is_chunk_key(bytes(h))]
+
+
 def test_prune_and_forks_never_lose_a_referenced_chunk(store: Store) -> None:
     msgs = _grow(store, "conv", 70)
     middle = store.history("conv", limit=None)[35]

@@ -79,6 +79,7 @@ from pitstop.store.blobs import BlobStore
 from pitstop.store.options import OPTIONS, parse_option
 from pitstop.store.options import check as check_options
 from pitstop.store.pgconn import GuardedConnection, flush_all
+from pitstop.store.records import is_chunk_key
 from pitstop.store.schema import CHECKPOINTS
 from pitstop.store.sql import SqlStore, WritePlan, head_update
 from pitstop.store.urls import redact
@@ -534,10 +535,23 @@ class PostgresStore(SqlStore):
         record = plan.record
         blobs = list(plan.new.values())
         head_sql, params = head_update(plan, POSTGRES.null_safe_eq)
+        chunks = [b for b in blobs if is_chunk_key(b.hash)]
+        if chunks and plan.refs:
+            # A new chunk whose key a stored chunk with other bytes has (a crafted xxh3
+            # collision) leaves the head where it is: the shared path then says why.
+            head_sql += " AND NOT EXISTS (SELECT 1 FROM clash)"
         parts = ["moved AS (" + POSTGRES.for_driver(head_sql) + " RETURNING run_id)"]
         if plan.refs:
             # The GC lock (see _lock_values) is taken when `gc` is first read, before any
             # value is inserted.
+            if chunks:
+                parts.insert(
+                    0,
+                    "clash AS (SELECT 1 FROM unnest(%s::bytea[], %s::bytea[]) AS c(hash, data) "
+                    "JOIN pitstop_blobs b ON b.hash = c.hash WHERE b.alias IS NULL "
+                    "AND b.location IS NULL AND b.data <> c.data)",
+                )
+                params[:0] = [[b.hash for b in chunks], [b.data for b in chunks]]
             parts.insert(0, "gc AS (SELECT pg_advisory_xact_lock_shared(%s) AS locked)")
             params.insert(0, self._gc_key)
             parts.append(

@@ -346,6 +346,14 @@ class ValueCodec:
             except KeyError:
                 pass
 
+    def chunk_keys_of(self, ref: FieldRef) -> set[bytes]:
+        """The chunk keys of a chunked field this process knows the layout of (else its
+        root's)."""
+        layout = self.layout_of(ref)
+        if layout is not None:
+            return layout.keys()
+        return set(_manifest_roots(ref.manifest)) if ref.manifest is not None else set()
+
     def layout_of(self, ref: FieldRef | None) -> chunking.Layout | None:
         if ref is None or ref.manifest is None:
             return None

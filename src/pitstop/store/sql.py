@@ -467,6 +467,7 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects):
         if plan.refs:
             self._lock_values(tx)
             self._check_reused(tx, plan)
+            self._check_chunk_collisions(tx, run_id, plan.new, plan.fields)
             self._insert_values(tx, plan.new, now)
             tx.many(
                 "INSERT INTO pitstop_blob_refs (run_id, hash) VALUES (?, ?) "

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from ..errors import StoreError
 from .backend import SqlBackend, Tx
-from .records import Alias, NewBlob, is_chunk_key
+from .records import Alias, FieldMap, NewBlob, is_chunk_key
 
 # Values bigger than this are looked up before being sent, so an existing one is not shipped
 # to the database again just to be discarded by ON CONFLICT.
@@ -67,6 +67,41 @@ class StoredValues(SqlBackend):
                 for b in blobs
             ],
         )
+
+    def _check_chunk_collisions(
+        self, tx: Tx, run_id: str, new: Mapping[bytes, NewBlob], fields: FieldMap
+    ) -> None:
+        """Refuse new chunks whose key a stored chunk with other bytes already has.
+
+        Chunk keys are xxh3-128, fast but not made to resist a crafted collision: a value
+        built to hash like another run's chunk must not be stored as that chunk (a load
+        would then return the other bytes). A new chunk's key is rarely present, so this is
+        one indexed look-up of the new keys; the bytes are compared only for those found.
+        """
+        keys = [k for k in new if is_chunk_key(k)]
+        if not keys:
+            return
+        present = [
+            bytes(h)
+            for (h,) in tx.in_chunks("SELECT hash FROM pitstop_blobs WHERE hash IN ({in})", keys)
+        ]
+        if not present:
+            return
+        stored = self._read_values(tx, present)
+        for key in present:
+            data = stored.get(key)
+            if data is not None and data != new[key].data:
+                field = next(
+                    (name for name, ref in fields.items() if ref.manifest is not None
+                     and key in self._value_codec.chunk_keys_of(ref)),
+                    None,
+                )
+                where = f", field {field!r}" if field else ""
+                raise StoreError(
+                    f"{self.url}: run {run_id!r}{where}: a new chunk has the key "
+                    f"{key.hex()[2:18]} of a stored chunk with other bytes (an xxh3-128 "
+                    "collision, most likely a value built to cause one); nothing was written"
+                )
 
     def _read_values(self, tx: Tx, hashes: Sequence[bytes]) -> dict[bytes, bytes]:
         """Stored values by hash, from the table or the blob store (absent ones left out);
