@@ -101,7 +101,12 @@ def test_a_store_at_the_oldest_schema_is_upgraded_on_open(
             assert old.schema_version() == oldest
             first = old.save("r", {"doc": "x" * 10_000, "n": 1}, workflow="wf")
             second = old.save("r", {"doc": "x" * 10_000, "n": 2})
-            old.create_run("queued", status=RunStatus.QUEUED, metadata={"k": "v"})
+            # That release's INSERT (this one reads columns the first schema lacks).
+            old._tx(lambda tx: tx.run(  # type: ignore[attr-defined]
+                "INSERT INTO pitstop_runs (run_id, status, created_at, updated_at, metadata) "
+                "VALUES (?, ?, ?, ?, ?)",
+                ("queued", RunStatus.QUEUED.value, time.time(), time.time(), '{"k": "v"}'),
+            ), write=True)
     if oldest < store_schema.LATEST_SCHEMA:
         with pytest.raises(StoreSchemaError, match="migrate"):
             PostgresStore(url, auto_migrate=False)

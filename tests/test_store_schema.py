@@ -35,8 +35,9 @@ def test_sql_is_built_from_the_row_classes() -> None:
         "SELECT id, run_id, parent_id, step, created_at, schema_version, metadata, fields, "
     )
     assert schema.INSERT_CHECKPOINT.count("?") == len(schema.CHECKPOINTS.columns)
+    # A lease belongs to a process, a parent link to the store the parent lives in.
     assert set(schema.EXPORTED_RUN_COLUMNS) == set(schema.RUNS.columns) - {
-        "lease_owner", "lease_expires", "fence"
+        "lease_owner", "lease_expires", "fence", "parent_run"
     }
 
 

@@ -168,3 +168,34 @@ def fan_out(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
     out = ctx.map(fn, range(MAP_ITEMS), concurrency=MAP_CONCURRENCY, name="items")
     return {"squares": [r["square"] for r in out], "pids": [r["pid"] for r in out],
             "nonces": [r["nonce"] for r in out]}
+
+
+# -- child runs: the crash-test parent and its children -------------------------------------------
+
+KIDS = 20
+
+kid = pitstop.Workflow("kid")
+
+
+@kid.step
+def kid_work(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
+    """Takes a while (so a kill lands mid-child), logging who started it."""
+    _append(state["log"], f"start {os.getpid()} {ctx.run_id}")
+    time.sleep(float(os.environ.get("KID_STEP_DELAY", "0.1")))
+    return {"y": state["x"] * 2, "pid": os.getpid()}
+
+
+boss = pitstop.Workflow("boss")
+
+
+@boss.step
+def boss_fan(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
+    _append(state["log"], f"fan {os.getpid()} {ctx.run_id}")
+    results = ctx.run_children([(kid, {"x": i, "log": state["log"]}) for i in range(KIDS)])
+    return {"ys": [r.state["y"] for r in results]}
+
+
+@boss.step
+def boss_merge(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
+    _append(state["log"], f"merge {os.getpid()} {ctx.run_id}")
+    return {"total": sum(state["ys"])}

@@ -15,6 +15,8 @@ from .delta import Append, Merge
 from .errors import (
     ArchiveError,
     CheckpointNotFoundError,
+    ChildFailedError,
+    ChildRunError,
     ConflictError,
     CorruptCheckpointError,
     FieldEditError,
@@ -54,14 +56,15 @@ __version__ = "0.1.0"
 # The runtime (and asyncio with it) is imported on first use, so tools that only read a store,
 # like `pitstop runs`, start fast.
 _RUNTIME = frozenset(
-    {"CheckpointPolicy", "Checkpointer", "Retry", "RunResult", "StepContext", "Worker",
-     "Workflow", "finish", "goto", "send"}
+    {"CheckpointPolicy", "Checkpointer", "ChildResult", "Retry", "RunResult", "StepContext",
+     "Worker", "Workflow", "finish", "goto", "send"}
 )
 
 if TYPE_CHECKING:
     from .runtime import (
         Checkpointer,
         CheckpointPolicy,
+        ChildResult,
         Retry,
         RunResult,
         StepContext,
@@ -90,6 +93,9 @@ __all__ = [
     "CheckpointPolicy",
     "CheckpointSummary",
     "Checkpointer",
+    "ChildFailedError",
+    "ChildResult",
+    "ChildRunError",
     "ConflictError",
     "CorruptCheckpointError",
     "FieldEditError",

@@ -280,9 +280,57 @@ class MapItemError(PitstopError):
         self.__cause__ = error
 
 
+class ChildRunError(PitstopError, ValueError):
+    """``ctx.run_child``/``run_children`` was given something it cannot start (a workflow the
+    worker does not run, a ``run_id`` another run has, input that is not a state): names the
+    run and the step; no child was started."""
+
+    def __init__(self, message: str, *, run_id: str, step: str) -> None:
+        self.run_id = run_id
+        self.step = step
+        super().__init__(f"run {run_id!r}, step {step!r}: {message}")
+
+
+class ChildFailedError(PitstopError):
+    """A child run the step waited for failed or was cancelled: names the run, the step and
+    the child; ``error`` is the child's error (its type, message, traceback, step).
+
+    Raised by ``ctx.run_child``/``run_children`` once every child of the call finished;
+    ``results`` holds all their :class:`~pitstop.ChildResult` s. Unhandled, it fails the
+    parent's step (its retries apply); caught, the step decides.
+    """
+
+    def __init__(
+        self,
+        run_id: str,
+        step: str,
+        child_run: str,
+        status: str,
+        error: Mapping[str, Any] | None,
+        results: list[Any],
+    ) -> None:
+        self.run_id = run_id
+        self.step = step
+        self.child_run = child_run
+        self.status = status
+        self.error = dict(error or {})
+        self.results = results
+        why = (
+            f"{self.error.get('type')}: {self.error.get('message')}"
+            if self.error else status
+        )
+        super().__init__(
+            f"run {run_id!r}, step {step!r}: child run {child_run!r} {status}"
+            + (f" in step {self.error['step']!r}" if self.error.get("step") else "")
+            + f" ({why})"
+        )
+
+
 __all__ = [
     "ArchiveError",
     "CheckpointNotFoundError",
+    "ChildFailedError",
+    "ChildRunError",
     "ConflictError",
     "CorruptCheckpointError",
     "FieldEditError",

@@ -64,6 +64,8 @@ class Run:
     owner: str | None = None
     lease_expires_at: datetime | None = None
     priority: int = 0
+    parent_run: str | None = None
+    """The run whose step started this one as a child (``ctx.run_child``), or None."""
 
 
 class CheckpointSummary:

@@ -1,6 +1,7 @@
 """The run/step runtime: workflows, their execution, leases and the background writer."""
 
 from ..errors import StepFailedError
+from .children import ChildResult
 from .context import StepContext
 from .engine import RunResult
 from .loop import Checkpointer
@@ -11,6 +12,7 @@ from .workflow import Workflow, send
 __all__ = [
     "CheckpointPolicy",
     "Checkpointer",
+    "ChildResult",
     "Finish",
     "Goto",
     "Retry",

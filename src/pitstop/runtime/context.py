@@ -63,6 +63,7 @@ class StepContext:
         self._effects: set[str] = set()
         self._timers = 0
         self._maps: set[str] = set()
+        self._children = 0
 
     @property
     def log(self) -> logging.LoggerAdapter[logging.Logger]:
@@ -257,6 +258,61 @@ class StepContext:
             candidate = f"{base}#{n}"
         self._maps.add(candidate)
         return candidate
+
+    # -- child runs ---------------------------------------------------------------------------
+
+    def run_child(self, workflow: Any, input: Any = None, *, run_id: str | None = None) -> Any:
+        """Start a run of ``workflow`` (a :class:`~pitstop.Workflow`, or under a worker the
+        name of one it runs) as a child of this run; return its
+        :class:`~pitstop.ChildResult` once it completed.
+
+        Outside a worker the child runs here, now; under a worker it is queued for the
+        pool. If it does not finish at once (it waits for an input, a timer, a worker),
+        this run checkpoints as ``waiting`` for it, holding nothing, and this step runs
+        again when the child finished (in any process: a worker, or ``resume``), then
+        returning at once. A failed or cancelled child raises
+        :class:`~pitstop.ChildFailedError` here. ``run_id`` names the child (by default
+        it is derived from this run's id and the step's position); a run of that id that
+        is not this step's child raises :class:`~pitstop.ChildRunError`, starting nothing.
+        """
+        return self.run_children([(workflow, input, run_id)] if run_id is not None
+                                 else [(workflow, input)], _single=True)[0]
+
+    def run_children(self, children: Iterable[Any], /, *, _single: bool = False) -> list[Any]:
+        """:meth:`run_child` for several children at once: ``[(workflow, input), ...]``
+        (or ``(workflow, input, run_id)``), all started before any is waited for; returns
+        their :class:`~pitstop.ChildResult` s in order once all completed. If some failed,
+        :class:`~pitstop.ChildFailedError` names the first (its ``results`` has all)."""
+        from .children import run_children
+        from .parallel import is_async_callable
+
+        if is_async_callable(self._execution.wf.steps[self.step].fn):
+            raise TypeError(
+                f"run {self.run_id!r}, step {self.step!r}: use `await ctx.arun_child(...)` / "
+                "`await ctx.arun_children(...)` in an async step"
+            )
+        return run_children(self, children, single=_single)  # type: ignore[arg-type]
+
+    async def arun_child(
+        self, workflow: Any, input: Any = None, *, run_id: str | None = None
+    ) -> Any:
+        """:meth:`run_child` for async steps (children run here run on this loop)."""
+        specs = [(workflow, input, run_id)] if run_id is not None else [(workflow, input)]
+        from .children import arun_children
+
+        return (await arun_children(self, specs, single=True))[0]
+
+    async def arun_children(self, children: Iterable[Any], /) -> list[Any]:
+        """:meth:`run_children` for async steps."""
+        from .children import arun_children
+
+        return await arun_children(self, children, single=False)  # type: ignore[arg-type]
+
+    def _next_child(self) -> int:
+        """The number of the next child this step execution starts (0, 1, ...)."""
+        n = self._children
+        self._children += 1
+        return n
 
     # -- resumable iteration ----------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from ..errors import LeaseLostError, StepFailedError
 from ..logfmt import kv
 from ..model import Checkpoint, RunStatus, utc
 from ..store import Lease, Store
+from .children import WaitForChildren
 from .context import StepContext, Suspend
 from .leases import keeper
 from .policies import CheckpointPolicy, Finish, Goto, Retry
@@ -212,6 +213,9 @@ class Execution:
         self.step_start_fields: dict[str, Any] = {}
         self.step_start_changed: set[str] | None = set()
         self.released = False
+        # The run that started this one (ctx.run_child): told when this run finishes.
+        self.parent_run: str | None = None
+        self.children_started: list[str] = []  # since the last checkpoint, for history
 
     # -- checkpoints -----------------------------------------------------------------------------
 
@@ -237,6 +241,8 @@ class Execution:
             meta["inputs"] = self.consumed
         if self.tags:
             meta["tags"] = self.tags
+        if self.children_started:
+            meta["children"] = self.children_started
         meta.update(extra)
         return meta
 
@@ -275,6 +281,7 @@ class Execution:
             release=release,
             consumed_inputs=list(self.consumed.values()),
             durability=self.durability,
+            deliver_to=self.parent_run,
         )
         if self.writer is not None and not sync and status is RunStatus.RUNNING:
             self.writer.submit(prepared)
@@ -290,6 +297,7 @@ class Execution:
         self.checkpointed = True
         self.consumed = {}
         self.tags = []
+        self.children_started = []
         self.steps_since = 0
         self.checkpointed_at = time.monotonic()
         if self.schedule is not None:
@@ -441,6 +449,10 @@ class Execution:
                 self.changed = self.step_start_changed
                 self.deltas = self.step_start_deltas
                 return (yield from self._sleep(spec, suspend.wake_at))
+            except WaitForChildren as children:
+                self.changed = self.step_start_changed
+                self.deltas = self.step_start_deltas
+                return (yield from self._wait_children(spec, children.names))
             except Exception as exc:
                 retry = spec.options.retry or wf.retry
                 self.attempts[spec.name] = attempt
@@ -557,6 +569,17 @@ class Execution:
         self.next = spec.name
         yield from self.checkpoint(RunStatus.WAITING, sync=True, wake_at=wake_at)
         return self.result(RunStatus.WAITING, wake_at=utc(wake_at), step=spec.name)
+
+    def _wait_children(self, spec: StepSpec, names: list[str]) -> Generator[Op, Any, RunResult]:
+        """Park the run until its unfinished children finish: the step runs again then.
+        The transaction finishing the last child makes the run runnable (see
+        :mod:`pitstop.store.children`), and so does this checkpoint if they all finished
+        since the step looked."""
+        self.fields = self.step_start_fields
+        self.deltas = self.step_start_deltas
+        self.next = spec.name
+        yield from self.checkpoint(RunStatus.WAITING, sync=True, waiting_for=names)
+        return self.result(RunStatus.WAITING, waiting_for=tuple(names), step=spec.name)
 
     def _fail(
         self, error: dict[str, Any], *, step: str | None = None

@@ -43,6 +43,7 @@ from ..logfmt import kv
 from ..model import RunStatus
 from ..owners import owner_alive, owner_id
 from ..store import Lease, Store
+from .children import serving
 from .policies import Retry
 from .workflow import Workflow
 
@@ -213,13 +214,14 @@ class Worker:
         log.info(kv(event="claimed", run=lease.run_id, workflow=workflow, token=lease.token),
                  extra=fields)
         try:
-            result = wf.resume(
-                self.store,
-                lease.run_id,
-                lease=lease,
-                stop=self._stop,
-                retry_failed=self.retry_failed,
-            )
+            with serving(self.workflows):  # children this run starts are queued for the pool
+                result = wf.resume(
+                    self.store,
+                    lease.run_id,
+                    lease=lease,
+                    stop=self._stop,
+                    retry_failed=self.retry_failed,
+                )
         except (RunBusyError, LeaseLostError) as exc:  # another owner has it: theirs now
             log.info(kv(event="lost", run=lease.run_id, workflow=workflow,
                         error=f"{type(exc).__name__}: {exc}"), extra=fields)
@@ -393,6 +395,11 @@ class Worker:
                         self._slot_freed.wait(self.poll_interval)
                         self._slot_freed.clear()
                         continue
+                    with self._lock:
+                        # Read before claiming: a run finishing during the claim may make
+                        # another runnable (a child waking its parent), so a worker that was
+                        # busy looks again instead of calling itself idle.
+                        was_busy = bool(self._active)
                     try:
                         leases = self._due_backoffs(free)
                         leases += self._claim(free - len(leases)) or self._adopt_orphans(
@@ -422,7 +429,8 @@ class Worker:
                     with self._lock:
                         busy = bool(self._active)
                     backoff = self._next_backoff_in()
-                    if until_idle and not busy and not self._orphans_elsewhere and backoff is None:
+                    if (until_idle and not busy and not was_busy and not self._orphans_elsewhere
+                            and backoff is None):
                         break
                     if busy:
                         self._slot_freed.wait(min(self.poll_interval, 0.05))

@@ -255,8 +255,13 @@ class Workflow:
         fields = self.adapter.fields_of(input)
         run_id = run_id or new_id()
         try:
+            # A queued run is registered as waiting (for nothing, with no wake time: no
+            # worker claims it) until its first checkpoint makes it queued, so a worker never
+            # claims a run it cannot start yet.
             store.create_run(
-                run_id, workflow=self.name, status=status, metadata=metadata, priority=priority
+                run_id, workflow=self.name, priority=priority,
+                status=RunStatus.WAITING if status is RunStatus.QUEUED else status,
+                metadata=metadata,
             )
         except RunExistsError:
             run = store.get_run(run_id)
@@ -437,6 +442,7 @@ class Workflow:
             store.release(lease)
             raise
         execution = self._execution(store, run_id, lease, ckpt, policy)
+        execution.parent_run = run.parent_run
         if status is RunStatus.FAILED:
             # A manual resume retries the failed step with a fresh set of attempts.
             execution.attempts.pop(execution.next or "", None)

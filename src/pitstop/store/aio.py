@@ -54,6 +54,8 @@ class AsyncStore:
     create_run = _offload(Store.create_run)
     get_run = _offload(Store.get_run)
     runs = _offload(Store.runs)
+    children = _offload(Store.children)
+    start_children = _offload(Store.start_children)
     count_runs = _offload(Store.count_runs)
     update_run = _offload(Store.update_run)
     delete_run = _offload(Store.delete_run)

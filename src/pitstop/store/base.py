@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -267,8 +267,12 @@ class Store(ABC):
         consumed_inputs: Iterable[str] = (),
         durability: Durability | None = None,
         checkpoint_id: str | None = None,
+        deliver_to: str | None = None,
     ) -> PreparedSave:
         """The first half of :meth:`save`: serialise and check, write nothing.
+
+        ``deliver_to`` names the parent of a child run: a save that completes or fails the
+        run delivers its outcome to that parent in the same transaction.
 
         Serialisation errors are raised here. The prepared checkpoint's id is final, so the
         next checkpoint may name it as its parent before it is committed.
@@ -386,8 +390,23 @@ class Store(ABC):
         metadata: Mapping[str, Any] | None = None,
         priority: int = 0,
         exist_ok: bool = False,
+        parent_run: str | None = None,
     ) -> Run:
-        """Register a run before its first checkpoint (e.g. a queued run)."""
+        """Register a run before its first checkpoint (e.g. a queued run); ``parent_run``
+        makes it a child of that run (see :meth:`children`)."""
+
+    @abstractmethod
+    def start_children(
+        self, parent_run: str, children: Sequence[tuple[PreparedSave, Mapping[str, Any]]]
+    ) -> None:
+        """Create child runs of ``parent_run`` with their first checkpoints, queued: each a
+        save prepared with ``status=QUEUED, expected_head=None`` and the run's metadata.
+        Raises :class:`~pitstop.RunExistsError` (creating none of its batch of 100) if a
+        run of such an id exists."""
+
+    @abstractmethod
+    def children(self, run_id: str, *, limit: int | None = None) -> list[Run]:
+        """The child runs ``run_id``'s steps started (``ctx.run_child``), oldest first."""
 
     @abstractmethod
     def get_run(self, run_id: str) -> Run:
@@ -406,9 +425,10 @@ class Store(ABC):
         before: str | None = None,
         limit: int | None = 100,
         offset: int = 0,
+        parent_run: str | None = None,
     ) -> RunList:
-        """Runs newest first, filtered by status, workflow, creation time, metadata values
-        and the start of their id.
+        """Runs newest first, filtered by status, workflow, creation time, metadata values,
+        the start of their id and the run that started them (``parent_run``).
 
         A run whose row is damaged is left out and named in the result's
         :attr:`~RunList.damaged` (``pitstop runs`` reports it; :meth:`verify` too).
@@ -428,6 +448,7 @@ class Store(ABC):
         until: datetime | float | None = None,
         metadata: Mapping[str, Any] | None = None,
         id_prefix: str | None = None,
+        parent_run: str | None = None,
     ) -> dict[str, int]:
         """How many runs match these filters (the same as :meth:`runs`), by status value;
         statuses with no run are left out."""

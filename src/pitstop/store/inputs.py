@@ -25,6 +25,9 @@ class Inputs(SqlBackend):
 
     def send(self, run_id: str, name: str, payload: Any) -> Input:
         check_id("input name", name)
+        if name.startswith("child:"):
+            raise InputError("inputs named child:... are delivered by the child runs "
+                             "themselves when they finish", run_id=run_id, name=name)
         blob = self._value_codec.encode_value(payload, run_id=run_id, path=f"input.{name}")
         input_id = new_id()
         now = time.time()

@@ -70,7 +70,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from pitstop.errors import ConflictError, StoreError, UnsupportedStoreError
-from pitstop.model import Checkpoint
+from pitstop.model import Checkpoint, RunStatus
 from pitstop.process import current_pid
 from pitstop.serde import Serializer
 from pitstop.store.backend import Dialect, Tx
@@ -633,6 +633,9 @@ class PostgresStore(SqlStore):
         return (
             not follows_and_expects_another
             and not plan.consumed
+            and plan.deliver_to is None
+            and plan.status is not RunStatus.QUEUED
+            and not plan.wake_check
             and plan.durability in (None, self.durability)
             and all(h in plan.new for h in plan.refs)
             and (not plan.aliases or bool(plan.refs))

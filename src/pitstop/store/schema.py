@@ -134,6 +134,16 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             "CREATE INDEX pitstop_blobs_alias ON pitstop_blobs (alias) WHERE alias IS NOT NULL",
         ],
     ),
+    (
+        4,
+        "child runs: the run that started a run (ctx.run_child), indexed for listing a "
+        "parent's children and for waking the parent when the last one finishes",
+        [
+            "ALTER TABLE pitstop_runs ADD COLUMN parent_run TEXT",
+            "CREATE INDEX pitstop_runs_parent ON pitstop_runs (parent_run, created_at) "
+            "WHERE parent_run IS NOT NULL",
+        ],
+    ),
 ]
 
 LATEST_SCHEMA = MIGRATIONS[-1][0]
@@ -190,6 +200,9 @@ class RunRow(RunRecord):
     lease_expires: float | None
     fence: int
     """The fencing token: grows each time the run changes hands (see :class:`~pitstop.Lease`)."""
+    parent_run: str | None
+    """The run whose step started this one (``ctx.run_child``), or None. Not exported with
+    the run: an imported run stands alone."""
 
     def to_run(self) -> Run:
         """The row as a :class:`Run`; a damaged row (no checksum covers it: it changes on
@@ -211,6 +224,7 @@ class RunRow(RunRecord):
                 owner=self.lease_owner,
                 lease_expires_at=utc(self.lease_expires),
                 priority=self.priority,
+                parent_run=self.parent_run,
             )
         except (ValueError, TypeError, OverflowError, OSError) as exc:
             problem = run_problem(self) or f"unreadable ({exc})"

@@ -51,6 +51,7 @@ from ..model import Checkpoint, CheckpointSummary, Run, RunStatus
 from . import filters
 from .backend import Tx, placeholders
 from .base import UNSET, Durability, Lease, PreparedSave, Problem, RunList, Unset
+from .children import CHILD_INPUT, Children
 from .effects import Effects
 from .inputs import Inputs
 from .maintenance import Maintenance
@@ -117,6 +118,13 @@ class WritePlan:
     metadata names them)."""
     aliases: Sequence[Alias] = ()
     """Chunks of the parent that new chunks extend: made aliases of them by the write."""
+    deliver_to: str | None = None
+    """The parent run this save's run is a child of, when the save finishes the run: the
+    write delivers the outcome to the parent (see :mod:`pitstop.store.children`)."""
+    error: Any = None
+    """The error in the save's metadata (what a failed child delivers)."""
+    wake_check: bool = False
+    """A waiting save for children: the write makes the run runnable if all delivered."""
 
 
 def head_update(plan: WritePlan, null_safe_eq: str) -> tuple[str, list[Any]]:
@@ -241,7 +249,7 @@ def _head_of(row: Sequence[Any]) -> CheckpointRecord | None:
     return head if head.id is not None else None
 
 
-class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects):
+class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
     """A :class:`Store` over a SQL database; backends supply connections and a dialect."""
 
     # -- checkpoints ---------------------------------------------------------------------------
@@ -283,6 +291,7 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects):
         consumed_inputs: Iterable[str] = (),
         durability: Durability | None = None,
         checkpoint_id: str | None = None,
+        deliver_to: str | None = None,
     ) -> PreparedSave:
         if type(run_id) is not str or not 0 < len(run_id) <= 512:
             check_id("run_id", run_id)
@@ -355,6 +364,11 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects):
             plan.sets_waiting = status is not None or bool(
                 metadata and ("waiting_for" in metadata or "wake_at" in metadata)
             )
+            if status is RunStatus.WAITING and waiting:
+                plan.wake_check = any(n.startswith(CHILD_INPUT) for n in waiting)
+        if deliver_to is not None and status in (RunStatus.COMPLETED, RunStatus.FAILED):
+            plan.deliver_to = deliver_to
+            plan.error = metadata.get("error") if metadata else None
         if consumed_inputs:
             plan.consumed = list(consumed_inputs)
         plan.durability = durability
@@ -487,6 +501,13 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects):
                 record.id,
                 run_id,
             )
+        if plan.deliver_to is not None and plan.status is not None:
+            self._deliver_to_parent(tx, run_id, plan.deliver_to, plan.status, record.id,
+                                    plan.error)
+        if plan.wake_check:
+            self._wake_if_delivered(tx, run_id, plan.waiting_json)
+        if plan.status is RunStatus.QUEUED:
+            self._notify(tx, run_id)  # an enqueued run's first checkpoint: workers may take it
 
     def _first_write_or_refusal(self, tx: Tx, plan: WritePlan, grown: int) -> None:
         """The conditional UPDATE matched nothing: a new run (create it), or a refusal."""
@@ -737,6 +758,7 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects):
         metadata: Mapping[str, Any] | None = None,
         priority: int = 0,
         exist_ok: bool = False,
+        parent_run: str | None = None,
     ) -> Run:
         check_id("run_id", run_id)
         meta_json = encode_metadata(metadata, run_id)
@@ -745,8 +767,10 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects):
         def write(tx: Tx) -> Any:
             created = tx.run(
                 "INSERT INTO pitstop_runs (run_id, workflow, status, created_at, updated_at, "
-                "metadata, priority) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id) DO NOTHING",
-                (run_id, workflow, RunStatus(status).value, now, now, meta_json, priority),
+                "metadata, priority, parent_run) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (run_id) DO NOTHING",
+                (run_id, workflow, RunStatus(status).value, now, now, meta_json, priority,
+                 parent_run),
             ).rowcount
             if not created and not exist_ok:
                 raise RunExistsError(run_id)
@@ -755,6 +779,58 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects):
             return tx.one(SELECT_RUN + " WHERE run_id = ?", (run_id,))
 
         return RunRow(*self._tx(write, write=True)).to_run()
+
+    def start_children(
+        self, parent_run: str, children: Sequence[tuple[PreparedSave, Mapping[str, Any]]]
+    ) -> None:
+        # Each child's row, with its metadata and parent, and its first checkpoint (made
+        # queued by it) in one transaction per batch: no worker ever sees a child it cannot
+        # start, a crash leaves each batch whole or absent, and a thousand children cost a
+        # few round trips per hundred instead of two transactions each.
+        for i in range(0, len(children), 100):
+            batch = children[i : i + 100]
+            plans: list[WritePlan] = [prepared.payload for prepared, _ in batch]
+            for plan in plans:
+                if plan.new:
+                    self._externalize(plan.new.values())
+
+            def write(tx: Tx, batch: Sequence[tuple[PreparedSave, Mapping[str, Any]]] = batch,
+                      plans: list[WritePlan] = plans) -> None:
+                ids = [prepared.run_id for prepared, _ in batch]
+                taken = tx.in_chunks("SELECT run_id FROM pitstop_runs WHERE run_id IN ({in})",
+                                     ids)
+                if taken:
+                    raise RunExistsError(taken[0][0])
+                # New runs, each born with its first checkpoint as head: nothing to check,
+                # so every statement is a batch (no round trip per child).
+                tx.many(
+                    "INSERT INTO pitstop_runs (run_id, workflow, status, created_at, "
+                    "updated_at, metadata, head_id, step, checkpoints, bytes, parent_run) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?)",
+                    [(p.record.run_id, p.workflow, RunStatus.QUEUED.value, p.record.created_at,
+                      p.record.created_at, encode_metadata(meta, p.record.run_id), p.record.id,
+                      p.record.step, p.record.footprint, parent_run)
+                     for p, (_, meta) in zip(plans, batch, strict=True)],
+                )
+                new = {h: blob for p in plans for h, blob in p.new.items()}
+                refs = [(p.record.run_id, h) for p in plans for h in p.refs]
+                if refs:
+                    self._lock_values(tx)
+                    self._insert_values(tx, new, plans[0].record.created_at)
+                    tx.many("INSERT INTO pitstop_blob_refs (run_id, hash) VALUES (?, ?) "
+                            "ON CONFLICT (run_id, hash) DO NOTHING", refs)
+                tx.many(INSERT_CHECKPOINT, [p.record.row() for p in plans])
+                self._notify(tx, parent_run)  # queued runs: wake the workers
+
+            try:
+                self._tx(write, write=True)
+            except BaseException:
+                for plan in plans:
+                    self._fields.drop(plan.record.id)
+                    self._raws.drop(plan.record.id)
+                raise
+            for prepared, _ in batch:
+                self._heads.put(prepared.run_id, prepared.checkpoint_id)
 
     def get_run(self, run_id: str) -> Run:
         row = self._tx(lambda tx: tx.one(SELECT_RUN + " WHERE run_id = ?", (run_id,)))
@@ -774,11 +850,13 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects):
         before: str | None = None,
         limit: int | None = 100,
         offset: int = 0,
+        parent_run: str | None = None,
     ) -> RunList:
         filters.text("before", before)
         filters.count("limit", limit, optional=True)
         filters.count("offset", offset)
-        where, params = self._run_filters(status, workflow, since, until, metadata, id_prefix)
+        where, params = self._run_filters(status, workflow, since, until, metadata, id_prefix,
+                                          parent_run)
         if before is not None:
             # Keyset paging: the rows after ``before`` in (created_at DESC, run_id DESC)
             # order, found through the index however deep the page is (OFFSET walks them).
@@ -814,8 +892,10 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects):
         until: datetime | float | None = None,
         metadata: Mapping[str, Any] | None = None,
         id_prefix: str | None = None,
+        parent_run: str | None = None,
     ) -> dict[str, int]:
-        where, params = self._run_filters(status, workflow, since, until, metadata, id_prefix)
+        where, params = self._run_filters(status, workflow, since, until, metadata, id_prefix,
+                                          parent_run)
         sql = "SELECT status, COUNT(*) FROM pitstop_runs"
         if where:
             sql += " WHERE " + " AND ".join(where)
@@ -830,6 +910,7 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects):
         until: datetime | float | None,
         metadata: Mapping[str, Any] | None,
         id_prefix: str | None,
+        parent_run: str | None = None,
     ) -> tuple[list[str], list[Any]]:
         """The WHERE clauses (and their params) that :meth:`runs` and :meth:`count_runs`
         share."""
@@ -837,6 +918,7 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects):
         params: list[Any] = []
         statuses = filters.statuses(status)
         filters.text("workflow", workflow)
+        filters.text("parent_run", parent_run)
         filters.text("id_prefix", id_prefix)
         filters.metadata(metadata)
         if statuses:
@@ -845,6 +927,9 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects):
         if workflow is not None:
             where.append("workflow = ?")
             params.append(workflow)
+        if parent_run is not None:
+            where.append("parent_run = ?")
+            params.append(parent_run)
         if since is not None:
             where.append("created_at >= ?")
             params.append(filters.timestamp("since", since))
@@ -888,6 +973,7 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects):
                     "wake_at = NULL WHERE run_id = ?",
                     (RunStatus.CANCELLED.value, encode_metadata(merged, run_id), now, run_id),
                 )
+                self._cancel_children(tx, run_id, now)
             else:
                 tx.run(
                     "UPDATE pitstop_runs SET status = COALESCE(?, status), metadata = ?, "
@@ -899,6 +985,13 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects):
                         run_id,
                     ),
                 )
+            if status is RunStatus.CANCELLED or status is RunStatus.FAILED:
+                # A child cancelled or given up on (a worker's on_error): its parent hears.
+                parent = tx.scalar("SELECT parent_run FROM pitstop_runs WHERE run_id = ?",
+                                   (run_id,))
+                if parent is not None:
+                    self._deliver_to_parent(tx, run_id, parent, status, current.head_id,
+                                            merged.get("error"))
             return tx.one(SELECT_RUN + " WHERE run_id = ?", (run_id,))
 
         return RunRow(*self._tx(write, write=True)).to_run()

@@ -230,8 +230,9 @@ def inbox(store: Store, *, limit: int = PAGE) -> dict[str, Any]:
 
 def oldest_waiting(store: Store, limit: int) -> tuple[int, list[Run]]:
     """How many runs wait, and the ``limit`` oldest of those waiting for an input (runs
-    waiting only for a timer are not for a person). Runs come newest first, so the oldest
-    are the last page: one count, then one read at that offset of the status index."""
+    waiting only for a timer or for child runs are not for a person). Runs come newest
+    first, so the oldest are the last page: one count, then one read at that offset of the
+    status index."""
     count = store.count_runs(status=RunStatus.WAITING).get("waiting", 0)
     found: list[Run] = []
     offset = count
@@ -239,7 +240,9 @@ def oldest_waiting(store: Store, limit: int) -> tuple[int, list[Run]]:
         page = max(limit * 2, 100)
         offset = max(0, offset - page)
         batch = store.runs(status=RunStatus.WAITING, limit=page, offset=offset)
-        found.extend(r for r in reversed(batch) if r.waiting_for)
+        # A run waiting only for its child runs (inputs "child:...") is not for a person.
+        found.extend(r for r in reversed(batch)
+                     if any(not w.startswith("child:") for w in r.waiting_for))
     return count, found[:limit]
 
 

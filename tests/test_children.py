@@ -1,0 +1,445 @@
+"""Child runs: ``ctx.run_child`` / ``ctx.run_children`` — fan-out, fan-in, sub-workflows."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import pitstop
+from conftest import BACKENDS, POSTGRES_SKIP, ROOT, drop_pg_schema, pg_schema_url
+from pitstop import ChildFailedError, ChildRunError, RunStatus, Worker
+from pitstop.store import Store
+
+# -- workflows ------------------------------------------------------------------------------------
+
+double = pitstop.Workflow("double")
+
+
+@double.step
+def times_two(state: dict[str, Any]) -> dict[str, Any]:
+    if state.get("fail"):
+        raise ValueError(f"cannot double {state['x']}")
+    return {"y": state["x"] * 2}
+
+
+approve = pitstop.Workflow("approve")
+
+
+@approve.step(wait_for="ok")
+def decision(state: dict[str, Any], ok: Any) -> dict[str, Any]:
+    return {"ok": ok}
+
+
+def _fan_parent(name: str, n: int = 3) -> tuple[pitstop.Workflow, list[str]]:
+    wf = pitstop.Workflow(name)
+    executions: list[str] = []
+
+    @wf.step
+    def fan(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
+        executions.append(ctx.step)
+        results = ctx.run_children([(double, {"x": i}) for i in range(n)])
+        return {"ys": [r.state["y"] for r in results]}
+
+    @wf.step
+    def total(state: dict[str, Any]) -> dict[str, Any]:
+        return {"total": sum(state["ys"])}
+
+    return wf, executions
+
+
+# -- in one process -------------------------------------------------------------------------------
+
+
+def test_children_finishing_at_once_continue_the_step_with_their_states(store: Store) -> None:
+    parent, _ = _fan_parent("fan")
+    result = parent.start(store, {}, run_id="p")
+    assert result.status is RunStatus.COMPLETED
+    assert result.state == {"ys": [0, 2, 4], "total": 6}
+
+    children = store.children("p")
+    assert [c.id for c in children] == ["p.0-0", "p.0-1", "p.0-2"]
+    first = store.history("p")[-1]  # the input checkpoint the step started from
+    for child in children:
+        assert child.status is RunStatus.COMPLETED
+        assert child.parent_run == "p"
+        assert child.metadata["parent"]["run_id"] == "p"
+        assert child.metadata["parent"]["checkpoint_id"] == first.id
+        assert child.metadata["parent"]["step"] == "fan"
+    assert [r.id for r in store.runs(parent_run="p")] == ["p.0-2", "p.0-1", "p.0-0"]
+    assert store.count_runs(parent_run="p") == {"completed": 3}
+    # The parent's history says where the children were started.
+    marked = [h for h in store.history("p") if h.metadata.get("children")]
+    assert len(marked) == 1
+    assert marked[0].metadata["children"] == ["p.0-0", "p.0-1", "p.0-2"]
+    assert store.inputs("p") == {}  # every child's outcome was consumed
+
+
+def test_waiting_child_parks_the_parent_holding_nothing_until_it_finishes(store: Store) -> None:
+    parent = pitstop.Workflow("asker")
+    executions = []
+
+    @parent.step
+    def ask(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
+        executions.append(1)
+        return {"approved": ctx.run_child(approve, {}, run_id="ask-1").state["ok"]}
+
+    waiting = parent.start(store, {}, run_id="p")
+    assert waiting.status is RunStatus.WAITING
+    assert waiting.waiting_for == ("child:ask-1",)
+    run = store.get_run("p")
+    assert run.status is RunStatus.WAITING and run.owner is None and run.wake_at is None
+    assert store.get_run("ask-1").status is RunStatus.WAITING
+    # Not runnable yet: a resume finds the child unfinished and waits again.
+    assert parent.resume(store, "p").status is RunStatus.WAITING
+    with pytest.raises(pitstop.InputError, match="delivered by the child runs themselves"):
+        pitstop.send(store, "p", "child:ask-1", {"status": "completed"})  # no faking it
+
+    from pitstop.ui.views import oldest_waiting
+
+    # The inspector's inbox (what waits for a person) has the child, not the parent.
+    assert [r.id for r in oldest_waiting(store, 10)[1]] == ["ask-1"]
+    pitstop.send(store, "ask-1", "ok", True)
+    assert approve.resume(store, "ask-1").status is RunStatus.COMPLETED
+    woken = store.get_run("p")
+    assert woken.wake_at is not None  # the child's completion made the parent runnable
+    assert set(store.inputs("p")) == {"child:ask-1"}
+    assert store.inputs("p")["child:ask-1"].payload["status"] == "completed"
+
+    done = parent.resume(store, "p")
+    assert done.status is RunStatus.COMPLETED
+    assert done.state == {"approved": True}
+    assert len(executions) == 3
+    assert store.inputs("p") == {}
+
+
+def test_a_step_run_again_finds_its_children_instead_of_starting_them_again(
+    store: Store,
+) -> None:
+    parent = pitstop.Workflow("flaky-parent", retry=pitstop.Retry(attempts=3, backoff=0))
+    attempts: list[int] = []
+
+    @parent.step
+    def fan(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
+        results = ctx.run_children([(double, {"x": i}) for i in range(4)])
+        attempts.append(ctx.attempt)
+        if ctx.attempt == 1:
+            raise ConnectionError("the merge failed")
+        return {"ys": [r.state["y"] for r in results]}
+
+    result = parent.start(store, {}, run_id="p")
+    assert result.status is RunStatus.COMPLETED
+    assert result.state == {"ys": [0, 2, 4, 6]}
+    assert attempts == [1, 2]
+    children = store.children("p")
+    assert len(children) == 4
+    assert all(c.checkpoints == 2 for c in children)  # input + completion: each ran once
+
+
+def test_failed_child_fails_the_parent_step_naming_the_child(store: Store) -> None:
+    parent = pitstop.Workflow("strict")
+
+    @parent.step
+    def fan(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
+        ctx.run_children([(double, {"x": 1}), (double, {"x": 2, "fail": True})])
+        return {}
+
+    result = parent.start(store, {}, run_id="p")
+    assert result.status is RunStatus.FAILED
+    assert result.error is not None
+    assert result.error["type"] == "pitstop.errors.ChildFailedError"
+    assert "child run 'p.0-1' failed in step 'times_two'" in result.error["message"]
+    assert "cannot double 2" in result.error["message"]
+    assert store.get_run("p.0-0").status is RunStatus.COMPLETED
+
+
+def test_a_step_may_handle_a_failed_child(store: Store) -> None:
+    parent = pitstop.Workflow("lenient")
+
+    @parent.step
+    def fan(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
+        try:
+            ctx.run_children([(double, {"x": 1}), (double, {"x": 2, "fail": True})])
+        except ChildFailedError as exc:
+            return {"ok": [r.state["y"] for r in exc.results if r.ok],
+                    "failed": [exc.child_run, exc.error["type"], exc.status]}
+        return {}
+
+    result = parent.start(store, {}, run_id="p")
+    assert result.status is RunStatus.COMPLETED
+    assert result.state == {"ok": [2], "failed": ["p.0-1", "ValueError", "failed"]}
+
+
+def test_cancelling_a_parent_cancels_its_unfinished_children(store: Store) -> None:
+    parent = pitstop.Workflow("boss")
+
+    @parent.step
+    def fan(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
+        ctx.run_children([(double, {"x": 1}), (approve, {}), (approve, {})])
+        return {}
+
+    assert parent.start(store, {}, run_id="p").status is RunStatus.WAITING
+    store.update_run("p", status=RunStatus.CANCELLED)
+    statuses = {c.id: c.status for c in store.children("p")}
+    assert statuses == {"p.0-0": RunStatus.COMPLETED, "p.0-1": RunStatus.CANCELLED,
+                        "p.0-2": RunStatus.CANCELLED}
+    with pytest.raises(pitstop.InputError):
+        pitstop.send(store, "p.0-1", "ok", True)
+
+
+def test_a_cancelled_child_wakes_its_parent_with_the_cancellation(store: Store) -> None:
+    parent = pitstop.Workflow("waiter")
+
+    @parent.step
+    def ask(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
+        try:
+            ctx.run_child(approve, {})
+        except ChildFailedError as exc:
+            return {"child": exc.status}
+        return {"child": "completed"}
+
+    assert parent.start(store, {}, run_id="p").status is RunStatus.WAITING
+    store.update_run("p.0-0", status=RunStatus.CANCELLED)
+    assert store.get_run("p").wake_at is not None
+    result = parent.resume(store, "p")
+    assert result.status is RunStatus.COMPLETED
+    assert result.state == {"child": "cancelled"}
+
+
+def test_async_steps_await_their_children_on_the_loop(store: Store) -> None:
+    slow = pitstop.Workflow("slow-async")
+
+    @slow.step
+    async def nap(state: dict[str, Any]) -> dict[str, Any]:
+        await asyncio.sleep(0.01)
+        return {"y": state["x"] + 1}
+
+    parent = pitstop.Workflow("async-parent")
+
+    @parent.step
+    async def fan(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
+        one = await ctx.arun_child(slow, {"x": 0})
+        many = await ctx.arun_children([(slow, {"x": i}) for i in range(1, 5)])
+        return {"ys": [one.state["y"], *(r.state["y"] for r in many)]}
+
+    result = asyncio.run(parent.astart(store, {}, run_id="p"))
+    assert result.status is RunStatus.COMPLETED
+    assert result.state == {"ys": [1, 2, 3, 4, 5]}
+
+    sync_parent = pitstop.Workflow("sync-call-in-async")
+
+    @sync_parent.step
+    async def wrong(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
+        ctx.run_child(slow, {"x": 0})
+        return {}
+
+    failed = asyncio.run(sync_parent.astart(store, {}, run_id="q"))
+    assert failed.status is RunStatus.FAILED
+    assert failed.error is not None and "arun_child" in failed.error["message"]
+
+
+# -- bad input: a clear error naming the step, nothing written ------------------------------------
+
+
+def _fails_with(store: Store, wf: pitstop.Workflow, run_id: str) -> dict[str, Any]:
+    result = wf.start(store, {}, run_id=run_id)
+    assert result.status is RunStatus.FAILED
+    assert result.error is not None
+    assert store.children(run_id) == []
+    return dict(result.error)
+
+
+def test_a_child_run_id_that_exists_is_refused_naming_the_step(store: Store) -> None:
+    double.start(store, {"x": 1}, run_id="taken")
+    parent = pitstop.Workflow("reuser")
+
+    @parent.step
+    def fan(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
+        ctx.run_children([(double, {"x": 2}, "fresh"), (double, {"x": 3}, "taken")])
+        return {}
+
+    error = _fails_with(store, parent, "p")
+    assert error["type"] == "pitstop.errors.ChildRunError"
+    assert error["message"].startswith("run 'p', step 'fan': run 'taken' already exists")
+    with pytest.raises(pitstop.RunNotFoundError):
+        store.get_run("fresh")  # nothing was started: not even the good child
+    assert store.get_run("taken").parent_run is None
+
+
+def test_what_is_not_a_workflow_or_a_state_is_refused_naming_the_step(store: Store) -> None:
+    for bad, words in [
+        ([(double, 42)], "input of child"),
+        ([("double", {})], "unknown workflow 'double': pass the Workflow object"),
+        ([(object(), {})], "needs a Workflow"),
+        ([double], "must be (workflow, input)"),
+    ]:
+        parent = pitstop.Workflow(f"bad-{words[:5]}")
+
+        def fan(state: dict[str, Any], ctx: pitstop.StepContext, *, bad: Any = bad) -> Any:
+            ctx.run_children(bad)
+            return {}
+
+        parent.step(fan)
+
+        error = _fails_with(store, parent, f"p-{words[:5]}")
+        assert error["type"] == "pitstop.errors.ChildRunError", error
+        assert "step 'fan'" in error["message"] and words in error["message"], error
+    assert store.count_runs(parent_run=None) == {"failed": 4}
+
+
+def test_a_workflow_the_worker_does_not_run_is_refused(store: Store) -> None:
+    parent = pitstop.Workflow("orphaning")
+
+    @parent.step
+    def fan(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
+        ctx.run_child(approve, {})
+        return {}
+
+    parent.enqueue(store, {}, run_id="p")
+    Worker(store, [parent, double], poll_interval=0.02).run(until_idle=True,
+                                                            handle_signals=False)
+    run = store.get_run("p")
+    assert run.status is RunStatus.FAILED
+    head = store.latest("p")
+    assert head is not None
+    message = head.metadata["error"]["message"]
+    assert message.startswith("run 'p', step 'fan': unknown workflow 'approve'")
+    assert "this worker runs double, orphaning" in message
+    assert store.children("p") == []
+    with pytest.raises(ChildRunError):
+        raise ChildRunError("x", run_id="p", step="fan")
+
+
+# -- workers --------------------------------------------------------------------------------------
+
+
+def test_workers_run_children_and_wake_the_parent_once(store: Store) -> None:
+    parent, executions = _fan_parent("fan-worker", n=12)
+    parent.enqueue(store, {}, run_id="p")
+    stats = Worker(store, [parent, double], concurrency=3, poll_interval=0.02,
+                   limits={"double": 2}).run(until_idle=True, handle_signals=False)
+    run = store.get_run("p")
+    assert run.status is RunStatus.COMPLETED
+    head = store.latest("p")
+    assert head is not None and head.state["total"] == sum(2 * i for i in range(12))
+    # The step ran twice: once starting the children, once when the last one finished.
+    assert executions == ["fan", "fan"]
+    assert stats.by_status["completed"] == 13
+    assert stats.by_status["waiting"] == 1
+    assert all(c.status is RunStatus.COMPLETED for c in store.children("p"))
+    # The children were queued for the pool, never run inside the parent's step.
+    assert {c.checkpoints for c in store.children("p")} == {2}
+
+
+def test_a_parent_started_in_process_is_woken_for_a_worker(store: Store) -> None:
+    parent = pitstop.Workflow("asker-2")
+
+    @parent.step
+    def ask(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
+        return {"approved": ctx.run_child(approve, {}).state["ok"]}
+
+    assert parent.start(store, {}, run_id="p").status is RunStatus.WAITING
+    pitstop.send(store, "p.0-0", "ok", "yes")
+    done = threading.Event()
+    worker = Worker(store, [parent, approve], concurrency=2, poll_interval=0.02)
+
+    def watch() -> None:
+        while store.get_run("p").status is not RunStatus.COMPLETED:
+            done.wait(0.02)
+        worker.stop()
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    worker.run(handle_signals=False)
+    watcher.join()
+    head = store.latest("p")
+    assert head is not None and head.state == {"approved": "yes"}
+
+
+# -- SIGKILL: a parent waiting for children, two worker processes, one killed ---------------------
+
+WORKER = """
+import sys
+sys.path.insert(0, "tests")
+import pitstop, workflows
+store = pitstop.open_store(sys.argv[1])
+pitstop.Worker(store, [workflows.boss, workflows.kid], concurrency=2, poll_interval=0.2).run()
+"""
+
+
+@pytest.mark.slow
+def test_sigkill_of_one_of_two_workers_completes_every_child_and_the_parent_once(
+    tmp_path: Path,
+) -> None:
+    if POSTGRES_SKIP is not None or "postgres" not in BACKENDS:
+        pytest.skip(POSTGRES_SKIP or "no PostgreSQL")
+    sys.path.insert(0, str(ROOT / "tests"))
+    import workflows
+
+    schema = f"c_{uuid.uuid4().hex[:12]}"
+    url = pg_schema_url(schema)
+    log = tmp_path / "kids.log"
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        with pitstop.open_store(url) as store:
+            workflows.boss.enqueue(store, {"log": str(log)}, run_id="boss")
+            procs = [
+                subprocess.Popen([sys.executable, "-c", WORKER, url], cwd=ROOT,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for _ in range(2)
+            ]
+            victim, survivor = procs
+            deadline = time.monotonic() + 120
+            # Kill the victim while it is inside a child, with the parent waiting.
+            while not (log.exists() and sum(
+                1 for line in log.read_text().splitlines()
+                if line.startswith(f"start {victim.pid} ")
+            ) >= 2):
+                assert time.monotonic() < deadline, "the victim never started a child"
+                assert victim.poll() is None
+                time.sleep(0.005)
+            victim.send_signal(signal.SIGKILL)
+            victim.wait(timeout=30)
+            while store.get_run("boss").status is not RunStatus.COMPLETED:
+                assert time.monotonic() < deadline, "the parent never completed"
+                assert survivor.poll() is None, survivor.communicate()
+                time.sleep(0.05)
+            survivor.send_signal(signal.SIGTERM)
+            _, err = survivor.communicate(timeout=60)
+            assert survivor.returncode == 0, err
+
+            head = store.latest("boss")
+            assert head is not None
+            assert head.state["total"] == sum(2 * i for i in range(workflows.KIDS))
+            children = store.children("boss")
+            assert len(children) == workflows.KIDS
+            for run in [store.get_run("boss"), *children]:
+                assert run.status is RunStatus.COMPLETED, run
+                completions = [h for h in store.history(run.id, limit=None)
+                               if h.metadata.get("status") == "completed"]
+                assert len(completions) == 1, run.id  # completed exactly once
+            lines = log.read_text().splitlines()
+            # The parent's last step ran once; its fan-out once to start the children (twice
+            # if the victim died starting them) and once when the last one finished.
+            assert sum(1 for line in lines if line.startswith("merge ")) == 1
+            assert sum(1 for line in lines if line.startswith("fan ")) in (2, 3)
+            started = Counter(line.split()[2] for line in lines if line.startswith("start "))
+            assert set(started) == {c.id for c in children}
+            # Only children the victim held when it died ran twice (at most its concurrency).
+            assert sum(n - 1 for n in started.values()) <= 2
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        drop_pg_schema(schema)
+
