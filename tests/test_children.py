@@ -443,3 +443,47 @@ def test_sigkill_of_one_of_two_workers_completes_every_child_and_the_parent_once
                 proc.wait()
         drop_pg_schema(schema)
 
+
+# -- the CLI --------------------------------------------------------------------------------------
+
+
+def test_cli_lists_children_by_parent_and_marks_where_they_started(tmp_path: Path) -> None:
+    from clitools import pitstop_exe
+
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    parent = pitstop.Workflow("family")
+
+    @parent.step
+    def fan(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
+        ctx.run_children([(double, {"x": i}) for i in range(25)] + [(approve, {})])
+        return {}
+
+    with pitstop.open_store(url) as store:
+        assert parent.start(store, {}, run_id="fam").status is RunStatus.WAITING
+        double.start(store, {"x": 1}, run_id="loner")
+
+    listed = pitstop_exe("runs", "--parent", "fam", "--limit", "100", "--json", store=url)
+    assert listed.code == 0, listed.err
+    ids = {r["id"] for r in listed.json["runs"]}
+    assert ids == {f"fam.0-{i}" for i in range(26)}
+    waiting = pitstop_exe("runs", "--parent", "fam", "--status", "waiting", store=url)
+    assert waiting.code == 0 and "fam.0-25" in waiting.out and "fam.0-3 " not in waiting.out
+
+    shown = pitstop_exe("show", "fam", store=url)
+    assert shown.code == 0, shown.err
+    assert "children:    26: 25 completed, 1 waiting" in shown.out
+    assert "fam.0-19" in shown.out and "fam.0-20" not in shown.out  # the first 20 by name
+    assert "6 more children: pitstop runs --parent fam" in shown.out
+    doc = pitstop_exe("show", "fam", "--json", store=url).json
+    assert doc["children"]["counts"] == {"completed": 25, "waiting": 1}
+    assert doc["children"]["first"][0] == {"id": "fam.0-0", "status": "completed",
+                                           "workflow": "double"}
+    child = pitstop_exe("show", "fam.0-25", "--json", store=url).json
+    assert child["parent"]["run_id"] == "fam" and child["parent"]["step"] == "fan"
+    assert "parent:" in pitstop_exe("show", "fam.0-25", store=url).out
+
+    history = pitstop_exe("history", "fam", store=url)
+    assert history.code == 0, history.err
+    assert "started 26 children" in history.out
+    entries = pitstop_exe("history", "fam", "--json", store=url).json["checkpoints"]
+    assert [e["note"] for e in entries if "started" in e["note"]] == ["head, started 26 children"]

@@ -31,6 +31,7 @@ from pitstop.model import CheckpointSummary, Run, RunStatus
 from pitstop.store.vacuum import Space, VacuumReport, free_space
 from pitstop.store.vacuum import vacuum as vacuum_store
 
+from .children import Family, children_note
 from .common import (
     EXIT_INTERNAL,
     EXIT_OK,
@@ -264,7 +265,8 @@ def _run_json(run: Run, lease: Ownership | None = None,
 
 
 @command("runs", examples=["pitstop runs --status waiting --since 2h",
-                           "pitstop runs --workflow vendor-approval --limit 20 --json"])
+                           "pitstop runs --workflow vendor-approval --limit 20 --json",
+                           "pitstop runs --parent 7f3a9c --status failed"])
 @click.option("--status", "statuses", multiple=True, type=click.Choice(STATUSES),
               help="Only runs with this status (repeatable).")
 @click.option("--workflow", metavar="NAME", help="Only runs of this workflow.")
@@ -273,9 +275,10 @@ def _run_json(run: Run, lease: Ownership | None = None,
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True,
               help="Show at most this many.")
 @click.option("--offset", type=click.IntRange(min=0), default=0, help="Skip this many (paging).")
+@click.option("--parent", metavar="RUN", help="Only the child runs RUN's steps started.")
 def runs(
     s: Session, *, statuses: tuple[str, ...], workflow: str | None, since: datetime | None,
-    limit: int, offset: int,
+    limit: int, offset: int, parent: str | None,
 ) -> None:
     """List runs, newest first: status, position, size, and what each waits for, why it
     failed, or who holds it (``running, owner gone``: its owner died; a worker takes it)."""
@@ -283,8 +286,10 @@ def runs(
     from pitstop.owners import ownership
 
     store = s.store()
+    parent_run = run_reference(store, parent)[0].id if parent is not None else None
     found_all = store.runs(
-        status=statuses or None, workflow=workflow, since=since, limit=limit + 1, offset=offset
+        status=statuses or None, workflow=workflow, since=since, limit=limit + 1, offset=offset,
+        parent_run=parent_run,
     )
     more = len(found_all) > limit
     found = found_all[:limit]
@@ -391,6 +396,7 @@ def show(s: Session, run_id: str, ref: str | None, path: str | None, full: bool)
             raise CliError(f"run {run.id!r} has no checkpoints yet")
         ckpt = latest
     failure = failure_in(ckpt)
+    family = Family.of(store, run)
     view = to_jsonable(state_view(store, ckpt))
     if path is not None:
         try:
@@ -402,11 +408,14 @@ def show(s: Session, run_id: str, ref: str | None, path: str | None, full: bool)
             "run": {"id": run.id, "status": run.status.value, "workflow": run.workflow},
             "checkpoint": checkpoint_json(ckpt, head_id=run.head_id),
             "error": failure.to_json() if failure is not None else None,
+            **family.to_json(),
         }
         doc.update({"field": path, "value": view} if path is not None else {"state": view})
         s.out.json(doc)
         return
-    s.out.fields(_header(run, ckpt, failure) + ([("field", path)] if path else []))
+    s.out.fields(_header(run, ckpt, failure) + family.fields()
+                 + ([("field", path)] if path else []))
+    family.table(s.out)
     if failure is not None and failure.traceback:
         s.out.line()
         s.out.line(failure.traceback.rstrip("\n"), "red")
@@ -452,6 +461,9 @@ def _note(entry: CheckpointSummary, head_id: str | None, branch_point: bool) -> 
     failure = failure_in(entry)
     if failure is not None:
         notes.append(f"{failure.headline} (in {failure.step or '?'})")
+    started = children_note(entry)
+    if started:
+        notes.append(started)
     return ", ".join(notes)
 
 
