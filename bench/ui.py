@@ -3,6 +3,7 @@
     .venv/bin/python bench/ui.py                 # 100,000 runs + one run of 10,000 checkpoints
     .venv/bin/python bench/ui.py --quick         # 10,000 + 2,000, fewer rounds
     .venv/bin/python bench/ui.py --store /tmp/ui-bench.db   # keep (and reuse) the store
+    .venv/bin/python bench/ui.py --url 'postgresql://postgres@127.0.0.1:5432/test?schema=uibench'
 
 Targets: the runs page and ``GET /api/runs`` answer in <= 100 ms of server time on a store
 of 100,000 runs; a run page with 10,000 checkpoints in <= 150 ms (its tree is paginated:
@@ -73,6 +74,32 @@ def build(url: str, runs: int, checkpoints: int) -> None:
                 branch_from = ckpt.id
 
 
+def copy_into_postgres(sqlite_path: Path, url: str) -> None:
+    """Fill an empty PostgreSQL store with the rows of a SQLite store ``build`` made: saving
+    100,000 runs one by one over the network takes hours on a loaded machine, COPY takes
+    seconds, and the rows (the schema is the same on both) are what the pages read."""
+    import sqlite3
+
+    import psycopg
+
+    with pitstop.open_store(url) as store:  # creates the schema, tables and indexes
+        if store.runs(limit=1):
+            return
+        schema = url.rpartition("schema=")[2].split("&")[0]
+    source = sqlite3.connect(sqlite_path)
+    tables = ["pitstop_runs", "pitstop_checkpoints", "pitstop_blobs", "pitstop_blob_refs"]
+    with psycopg.connect(url.partition("?")[0]) as conn, conn.cursor() as cur:
+        cur.execute(f'SET search_path TO "{schema}"')
+        for table in tables:
+            columns = [row[1] for row in source.execute(f"PRAGMA table_info({table})")]
+            names = ", ".join(columns)
+            with cur.copy(f"COPY {table} ({names}) FROM STDIN") as copy:
+                for row in source.execute(f"SELECT {names} FROM {table}"):
+                    copy.write_row(row)
+        cur.execute("ANALYZE")
+    source.close()
+
+
 def measure(url: str, rounds: int) -> list[dict[str, Any]]:
     from fastapi.testclient import TestClient
 
@@ -133,15 +160,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--store", help="SQLite file to build (or reuse) the store in")
+    parser.add_argument("--url", help="a PostgreSQL store URL (with ?schema=) to copy the "
+                                      "SQLite store into and measure there instead")
     args = parser.parse_args()
     if args.quick:
         args.runs, args.checkpoints, args.rounds = 10_000, 2_000, 10
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(args.store) if args.store else Path(tmp) / "ui.db"
-        url = f"sqlite:///{path}"
         print(f"building {args.runs:,} runs and a run of {args.checkpoints:,} checkpoints "
               f"in {path} ...", flush=True)
-        build(url, args.runs, args.checkpoints)
+        build(f"sqlite:///{path}", args.runs, args.checkpoints)
+        url = f"sqlite:///{path}"
+        if args.url:
+            print(f"copying them into {args.url} ...", flush=True)
+            copy_into_postgres(path, args.url)
+            url = args.url
         results = measure(url, args.rounds)
     targets = {"runs page (/)": 0.1, "GET /api/runs": 0.1, "run page, the long run": 0.15}
     rows = [[r["case"], fmt_time(r["server_median"]), fmt_time(r["server_p90"]),
@@ -150,7 +183,8 @@ def main() -> None:
               + ("met" if r["server_median"] <= targets[r["case"]] else "MISSED"))
              if r["case"] in targets else ""]
             for r in results]
-    markdown = (f"Store: SQLite, {args.runs:,} runs, one run of {args.checkpoints:,} "
+    backend = "PostgreSQL" if url.startswith("postgres") else "SQLite"
+    markdown = (f"Store: {backend}, {args.runs:,} runs, one run of {args.checkpoints:,} "
                 f"checkpoints; {args.rounds} interleaved rounds; {machine()}\n\n"
                 + table(["request", "server median", "server p90", "CPU median", "target"],
                         rows)
@@ -158,7 +192,8 @@ def main() -> None:
                   "process's CPU time for the whole request, client included: steadier than "
                   "wall time when other work shares the cores.")
     print(markdown)
-    saved = save_results("ui", " ".join(sys.argv), {"results": results, "runs": args.runs,
+    saved = save_results("ui", " ".join(sys.argv), {"results": results, "backend": backend,
+                                                     "runs": args.runs,
                                                      "checkpoints": args.checkpoints},
                          markdown)
     print(f"\nresults: {saved}")

@@ -96,6 +96,18 @@ def test_history_is_paginated_newest_first_without_state(store: Store) -> None:
         store.history("missing")
 
 
+def test_summaries_reads_many_records_by_id_skipping_unknown_ones(store: Store) -> None:
+    a = store.save("a", {"i": 1}, metadata={"step_name": "one"})
+    b = store.save("b", {"i": 2})
+    many = [store.save("c", {"i": i}).id for i in range(600)]  # more than one batch
+    found = store.summaries([b.id, "no-such-checkpoint", a.id, b.id])
+    assert list(found) == [b.id, a.id]  # in the order asked, once each
+    assert found[a.id] == store.summary(a.id)
+    assert found[a.id].metadata["step_name"] == "one" and not hasattr(found[a.id], "state")
+    assert list(store.summaries(many)) == many
+    assert store.summaries([]) == {}
+
+
 def test_unchanged_values_are_stored_once(store: Store) -> None:
     big = "x" * MiB
     for i in range(20):

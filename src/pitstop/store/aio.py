@@ -49,6 +49,7 @@ class AsyncStore:
     latest = _offload(Store.latest)
     latest_with_run = _offload(Store.latest_with_run)
     summary = _offload(Store.summary)
+    summaries = _offload(Store.summaries)
     history = _offload(Store.history)
     fork = _offload(Store.fork)
     create_run = _offload(Store.create_run)

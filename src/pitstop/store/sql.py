@@ -721,6 +721,27 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
             raise CheckpointNotFoundError(checkpoint_id)
         return CheckpointSummary._from_row(*row)
 
+    def summaries(self, checkpoint_ids: Iterable[str]) -> dict[str, CheckpointSummary]:
+        wanted = list(dict.fromkeys(checkpoint_ids))
+        for checkpoint_id in wanted:
+            filters.text("checkpoint_id", checkpoint_id)
+
+        def read(tx: Tx) -> list[Any]:
+            rows: list[Any] = []
+            # Batches keep the statement under every driver's parameter limit (SQLite's
+            # is 32,766 since 3.32, older builds 999).
+            for at in range(0, len(wanted), 500):
+                batch = wanted[at:at + 500]
+                where = f" WHERE id IN ({placeholders(len(batch))})"
+                rows.extend(tx.all(SELECT_SUMMARY + where, batch))
+            return rows
+
+        if not wanted:
+            return {}
+        from_row = CheckpointSummary._from_row
+        found = {entry.id: entry for entry in (from_row(*row) for row in self._tx(read))}
+        return {i: found[i] for i in wanted if i in found}
+
     def history(
         self, run_id: str, *, limit: int | None = 100, before: str | None = None
     ) -> list[CheckpointSummary]:

@@ -191,6 +191,15 @@ def _head(store: Store, run: Run) -> CheckpointSummary | None:
         return None
 
 
+def _heads(store: Store, runs: Sequence[Run]) -> dict[str, CheckpointSummary]:
+    """The runs' head summaries in one read (a missing or damaged head leaves its row
+    without the step name and error, like :func:`_head`)."""
+    try:
+        return store.summaries(r.head_id for r in runs if r.head_id is not None)
+    except PitstopError:  # a damaged record among them: read one by one, skipping it
+        return {r.head_id: h for r in runs if r.head_id and (h := _head(store, r)) is not None}
+
+
 def list_runs(
     store: Store, filters: RunFilter, *, before: str | None = None, limit: int = PAGE
 ) -> dict[str, Any]:
@@ -202,8 +211,9 @@ def list_runs(
     counting = filters.store_filters()
     counting.pop("status")
     counts = store.count_runs(**counting)
+    heads = _heads(store, found)
     return {
-        "runs": [run_row(r, _head(store, r)) for r in found],
+        "runs": [run_row(r, heads.get(r.head_id or "")) for r in found],
         "counts": {s: counts.get(s, 0) for s in STATUSES},
         "total": sum(counts.get(s, 0) for s in (filters.statuses or STATUSES)),
         "next": found[-1].id if more and found else None,
