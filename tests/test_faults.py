@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import subprocess
 import threading
 import time
@@ -31,7 +32,7 @@ from faults import (
     small_disk,
     unprivileged,
 )
-from pitstop import RunStatus, StoreError, Worker
+from pitstop import RunNotFoundError, RunStatus, StoreError, Worker
 
 needs_postgres = pytest.mark.skipif("postgres" not in BACKENDS, reason="no PostgreSQL backend")
 
@@ -248,6 +249,132 @@ def test_a_start_whose_commit_stalls_converges_when_repeated(
         assert again.status is RunStatus.COMPLETED and again.state["shipped"] == 9
         assert sum(h.source == "input" for h in store.history("order-9", limit=None)) == 1
         assert store.verify() == []
+
+
+@needs_postgres
+@pytest.mark.parametrize("deliver", [True, False], ids=["committed", "not-committed"])
+@pytest.mark.parametrize("commit", [0, 1])  # start sends two COMMITs
+def test_after_a_start_lost_in_its_commit_resume_says_what_happened(
+    proxy: FaultProxy, schema: str, deliver: bool, commit: int
+) -> None:
+    """``start``'s n-th COMMIT is cut and the store stays away, so the caller only knows the
+    outcome is unknown. Once it is back, ``resume`` continues the run if its input was
+    committed, and otherwise says the run was never started (RunNotFoundError, or its
+    RunNotStartedError: start it again) instead of failing some other way; the repeated
+    start converges on one run either way."""
+    wf = pitstop.Workflow("orders")
+    wf.step(name="ship")(lambda state: {"shipped": state["order"]})
+    with pitstop.open_store(proxied_url(proxy, schema, busy_timeout="2")) as store:
+        store.runs()
+        proxy.cut_on(b"COMMIT", deliver=deliver, skip=commit)
+        threading.Thread(target=lambda: proxy.triggered.wait(10) and proxy.down()).start()
+        with contextlib.suppress(StoreError):  # (or it converged before the store went away)
+            wf.start(store, {"order": 5}, run_id="order-5")
+        assert proxy.triggered.is_set()
+        proxy.heal()
+        with pitstop.open_store(pg_schema_url(schema)) as direct:  # what did get written
+            input_committed = direct.latest("order-5") if direct.count_runs() else None
+        if input_committed is not None:
+            resumed = _once_back(lambda: wf.resume(store, "order-5"))
+            assert resumed.status is RunStatus.COMPLETED and resumed.state["shipped"] == 5
+        else:  # perhaps created, never started: the message says to start it again
+            with pytest.raises(RunNotFoundError, match="order-5"):
+                _once_back(lambda: wf.resume(store, "order-5"))
+        again = _once_back(lambda: wf.start(store, {"order": 5}, run_id="order-5"))
+        assert again.status is RunStatus.COMPLETED and again.state["shipped"] == 5
+        assert sum(h.source == "input" for h in store.history("order-5", limit=None)) == 1
+        assert store.verify() == []
+
+
+def _once_back(fn: Any, patience: float = 30.0) -> Any:
+    """``fn()``, retried while it fails with StoreError: the pool reconnects to a server
+    that is back with a backoff of its own, so the first calls may still fail."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            return fn()
+        except StoreError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def _chain(calls: list[str]) -> pitstop.Workflow:
+    # A short lease: a run whose owner lost its connection mid-step is taken back soon.
+    wf = pitstop.Workflow("chain", lease_ttl=1.0)
+
+    @wf.step
+    def first(state: dict[str, Any], ctx: pitstop.StepContext) -> Any:
+        token = ctx.effect("token", lambda: calls.append(f"{ctx.run_id}:token") or ctx.run_id)
+        return pitstop.goto("more", {"n": state["n"], "token": token, "steps": 1})
+
+    @wf.step
+    def more(state: dict[str, Any]) -> Any:
+        if state["steps"] < 5:
+            return pitstop.goto("more", {**state, "steps": state["steps"] + 1})
+        return {**state, "done": True}
+
+    return wf
+
+
+def _until_complete(wf: pitstop.Workflow, store: pitstop.Store, run_id: str, n: int) -> int:
+    """What a careful caller does: start (the same run id and input) or resume until the
+    run completes, retrying store errors. Returns the number of attempts."""
+    for attempt in range(1, 200):
+        try:
+            try:
+                result = wf.resume(store, run_id)
+            except RunNotFoundError:
+                result = wf.start(store, {"n": n}, run_id=run_id)
+        except (StoreError, pitstop.RunBusyError):
+            time.sleep(0.1)
+            continue
+        if result.status is RunStatus.COMPLETED:
+            return attempt
+    raise AssertionError(f"run {run_id!r} did not complete")
+
+
+RUNS = 20
+
+
+@needs_postgres
+def test_runs_cut_at_random_all_complete(proxy: FaultProxy, schema: str) -> None:
+    """Twenty runs of six checkpoints and an effect each, while the proxy resets every
+    connection at random moments (every 0.2-0.8 s): every run completes, with one input
+    checkpoint, its state intact, and the store verifies clean."""
+    rng = random.Random(18)
+    calls: list[str] = []
+    wf = _chain(calls)
+    stop = threading.Event()
+    cuts = 0
+
+    def cutter() -> None:
+        nonlocal cuts
+        while not stop.wait(rng.uniform(0.2, 0.8)):
+            proxy.cut()
+            cuts += 1
+
+    store = pitstop.open_store(proxied_url(proxy, schema, busy_timeout="2"))
+    thread = threading.Thread(target=cutter)
+    thread.start()
+    try:
+        attempts = [_until_complete(wf, store, f"cut-{i}", i) for i in range(RUNS)]
+    finally:
+        stop.set()
+        thread.join()
+    try:
+        assert cuts >= 5 and len(attempts) == RUNS  # (most absorbed by the store's retries)
+        for i in range(RUNS):
+            run_id = f"cut-{i}"
+            assert store.get_run(run_id).status is RunStatus.COMPLETED
+            latest = store.latest(run_id)
+            assert latest is not None
+            assert latest.state == {"n": i, "token": run_id, "steps": 5, "done": True}
+            history = store.history(run_id, limit=None)
+            assert sum(h.source == "input" for h in history) == 1
+        assert store.verify() == []
+    finally:
+        store.close()
 
 
 # -- the disk ------------------------------------------------------------------------------------
