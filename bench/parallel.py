@@ -16,15 +16,28 @@
 
 Rounds are interleaved (each round measures every variant once) and figures are medians, so
 a slow spell of the shared machine lands on all variants alike.
+
+3. ``--children``: a parent run with 1,000 children (``ctx.run_children``) on PostgreSQL,
+   executed by 4 worker processes (``PITSTOP_BENCH_POSTGRES_URL``, default the test server;
+   a schema of its own, dropped after). Reports the wall time until the parent completed,
+   how many times the parent was woken (target: once), and how long ``pitstop show PARENT``
+   takes as a command, process start included (target: < 0.5 s; median of 5).
+
+    .venv/bin/python bench/parallel.py --children [--kids 1000] [--workers 4]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -123,10 +136,150 @@ def primitives(store: pitstop.Store, n: int = 200) -> dict[str, float]:
     return {"one SQLite write (1 row)": commit, "one asyncio.to_thread hop": asyncio.run(hops())}
 
 
+# -- 3. a thousand children on PostgreSQL -------------------------------------------------------
+
+leaf = pitstop.Workflow("bench-leaf")
+
+
+@leaf.step
+def leaf_work(state: dict[str, Any]) -> dict[str, Any]:
+    return {"y": state["x"] * 2}
+
+
+trunk = pitstop.Workflow("bench-trunk")
+
+
+@trunk.step
+def trunk_fan(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
+    with open(state["log"], "a") as f:  # one line per execution of the step: the wake-ups
+        f.write(f"{time.time()}\n")
+    results = ctx.run_children([(leaf, {"x": i}) for i in range(state["kids"])])
+    return {"total": sum(r.state["y"] for r in results)}
+
+
+WORKER = """
+import sys
+sys.path.insert(0, "bench")
+import parallel, pitstop
+store = pitstop.open_store(sys.argv[1])
+pitstop.Worker(store, [parallel.trunk, parallel.leaf], concurrency=1, poll_interval=1.0).run()
+"""
+
+
+def show_in_process(url: str, run_id: str = "trunk") -> float:
+    """``pitstop show RUN`` run in this process (no interpreter start), output discarded."""
+    import contextlib
+    import io
+
+    from pitstop.cli.app import run
+
+    os.environ["PITSTOP_STORE"] = url
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = run(["show", run_id])
+    assert code == 0
+    return time.perf_counter() - t0
+
+
+def children_bench(kids: int, workers: int) -> None:
+    import psycopg
+
+    base = os.environ.get("PITSTOP_BENCH_POSTGRES_URL",
+                          "postgresql://postgres@127.0.0.1:5432/test")
+    schema = f"bench_{uuid.uuid4().hex[:10]}"
+    url = f"{base}{'&' if '?' in base else '?'}schema={schema}"
+    root = Path(__file__).resolve().parent.parent
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp, pitstop.open_store(url) as store:
+            log = Path(tmp) / "wakes.log"
+            trunk.enqueue(store, {"kids": kids, "log": str(log)}, run_id="trunk")
+            t0 = time.perf_counter()
+            procs = [subprocess.Popen([sys.executable, "-c", WORKER, url], cwd=root,
+                                      stderr=subprocess.DEVNULL) for _ in range(workers)]
+            started = None
+            while store.get_run("trunk").status is not pitstop.RunStatus.COMPLETED:
+                if started is None and store.get_run("trunk").status.value == "waiting":
+                    started = time.perf_counter() - t0
+                time.sleep(0.05)
+            wall = time.perf_counter() - t0
+            counts = store.count_runs(parent_run="trunk")
+            head = store.latest("trunk")
+            assert head is not None
+            assert head.state["total"] == kids * (kids - 1)
+            executions = len(log.read_text().splitlines())
+            show, cpu, inside, alone = [], [], [], []
+            exe = str(Path(sys.executable).with_name("pitstop"))
+            cpu_alone: list[float] = []
+            for _ in range(6):
+                for run_id, walls, cpus in (("trunk", show, cpu), ("trunk.0-0", [], cpu_alone)):
+                    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                    t1 = time.perf_counter()
+                    subprocess.run([exe, "show", run_id],
+                                   env={**os.environ, "PITSTOP_STORE": url},
+                                   check=True, capture_output=True)
+                    walls.append(time.perf_counter() - t1)
+                    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                    cpus.append(after.ru_utime + after.ru_stime
+                                - before.ru_utime - before.ru_stime)
+                inside.append(show_in_process(url))
+                alone.append(show_in_process(url, "trunk.0-0"))
+            cpu_alone = cpu_alone[1:]
+            show, cpu, inside, alone = show[1:], cpu[1:], inside[1:], alone[1:]  # warm-up
+            from pitstop.cli.children import Family
+
+            t1 = time.perf_counter()
+            Family.of(store, store.get_run("trunk"))
+            family = time.perf_counter() - t1
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=60)
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    rows = [
+        ["children", str(kids), ""],
+        ["children completed", str(counts.get("completed", 0)), str(kids)],
+        ["worker processes (concurrency 1 each)", str(workers), ""],
+        ["parent waiting after (children started)",
+         fmt_time(started) if started is not None else "-", ""],
+        ["wall time until the parent completed", fmt_time(wall), ""],
+        ["executions of the parent's step", str(executions), "2 (woken once)"],
+        ["`pitstop show PARENT` (command, wall, median of 5)", fmt_time(statistics.median(show)),
+         "< 0.5 s"],
+        ["  CPU time of that process (user + sys)", fmt_time(statistics.median(cpu)), ""],
+        ["  CPU time of `pitstop show CHILD` (no children)",
+         fmt_time(statistics.median(cpu_alone)), ""],
+        ["  the command in-process (opening the store included)",
+         fmt_time(statistics.median(inside)), ""],
+        ["  the same for a run without children (a child)",
+         fmt_time(statistics.median(alone)), ""],
+        ["  of which the children summary (2 queries)", fmt_time(family), ""],
+    ]
+    markdown = (f"A parent with {kids} children on PostgreSQL, {workers} workers:\n\n"
+                + table(["measure", "value", "target"], rows))
+    print(markdown)
+    data = {"kids": kids, "workers": workers, "wall_seconds": wall,
+            "parent_executions": executions, "show_seconds": statistics.median(show),
+            "show_cpu_seconds": statistics.median(cpu),
+            "show_in_process_seconds": statistics.median(inside),
+            "completed": counts.get("completed", 0)}
+    print("\nresults:", save_results("parallel-children", "bench/parallel.py --children",
+                                      data, markdown))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds")
+    parser.add_argument("--children", action="store_true",
+                        help="the child-runs benchmark on PostgreSQL instead")
+    parser.add_argument("--kids", type=int, default=1000, help="children (with --children)")
+    parser.add_argument("--workers", type=int, default=4, help="worker processes")
     args = parser.parse_args()
+    if args.children:
+        children_bench(args.kids, args.workers)
+        return
     rounds = 5 if args.quick else 15
     items = 500  # per overhead measurement
 
