@@ -295,6 +295,41 @@ def test_an_export_declares_its_sizes_and_a_bad_value_is_refused_as_read(
     assert code == 2 and "malformed value record" in one_line(err), err
 
 
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="measures through /proc")
+def test_import_memory_does_not_grow_with_the_archive(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    from pitstop import archive
+
+    with pitstop.open_store(f"sqlite:///{tmp_path / 'source.db'}") as source:
+        for i in range(12):  # 192 MiB of values that do not compress
+            source.save("big", {f"v{j}": os.urandom(1 << 20) for j in range(16)},
+                        metadata={"i": i})
+        archive.write_archive(source, "big", tmp_path / "big.pitstop")
+    probe = (
+        "import re, sys\n"
+        "from pitstop.cli.app import run\n"
+        "code = run(['import', sys.argv[1], '--store', sys.argv[2]])\n"
+        "status = open('/proc/self/status').read()\n"
+        "print(code, int(re.search(r'VmHWM:\\s+(\\d+)', status).group(1)) // 1024)\n"
+    )
+    target = f"sqlite:///{tmp_path / 'target.db'}"
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path / "big.pitstop"), target],
+        capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )
+    code, peak_mib = map(int, done.stdout.split()[-2:])
+    assert code == 0, done.stderr
+    assert peak_mib < 150, peak_mib  # the values are spooled, not all held
+    with pitstop.open_store(target) as imported:
+        assert imported.verify() == []
+        assert len(imported.history("big")) == 12
+
+
 # -- URL options (items 5 and 8) -----------------------------------------------------------------
 
 

@@ -63,7 +63,14 @@ from pitstop.model import Run
 from pitstop.store.base import Progress, Store
 from pitstop.store.records import CheckpointRecord, encode_metadata
 from pitstop.store.rowcheck import export_problem
-from pitstop.store.transfer import EffectRecord, InputRecord, RunExport, RunRecord, check_value
+from pitstop.store.transfer import (
+    CheckedValues,
+    EffectRecord,
+    InputRecord,
+    RunExport,
+    RunRecord,
+    check_value,
+)
 
 FORMAT = "pitstop-archive"
 VERSION = 1
@@ -81,6 +88,9 @@ LEGACY_MAX_FRAME = 256 << 20
 _PIECE = 1 << 20
 """Frame bodies are read this much at a time: memory follows the bytes that arrive, not the
 length a frame claims."""
+SPOOL_IN_MEMORY = 16 << 20
+"""An archive's values are kept in memory up to this many bytes, beyond it in a temporary
+file (see :class:`SpooledValues`)."""
 _MAP_STARTS = frozenset(range(0x80, 0x90)) | {0xDE, 0xDF}
 """First bytes of a msgpack map: every frame is one."""
 
@@ -276,7 +286,7 @@ def _read(
     limits.declare(header.get("sizes"))
     run: RunRecord | None = None
     data: RunExport | None = None
-    blobs: dict[bytes, bytes] = {}
+    blobs = SpooledValues(str(header.get("run_id")))
     checkpoints: list[CheckpointRecord] = []
     inputs: list[InputRecord] = []
     effects: list[EffectRecord] = []
@@ -297,11 +307,8 @@ def _read(
             if kind == "run":
                 run = RunRecord(**_known(RunRecord, frame))
             elif kind == "value":
-                key, value = bytes(frame["hash"]), bytes(frame["data"])
                 # Checked as it arrives: a bogus value is refused before the next is read.
-                check_value(value, key, run_id=str(header.get("run_id")),
-                            what=f"value {key.hex()[:16]}")
-                blobs[key] = value
+                blobs.add(bytes(frame["hash"]), bytes(frame["data"]))
             elif kind == "checkpoint":
                 checkpoints.append(CheckpointRecord(**_known(CheckpointRecord, frame)))
             elif kind == "input":
@@ -330,6 +337,48 @@ def _read(
         bytes=counter.done,
     )
     return info, data
+
+
+class SpooledValues(CheckedValues):
+    """An archive's values by hash, their bytes in a temporary file (in memory up to
+    :data:`SPOOL_IN_MEMORY` bytes, then on disk): reading and importing an archive holds a
+    value, or a batch of them, at a time, not every value of the run. Each value is checked
+    against its hash as it is added, so it is read back once: to be written."""
+
+    __slots__ = ("_file", "_run_id", "_where")
+
+    def __init__(self, run_id: str) -> None:
+        self._file = tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY)  # noqa: SIM115
+        self._where: dict[bytes, tuple[int, int]] = {}
+        self._run_id = run_id
+
+    def add(self, key: bytes, value: bytes) -> None:
+        """Keep ``value`` under ``key`` (a second one under the same key replaces it);
+        :class:`~pitstop.CorruptCheckpointError` if it does not match its hash."""
+        if not isinstance(key, bytes) or not isinstance(value, bytes):
+            raise TypeError("a value's hash and bytes must be bytes")
+        check_value(value, key, run_id=self._run_id, what=f"value {key.hex()[:16]}")
+        self._file.seek(0, os.SEEK_END)
+        self._where[key] = (self._file.tell(), len(value))
+        self._file.write(value)
+
+    def __getitem__(self, key: bytes) -> bytes:
+        offset, length = self._where[key]
+        self._file.seek(offset)
+        return self._file.read(length)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._where
+
+    def close(self) -> None:
+        """Give the temporary file back (also done when this is garbage-collected)."""
+        self._file.close()
 
 
 def _check_counts(name: str, declared: Any, data: RunExport) -> None:
@@ -606,10 +655,12 @@ __all__ = [
     "FORMAT",
     "LEGACY_MAX_FRAME",
     "MAGIC",
+    "SPOOL_IN_MEMORY",
     "SUFFIX",
     "VERSION",
     "ArchiveError",
     "ArchiveInfo",
+    "SpooledValues",
     "default_path",
     "import_archive",
     "read_archive",

@@ -170,6 +170,8 @@ def effect_problem(effect: EffectRecord) -> str | None:
 
 
 def export_problem(data: RunExport) -> str | None:
+    from .transfer import CheckedValues
+
     """What makes ``data`` unfit to import, naming the record ("run record 'x': ..."), or
     None. Types and ranges, and that no record appears twice; checksums and references are
     :meth:`RunExport.verify <pitstop.store.transfer.RunExport.verify>`'s."""
@@ -185,13 +187,15 @@ def export_problem(data: RunExport) -> str | None:
         if problem:
             return f"checkpoint record {getattr(record, 'id', None)!r}: {problem}"
         seen.add(record.id)
-    for h, value in data.blobs.items():
+    for h in data.blobs:
         problem = _hash("hash", h)
         if problem:
             return f"value record: {problem}"
-        problem = _bytes("data", value)
-        if problem:
-            return f"value record {bytes(h).hex()[:16]}: {problem}"
+    if not isinstance(data.blobs, CheckedValues):  # else bytes checked as they were added
+        for h, value in data.blobs.items():
+            problem = _bytes("data", value)
+            if problem:
+                return f"value record {bytes(h).hex()[:16]}: {problem}"
     seen.clear()
     for item in data.inputs:
         problem = input_problem(item)

@@ -39,6 +39,11 @@ from .schema import (
 from .values import StoredValues
 
 
+class CheckedValues(Mapping[bytes, bytes]):
+    """A mapping of values that checks each one against its hash as it is added (an
+    archive's spool): :meth:`RunExport.verify` need not read them back to check them again."""
+
+
 @dataclass(slots=True)
 class RunExport:
     """Everything a store holds about one run, raw: enough to recreate it in another store."""
@@ -46,9 +51,10 @@ class RunExport:
     run: RunRecord
     checkpoints: list[CheckpointRecord] = field(default_factory=list)
     """Oldest first (by id, so every parent in the run comes before its children)."""
-    blobs: dict[bytes, bytes] = field(default_factory=dict)
+    blobs: Mapping[bytes, bytes] = field(default_factory=dict)
     """Every separately stored value the checkpoints reference: content hash -> stored
-    (framed) bytes. Values small enough to live inside a record are not listed."""
+    (framed) bytes. Values small enough to live inside a record are not listed. A dict, or
+    (an archive read) a mapping that keeps the bytes in a temporary file."""
     inputs: list[InputRecord] = field(default_factory=list)
     effects: list[EffectRecord] = field(default_factory=list)
 
@@ -96,8 +102,9 @@ class RunExport:
             raise CorruptCheckpointError(
                 f"the run's head {self.run.head_id} is not among its checkpoints", run_id=run_id
             )
-        for h, data in self.blobs.items():
-            check_value(data, h, run_id=run_id, what=f"value {h.hex()[:16]}")
+        if not isinstance(self.blobs, CheckedValues):
+            for h, data in self.blobs.items():
+                check_value(data, h, run_id=run_id, what=f"value {h.hex()[:16]}")
         for item in self.inputs:
             check_value(item.payload, item.hash, run_id=run_id, what=f"input {item.id}")
         for effect in self.effects:
@@ -150,6 +157,9 @@ def check_value(data: bytes, expected: bytes, *, run_id: str, what: str) -> None
         )
 
 
+_BATCH_BYTES = 16 << 20
+"""An import inserts values in batches of at most this many bytes (or CHUNK values)."""
+
 _SELECT_EXPORTED_RUN = (
     f"SELECT {', '.join(EXPORTED_RUN_COLUMNS)} FROM pitstop_runs WHERE run_id = ?"
 )
@@ -178,14 +188,15 @@ class RunTransfer(StoredValues):
                 CheckpointRecord(*r)
                 for r in tx.all(SELECT_CHECKPOINT + " WHERE run_id = ? ORDER BY id", (run_id,))
             ]
-            data.blobs = self._read_values(tx, data.referenced)
+            blobs = self._read_values(tx, data.referenced)
             for record in data.checkpoints:  # chunks under the nodes of chunked values
                 fields = record.field_map()
-                while missing := self._value_codec.missing_below(fields, data.blobs):
+                while missing := self._value_codec.missing_below(fields, blobs):
                     found = self._read_values(tx, missing)
                     if not found:
                         break  # the importer's verify names what is missing
-                    data.blobs.update(found)
+                    blobs.update(found)
+            data.blobs = blobs
             data.inputs = [InputRecord(*r) for r in tx.all(_SELECT_INPUTS, (run_id,))]
             data.effects = [EffectRecord(*r) for r in tx.all(_SELECT_EFFECTS, (run_id,))]
             return data
@@ -220,11 +231,19 @@ class RunTransfer(StoredValues):
             done = 0
             if hashes:
                 self._lock_values(tx)
-            for i in range(0, len(hashes), CHUNK):
-                part = {h: NewBlob(h, data.blobs[h]) for h in hashes[i : i + CHUNK]}
+            part: dict[bytes, NewBlob] = {}
+            held = 0
+            for n, h in enumerate(hashes, 1):
+                # Batches bounded by count and by bytes: values read from an archive's
+                # spool are in memory a batch at a time, not all at once.
+                part[h] = blob = NewBlob(h, data.blobs[h])
+                held += blob.size
+                if len(part) < CHUNK and held < _BATCH_BYTES and n < len(hashes):
+                    continue
                 self._externalize(part.values())
                 self._insert_values(tx, part, now)
                 done += len(part)
+                part, held = {}, 0
                 if progress:
                     progress(done, total)
             tx.many(
@@ -253,6 +272,7 @@ class RunTransfer(StoredValues):
 
 
 __all__ = [
+    "CheckedValues",
     "EffectRecord",
     "InputRecord",
     "RunExport",
