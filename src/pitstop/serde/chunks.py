@@ -86,7 +86,8 @@ NODE_MAX: Final = 64
 ROOT_NODES: Final = 8
 """A level with more sealed nodes than this is grouped again into a level above it."""
 
-KINDS: Final = ("list", "dict", "bytes", "bytearray", "ndarray")
+KINDS: Final = ("list", "dict", "bytes", "bytearray", "ndarray", "parts")
+"""``parts``: a value holding arrays or tensors, chunked by :mod:`pitstop.serde.partchunks`."""
 
 
 def chunk_key(format_id: int, raw: bytes | memoryview) -> bytes:
@@ -410,8 +411,9 @@ class Split(NamedTuple):
     """A value cut into chunks, relative to its parent's layout."""
 
     layout: Layout
-    new: dict[bytes, bytes]
-    """Chunks (and nodes) the parent did not reference: key -> raw bytes."""
+    new: dict[bytes, bytes | memoryview]
+    """Chunks (and nodes) the parent did not reference: key -> raw bytes (a buffer's chunks:
+    views of its memory, to frame before it changes)."""
     extended: list[tuple[bytes, bytes, int]]
     """``(old key, new key, old size)``: the parent's open chunk ``old key`` is the first
     ``old size`` bytes of the new chunk ``new key``."""
@@ -422,7 +424,7 @@ def _finish(
     meta: Any,
     items: int,
     leaves: list[Entry],
-    raws: dict[bytes, bytes],
+    raws: Mapping[bytes, bytes | memoryview],
     format_id: int,
     parent: Layout | None,
 ) -> Split:
@@ -502,7 +504,7 @@ def split(value: Any, dumps: Dumps, format_id: int, parent: Layout | None = None
     kind = kind_of(value)
     if kind is None:
         return None
-    raws: dict[bytes, bytes] = {}
+    raws: dict[bytes, Any] = {}
     leaves: list[Entry] = []
     if kind in ("list", "dict"):
         if parent is not None and parent.kind == kind and parent.leaves:
@@ -524,7 +526,7 @@ def split(value: Any, dumps: Dumps, format_id: int, parent: Layout | None = None
         piece = buffer[offset : offset + BUFFER_CHUNK]
         key = chunk_key(format_id, piece)
         if key not in known and key not in raws:
-            raws[key] = piece.tobytes()  # copied only when new
+            raws[key] = piece  # a view: the store frames (copies) only the new ones
         leaves.append(Entry(key, len(piece), len(piece), CUT))
     return _finish(kind, meta, total, leaves, raws, format_id, parent)
 

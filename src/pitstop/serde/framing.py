@@ -74,7 +74,11 @@ def compressible(raw: bytes | memoryview, level: int = 3) -> bool:
 
 
 def frame(
-    raw: bytes, format_id: int, *, compress_threshold: int | None = 4096, level: int = 3
+    raw: bytes | memoryview,
+    format_id: int,
+    *,
+    compress_threshold: int | None = 4096,
+    level: int = 3,
 ) -> bytes:
     """The stored form of ``raw``: compressed only when it is big enough and it actually helps.
 

@@ -19,10 +19,14 @@ import os
 import tempfile
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..errors import StoreError
+
+Pieces = Sequence[bytes | memoryview]
+"""A value given as pieces to write one after the other (a header and an array's memory)."""
 
 
 class BlobStore(ABC):
@@ -34,6 +38,13 @@ class BlobStore(ABC):
     @abstractmethod
     def put(self, key: bytes, data: bytes) -> None:
         """Store ``data`` under ``key`` (a no-op if it is there already)."""
+
+    def put_many(self, items: Sequence[tuple[bytes, Pieces]]) -> None:
+        """Store every ``(key, pieces)`` (the value is the pieces joined), all durable when
+        this returns (a store may write them concurrently: a save of many chunks then waits
+        for one round of syncs, not one after the other)."""
+        for key, pieces in items:
+            self.put(key, b"".join(pieces))
 
     @abstractmethod
     def get(self, key: bytes) -> bytes | None:
@@ -75,22 +86,55 @@ class DirectoryBlobStore(BlobStore):
         return self.root / name[:2] / name[2:4] / f"{name}.blob"
 
     def put(self, key: bytes, data: bytes) -> None:
-        path = self._path(key)
-        if path.is_file():
+        self.put_many([(key, (data,))])
+
+    def put_many(self, items: Sequence[tuple[bytes, Pieces]]) -> None:
+        """Each file written and synced under a temporary name, then renamed, then each
+        directory touched synced: a file is never visible before its bytes are durable.
+
+        Several files are synced at once (threads; ``fsync`` releases the GIL): the file
+        system commits concurrent syncs together, so 256 chunks of 1 MiB are durable in
+        about half the time one 256 MiB file takes (measured on ext4), where one after the
+        other they take longer than it."""
+        todo = [(self._path(key), data) for key, data in items]
+        todo = [(path, data) for path, data in todo if not path.is_file()]
+        if not todo:
             return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        dirs: set[Path] = set()
+        for path, _ in todo:
+            parent = path.parent
+            if parent not in dirs and not parent.is_dir():
+                parent.mkdir(parents=True, exist_ok=True)
+                dirs.update((parent.parent, parent.parent.parent))  # new entries in those
+            dirs.add(parent)
+        written: list[tuple[str, Path]] = []
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            if len(todo) == 1:
+                written.append(_write_synced(*todo[0]))
+            else:
+                with ThreadPoolExecutor(min(_SYNC_THREADS, len(todo))) as pool:
+                    futures = [pool.submit(_write_synced, path, data) for path, data in todo]
+                failed: BaseException | None = None
+                for future in futures:  # every one has finished: keep the written ones
+                    error = future.exception()
+                    if error is None:
+                        written.append(future.result())
+                    elif failed is None:
+                        failed = error
+                if failed is not None:
+                    raise failed
+            for tmp, path in written:
+                os.replace(tmp, path)
         except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+            for tmp, _ in written:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
             raise
-        _fsync_dir(path.parent)
+        if len(dirs) == 1:
+            _fsync_dir(dirs.pop())
+        else:
+            with ThreadPoolExecutor(min(_SYNC_THREADS, len(dirs))) as pool:
+                list(pool.map(_fsync_dir, sorted(dirs, key=lambda d: -len(d.parts))))
 
     def get(self, key: bytes) -> bytes | None:
         # Something else where the file should be (a directory, a dangling path) is a
@@ -120,6 +164,25 @@ class DirectoryBlobStore(BlobStore):
                 yield bytes.fromhex(path.stem)
             except (OSError, ValueError):
                 continue
+
+
+_SYNC_THREADS = 8
+
+
+def _write_synced(path: Path, pieces: Pieces) -> tuple[str, Path]:
+    """The pieces in a synced temporary file next to ``path``: ``(temporary name, path)``."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for piece in pieces:
+                f.write(piece)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return tmp, path
 
 
 def _fsync_dir(path: Path) -> None:

@@ -563,7 +563,7 @@ class PostgresStore(SqlStore):
             params += [
                 record.created_at,
                 [b.hash for b in blobs],
-                [b.data for b in blobs],
+                [b.stored for b in blobs],
                 [b.size for b in blobs],
             ]
             parts.append(

@@ -27,7 +27,7 @@ import ormsgpack
 from ..delta import Applied, dirty_positions
 from ..errors import CorruptCheckpointError, SerializationError
 from ..model import Checkpoint, CheckpointSummary
-from ..serde import MsgpackSerializer, Serializer, digest, frame, unframe
+from ..serde import MsgpackSerializer, Serializer, digest, frame, partchunks, unframe
 from ..serde import chunks as chunking
 from ..serde.framing import unframe_view
 
@@ -131,14 +131,29 @@ def is_chunk_key(key: bytes) -> bool:
 
 
 class NewBlob(NamedTuple):
-    """A value to store: its content hash and framed bytes (a named tuple: made per save)."""
+    """A value to store: its content hash and framed bytes (a named tuple: made per save).
+
+    A chunk of an array may be kept as its frame header in ``data`` and a view of the
+    array's memory in ``body`` (a save that writes it at once: no copy of the chunk is
+    made; a blob-store file is written from the two pieces)."""
 
     hash: bytes
     data: bytes
+    body: memoryview | None = None
 
     @property
     def size(self) -> int:
-        return len(self.data)
+        return len(self.data) if self.body is None else len(self.data) + len(self.body)
+
+    @property
+    def stored(self) -> bytes:
+        """The framed bytes, whole (joined if the body is a view)."""
+        return self.data if self.body is None else self.data + self.body
+
+    @property
+    def pieces(self) -> tuple[bytes | memoryview, ...]:
+        """The framed bytes as written to a file, unjoined."""
+        return (self.data,) if self.body is None else (self.data, self.body)
 
 
 class Alias(NamedTuple):
@@ -332,6 +347,10 @@ class ValueCodec:
         # Layouts of chunked values this process wrote or read, by manifest: the next save
         # of the field compares against it (and a delta re-chunks from it) with no read.
         self._layouts: OrderedDict[bytes, chunking.Layout] = OrderedDict()
+        # Arrays and tensors are written from their own memory when the serialiser can hand
+        # them over out of band (msgpack can; pickle keeps them in its own bytes).
+        self._dumps_parts = getattr(self.serializer, "dumps_parts", None)
+        self._loads_parts = getattr(self.serializer, "loads_parts", None)
 
     # -- chunked values ----------------------------------------------------------------------
 
@@ -381,6 +400,7 @@ class ValueCodec:
         value: Any,
         previous: FieldRef | None,
         applied: Applied | None,
+        views: bool = False,
     ) -> tuple[FieldRef, dict[bytes, NewBlob], list[Alias]] | bytes:
         """The field as chunks (with the parent's open chunks the new ones extend), or (too
         small after all) its whole serialised bytes."""
@@ -409,16 +429,53 @@ class ValueCodec:
             )
         manifest = layout.manifest()
         self._remember(manifest, layout)
-        new = {
-            key: NewBlob(key, frame(raw, fmt, compress_threshold=None))
-            for key, raw in result.new.items()
-        }
+        new = self._chunk_blobs(result.new, views)
         aliases = (
             []
             if self.seal_chunks  # a superseded open chunk (< SEAL_MIN) is kept as it is
             else [Alias(old, new_key, size + 1) for old, new_key, size in result.extended]
         )
         return FieldRef(b"", layout.size, None, manifest), new, aliases
+
+    def _encode_parts(
+        self, run_id: str, name: str, value: Any, previous: FieldRef | None, views: bool
+    ) -> tuple[FieldRef, dict[bytes, NewBlob]]:
+        """A value holding arrays or tensors as chunks of its skeleton and of the arrays'
+        own memory (:mod:`pitstop.serde.partchunks`): only chunks the parent lacks are
+        framed, and chunks are never compressed (float data does not shrink enough to pay)."""
+        assert self._dumps_parts is not None
+        try:
+            skeleton, arrays = self._dumps_parts(value)
+        except SerializationError as exc:
+            raise exc.located(run_id=run_id, path=field_path(name) + (exc.path or "")) from None
+        except Exception as exc:
+            raise SerializationError(
+                f"{type(exc).__name__}: {exc}", run_id=run_id, path=field_path(name)
+            ) from exc
+        fmt = self.serializer.format_id
+        result = partchunks.split_parts(skeleton, arrays, fmt, self.layout_of(previous))
+        layout = result.layout
+        manifest = layout.manifest()
+        self._remember(manifest, layout)
+        return FieldRef(b"", layout.size, None, manifest), self._chunk_blobs(result.new, views)
+
+    def _chunk_blobs(
+        self, raws: Mapping[bytes, bytes | memoryview], views: bool
+    ) -> dict[bytes, NewBlob]:
+        """New chunks as blobs, never compressed (a chunk's stored bytes are its raw bytes
+        after the header, so a prefix alias and a read into place work). With ``views``, a
+        chunk that is a view of an array stays one (see :class:`NewBlob`)."""
+        fmt = self.serializer.format_id
+        if not views:
+            return {
+                k: NewBlob(k, frame(raw, fmt, compress_threshold=None)) for k, raw in raws.items()
+            }
+        header = frame(b"", fmt, compress_threshold=None)
+        return {
+            k: NewBlob(k, header, raw) if type(raw) is memoryview else
+            NewBlob(k, frame(raw, fmt, compress_threshold=None))
+            for k, raw in raws.items()
+        }
 
     def chunks_below(self, ref: FieldRef, read: Reader) -> set[bytes]:
         """Every chunk key a chunked field references, its nodes' children included: from
@@ -540,6 +597,12 @@ class ValueCodec:
                     leaves.append(entry)
 
         walk(root)
+        if kind == partchunks.KIND:
+            return self._decode_parts(
+                manifest, (meta, items, root, leaves, nodes), raw_of, formats,
+                strict=strict, corrupt=corrupt, run_id=run_id, field=field,
+                checkpoint_id=checkpoint_id,
+            )
         raws = {leaf.key: raw_of(leaf.key) for leaf in leaves}
         if sum(leaf.items for leaf in leaves) != items:
             raise corrupt("chunk manifest does not add up (altered?)")
@@ -555,6 +618,53 @@ class ValueCodec:
         return self._load_raw(
             fmt, assembled, strict=strict, checkpoint_id=checkpoint_id, run_id=run_id, field=field
         )
+
+    def _decode_parts(
+        self,
+        manifest: bytes,
+        tree: tuple[Any, int, list[chunking.Entry], list[chunking.Entry], dict[bytes, Any]],
+        raw_of: Callable[[bytes], bytes | memoryview],
+        formats: set[int],
+        *,
+        strict: bool,
+        corrupt: Callable[[str], CorruptCheckpointError],
+        checkpoint_id: str | None,
+        run_id: str | None,
+        field: str | None,
+    ) -> Any:
+        """A ``parts`` value: each chunk checked and copied straight into the buffer of its
+        array (one copy; no joined intermediate), the arrays built on those buffers."""
+        meta, items, root, leaves, nodes = tree
+
+        def fill(entry: chunking.Entry, target: memoryview) -> None:
+            raw = raw_of(entry.key)
+            if len(raw) != len(target):
+                raise ValueError(f"chunk {entry.key.hex()[2:18]} has the wrong size")
+            target[:] = raw
+
+        try:
+            skeleton, buffers = partchunks.assemble_parts(meta, items, leaves, fill)
+        except ValueError as exc:
+            raise corrupt(f"chunks do not make the stored arrays ({exc})") from None
+        fmt = formats.pop() if len(formats) == 1 else self.serializer.format_id
+        self._remember(manifest, chunking.Layout(partchunks.KIND, meta, items, root, leaves,
+                                                 nodes, fmt))
+        reader = self._readers.get(fmt)
+        loads_parts = getattr(reader, "loads_parts", None)
+        if loads_parts is None:
+            raise corrupt(f"chunked arrays written with serializer format {fmt}, unreadable here")
+        try:
+            return loads_parts(skeleton, buffers, strict=strict)
+        except SerializationError as exc:
+            raise exc.located(
+                run_id=run_id, path=(field_path(field) if field else "") + (exc.path or ""),
+                action="load",
+            ) from None
+        except Exception as exc:
+            raise CorruptCheckpointError(
+                f"undecodable value ({type(exc).__name__}: {exc})",
+                checkpoint_id=checkpoint_id, run_id=run_id, field=field,
+            ) from exc
 
     def check_stored(self, key: bytes, data: bytes) -> None:
         """Raise if a stored row is not what its key says (a whole value or a chunk)."""
@@ -593,12 +703,16 @@ class ValueCodec:
         parent: FieldMap | None,
         changed: Iterable[str] | None,
         parent_raw: Mapping[str, bytes] | None = None,
+        *,
+        views: bool = False,
     ) -> tuple[FieldMap, dict[bytes, NewBlob], dict[str, bytes], list[Alias]]:
         """The new field map, the values not already referenced by the parent, and the
         serialised bytes of the small fields (see :data:`RAW_KEEP_MAX`).
 
         ``parent_raw`` is what this returned for the parent, if known: a field serialising to
-        the same bytes is the parent's value, known without hashing it again.
+        the same bytes is the parent's value, known without hashing it again. ``views``: the
+        blobs are written before the state can change (``store.save``), so array chunks may
+        stay views of the arrays' memory (:class:`NewBlob`) instead of copies.
         """
         if type(state) is not dict and not isinstance(state, Mapping):
             raise TypeError(
@@ -628,8 +742,21 @@ class ValueCodec:
             applied: Applied | None = value if type(value) is Applied else None
             full = value if applied is None else applied.value
             kind = chunking.kind_of(full)
+            if (
+                kind != "ndarray"
+                and self._dumps_parts is not None
+                and partchunks.may_hold_buffers()
+                and partchunks.holds_buffers(full)
+            ):
+                ref, blobs = self._encode_parts(run_id, name, full, previous, views)
+                if previous is not None and ref.same_as(previous):
+                    fields[name] = previous
+                else:
+                    fields[name] = ref
+                    new.update(blobs)
+                continue
             if kind is not None and self._worth_chunking(full, kind, previous):
-                chunked = self._encode_chunked(run_id, name, full, previous, applied)
+                chunked = self._encode_chunked(run_id, name, full, previous, applied, views)
                 if not isinstance(chunked, bytes):
                     ref, blobs, extended = chunked
                     if previous is not None and ref.same_as(previous):

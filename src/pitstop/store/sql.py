@@ -292,7 +292,10 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
         durability: Durability | None = None,
         checkpoint_id: str | None = None,
         deliver_to: str | None = None,
+        _views: bool = False,
     ) -> PreparedSave:
+        # _views (save() only): the write follows at once, so array chunks may be written
+        # from the arrays' memory; a prepared save committed later must hold copies.
         if type(run_id) is not str or not 0 < len(run_id) <= 512:
             check_id("run_id", run_id)
         follow_head = parent_id is None
@@ -311,6 +314,7 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
             parent.fields if parent else None,
             changed,
             self._raws.get(parent_id) if parent_id is not None and changed is None else None,
+            views=_views,
         )
         if checkpoint_id is None:
             checkpoint_id = new_id(after=parent_id)
@@ -322,7 +326,7 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
         added = 0
         if new:
             for blob in new.values():
-                added += len(blob.data)
+                added += blob.size
             for alias in aliases:  # an extended chunk: only its growth is new
                 added -= alias.size
             added = max(added, 0)
@@ -416,7 +420,7 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
     ) -> Checkpoint:
         while True:
             prepared = self.prepare(
-                run_id, state, parent_id=parent_id, changed=changed, **options
+                run_id, state, parent_id=parent_id, changed=changed, _views=True, **options
             )
             try:
                 return self._write_prepared(prepared)

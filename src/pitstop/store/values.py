@@ -31,9 +31,7 @@ class StoredValues(SqlBackend):
     def _externalize(self, blobs: Iterable[NewBlob]) -> None:
         """Write large values to the blob store, synced, before any row references them."""
         if self.blobs is not None:
-            for blob in blobs:
-                if self._external(blob):
-                    self.blobs.put(blob.hash, blob.data)
+            self.blobs.put_many([(b.hash, b.pieces) for b in blobs if self._external(b)])
 
     def _insert_values(self, tx: Tx, new: Mapping[bytes, NewBlob], now: float) -> None:
         """Insert the rows of new values (existing ones are kept: same hash, same bytes)."""
@@ -53,7 +51,7 @@ class StoredValues(SqlBackend):
             tx.many(
                 "INSERT INTO pitstop_blobs (hash, data, size, created_at) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (hash) DO NOTHING",
-                [(b.hash, b.data, b.size, now) for b in blobs],
+                [(b.hash, b.stored, b.size, now) for b in blobs],
             )
             return
         location = self.blobs.url
@@ -63,7 +61,7 @@ class StoredValues(SqlBackend):
             [
                 (b.hash, b"", b.size, now, location)
                 if self._external(b)
-                else (b.hash, b.data, b.size, now, None)
+                else (b.hash, b.stored, b.size, now, None)
                 for b in blobs
             ],
         )

@@ -1,0 +1,176 @@
+"""Values holding arrays and tensors, chunked from the arrays' own memory (the ``parts`` kind).
+
+A field whose value is or holds numpy arrays or torch tensors of at least
+:data:`~pitstop.serde.buffers.BUFFER_MIN` bytes (a tensor, a ``state_dict()``, an optimizer's
+state, a dict of weights and Python values) is stored as:
+
+* its *skeleton*: the msgpack encoding of the value with each such array replaced by a small
+  reference (``ExtCode.BUFFER``: index, dtype, shape, layout), and
+* each array's raw bytes, never passed through msgpack,
+
+all cut at fixed offsets (:data:`~pitstop.serde.chunks.BUFFER_CHUNK`, counted from the start
+of the skeleton and of each buffer) into chunks keyed by
+:func:`~pitstop.serde.chunks.chunk_key`, the same content addresses as every chunked value. The
+manifest's ``meta`` is ``[skeleton length, [buffer length, ...]]``; its leaves are the
+skeleton's chunks, then each buffer's in order.
+
+A save hashes each chunk where it lies in the array (xxh3-128, at memory speed) and copies only
+the chunks its parent did not have: an unchanged tensor costs one hash pass and nothing else.
+A load builds each array on one buffer the chunks are read into.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
+
+from . import buffers
+from .chunks import BUFFER_CHUNK, CUT, Entry, Layout, Split, build_tree, chunk_key
+
+KIND: Final = "parts"
+
+_SCAN_BUDGET: Final = 20_000
+"""Containers and items looked at before giving up on finding an array in a value: a long
+list of plain records (a conversation) is not walked whole on every save to find none."""
+
+
+def may_hold_buffers() -> bool:
+    """Whether any value could hold an array or a tensor (numpy or torch imported)."""
+    modules = sys.modules
+    return "numpy" in modules or "torch" in modules
+
+
+def holds_buffers(value: Any, min_size: int = buffers.BUFFER_MIN) -> bool:
+    """Whether ``value`` is, or holds in dicts, lists and tuples, an array or tensor of at
+    least ``min_size`` bytes (what :func:`split_parts` takes out of band)."""
+    numpy = sys.modules.get("numpy")
+    ndarray = numpy.ndarray if numpy is not None else None
+    budget = _SCAN_BUDGET
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        cls = type(item)
+        if cls is dict or cls is list or cls is tuple or cls is collections.OrderedDict:
+            budget -= len(item) + 1
+            if budget < 0:
+                return False
+            stack.extend(item.values() if isinstance(item, dict) else item)
+        elif cls is ndarray:
+            if item.nbytes >= min_size and not item.dtype.hasobject:
+                return True
+        elif cls.__module__.startswith("torch"):
+            from .tensors import is_tensor_class
+
+            if is_tensor_class(cls) and item.nbytes >= min_size:
+                return True
+    return False
+
+
+def _cut(
+    segment: memoryview, format_id: int, known: set[bytes], raws: dict[bytes, Any],
+    leaves: list[Entry],
+) -> None:
+    for offset in range(0, len(segment), BUFFER_CHUNK):
+        piece = segment[offset : offset + BUFFER_CHUNK]
+        key = chunk_key(format_id, piece)
+        if key not in known and key not in raws:
+            raws[key] = piece  # a view of the array: the store frames (copies) it once
+        leaves.append(Entry(key, len(piece), len(piece), CUT))
+
+
+def split_parts(
+    skeleton: bytes, views: Sequence[memoryview], format_id: int, parent: Layout | None
+) -> Split:
+    """A ``dumps_parts`` result as chunks; those the parent references are not in ``new``.
+
+    The new chunks are views of the arrays' memory: frame or copy them before the arrays
+    change.
+    """
+    known = parent.keys() if parent is not None else set()
+    raws: dict[bytes, Any] = {}
+    leaves: list[Entry] = []
+    _cut(memoryview(skeleton), format_id, known, raws, leaves)
+    for view in views:
+        _cut(view.cast("B") if view.format != "B" else view, format_id, known, raws, leaves)
+    lengths = [len(skeleton), [v.nbytes for v in views]]
+    total = len(skeleton) + sum(v.nbytes for v in views)
+    root, nodes = build_tree(leaves, format_id)
+    layout = Layout(KIND, lengths, total, root, leaves, nodes, format_id)
+    new: dict[bytes, Any] = {k: raw for k, raw in raws.items() if k not in known}
+    from .chunks import _pack_entries  # the node encoding: one definition
+
+    for key, entries in nodes.items():
+        if key not in known:
+            new[key] = _pack_entries(entries)
+    return Split(layout, new, [])
+
+
+def segments(meta: Any, total: int) -> tuple[int, list[int]]:
+    """``(skeleton length, buffer lengths)`` from a manifest's meta, checked."""
+    if (
+        type(meta) is not list
+        or len(meta) != 2
+        or type(meta[0]) is not int
+        or type(meta[1]) is not list
+        or any(type(n) is not int or n < 0 for n in meta[1])
+        or meta[0] < 0
+    ):
+        raise ValueError(f"bad parts layout {meta!r}")
+    skeleton, lengths = meta
+    if skeleton + sum(lengths) != total:
+        raise ValueError("parts layout does not add up")
+    return skeleton, lengths
+
+
+Fill = Callable[[Entry, memoryview], None]
+"""Writes the raw bytes of the chunk ``entry`` names into the view (exactly its size)."""
+
+
+def assemble_parts(
+    meta: Any, total: int, leaves: Sequence[Entry], fill: Fill
+) -> tuple[bytes, list[bytearray]]:
+    """The skeleton and one new buffer per array, each filled chunk by chunk by ``fill``
+    (which reads, or copies, a chunk straight into its place: no joining)."""
+    skeleton_size, lengths = segments(meta, total)
+    targets = [bytearray(skeleton_size), *(bytearray(n) for n in lengths)]
+    index, offset = 0, 0
+    for leaf in leaves:
+        while index < len(targets) and offset == len(targets[index]):
+            index, offset = index + 1, 0
+        if index == len(targets) or offset + leaf.size > len(targets[index]):
+            raise ValueError("a chunk crosses the end of its buffer")
+        if leaf.size != leaf.items:
+            raise ValueError("a buffer chunk's size and length differ")
+        fill(leaf, memoryview(targets[index])[offset : offset + leaf.size])
+        offset += leaf.size
+    while index < len(targets) and offset == len(targets[index]):
+        index, offset = index + 1, 0
+    if index != len(targets):
+        raise ValueError("the chunks do not fill the buffers")
+    return bytes(targets[0]), targets[1:]
+
+
+def copy_fill(raws: Mapping[bytes, bytes | memoryview]) -> Fill:
+    """A :data:`Fill` from chunks already in memory."""
+
+    def fill(entry: Entry, target: memoryview) -> None:
+        raw = raws[entry.key]
+        if len(raw) != len(target):
+            raise ValueError("a chunk has the wrong size")
+        target[:] = raw
+
+    return fill
+
+
+__all__ = [
+    "KIND",
+    "Fill",
+    "assemble_parts",
+    "copy_fill",
+    "holds_buffers",
+    "may_hold_buffers",
+    "segments",
+    "split_parts",
+]
