@@ -90,7 +90,7 @@ def test_unchanged_resave_writes_nothing_and_a_change_only_its_chunks(store: Sto
 
 def test_a_damaged_chunk_is_refused_naming_the_field(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
-    with pitstop.open_store(f"sqlite:///{path}", blobs=None) as store:
+    with pitstop.open_store(f"sqlite:///{path}", blobs=False) as store:
         store.save("r", {"model": weights()})
     db = sqlite3.connect(path)
     with db:
@@ -101,7 +101,7 @@ def test_a_damaged_chunk_is_refused_naming_the_field(tmp_path: Path) -> None:
         damaged[1000] ^= 0xFF
         db.execute("UPDATE pitstop_blobs SET data = ? WHERE hash = ?", (bytes(damaged), key))
     db.close()
-    with pitstop.open_store(f"sqlite:///{path}", blobs=None) as store:
+    with pitstop.open_store(f"sqlite:///{path}", blobs=False) as store:
         with pytest.raises(pitstop.CorruptCheckpointError, match="checksum mismatch") as err:
             store.latest("r")
         assert err.value.field == "model"
@@ -169,3 +169,26 @@ def test_blob_directory_writes_many_chunks_at_once(tmp_path: Path) -> None:
         loaded = store.latest("r")
         assert loaded is not None
         same(state["w"], loaded.state["w"])
+
+
+def test_sqlite_keeps_large_chunks_beside_the_file_by_default(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    with pitstop.open_store(f"sqlite:///{path}") as store:
+        store.save("small", {"x": 1, "text": "a" * 10_000})
+        assert not (tmp_path / "runs.db-blobs").exists()  # made by the first large value
+        state = {"model": weights()}
+        store.save("big", state)
+    files = list((tmp_path / "runs.db-blobs").rglob("*.blob"))
+    assert len(files) == 2  # the two full 1 MiB chunks of "embed"; the rest is in the table
+    moved = tmp_path / "elsewhere"
+    moved.mkdir()
+    for name in ("runs.db", "runs.db-blobs"):
+        (tmp_path / name).rename(moved / name)
+    with pitstop.open_store(f"sqlite:///{moved / 'runs.db'}") as store:
+        loaded = store.latest("big")
+        assert loaded is not None
+        same(state["model"], loaded.state["model"])
+        assert store.verify() == []
+    with pitstop.open_store(f"sqlite:///{tmp_path / 'in.db'}?blobs=off") as store:
+        store.save("big", state)
+    assert not (tmp_path / "in.db-blobs").exists()

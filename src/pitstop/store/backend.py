@@ -231,14 +231,15 @@ class SqlBackend(Store):
         *,
         serializer: Serializer | None = None,
         compress_threshold: int | None = 4096,
-        blobs: BlobStore | str | None = None,
+        blobs: BlobStore | str | bool | None = None,
         blob_threshold: int = 1 << 20,
     ) -> None:
         self.url = url
         self._value_codec = ValueCodec(serializer, compress_threshold)
         self._value_codec.seal_chunks = not self.rewrites_in_place
         self.serializer = self._value_codec.serializer
-        self.blobs = open_blob_store(blobs) if blobs is not None else None
+        # (SQLite resolves its default, a directory beside the file, before this.)
+        self.blobs = open_blob_store(blobs) if isinstance(blobs, BlobStore | str) else None
         """Where values of at least ``blob_threshold`` stored bytes go (None: the table)."""
         self.blob_threshold = blob_threshold
         # checkpoint id -> Parent (immutable, always safe to cache)

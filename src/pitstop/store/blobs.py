@@ -22,6 +22,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 from ..errors import StoreError
 
@@ -50,6 +51,16 @@ class BlobStore(ABC):
     def get(self, key: bytes) -> bytes | None:
         """The bytes under ``key``, or None if there are none."""
 
+    def read_into(self, key: bytes, target: memoryview) -> int | None:
+        """Read the value under ``key``, which must be one header byte followed by exactly
+        ``len(target)`` bytes, into ``target``; return the header byte (None: no such key,
+        or its size differs). Stores that can read into place override it (no copy)."""
+        data = self.get(key)
+        if data is None or len(data) != len(target) + 1:
+            return None
+        target[:] = memoryview(data)[1:]
+        return data[0]
+
     @abstractmethod
     def delete(self, keys: Iterable[bytes]) -> None:
         """Remove these keys (missing ones are ignored)."""
@@ -73,13 +84,16 @@ class DirectoryBlobStore(BlobStore):
     atomic on it, which is what lets several processes and machines use one directory.
     """
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, create: bool = True) -> None:
+        """``create=False``: the directory is made by the first write (a store that never
+        holds a large value leaves no empty directory behind)."""
         self.root = Path(root).expanduser().resolve()
         self.url = f"file://{self.root}"
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StoreError(f"blob directory {self.root}: {exc.strerror}") from exc
+        if create:
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"blob directory {self.root}: {exc.strerror}") from exc
 
     def _path(self, key: bytes) -> Path:
         name = key.hex()
@@ -101,6 +115,12 @@ class DirectoryBlobStore(BlobStore):
         if not todo:
             return
         dirs: set[Path] = set()
+        if not self.root.is_dir():
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"blob directory {self.root}: {exc.strerror}") from exc
+            dirs.add(self.root.parent)
         for path, _ in todo:
             parent = path.parent
             if parent not in dirs and not parent.is_dir():
@@ -150,12 +170,32 @@ class DirectoryBlobStore(BlobStore):
             return f"{path} is a directory, not a file"
         return f"file missing from {self}"
 
+    def read_into(self, key: bytes, target: memoryview) -> int | None:
+        """Straight from the file into ``target``: the one copy a load of an array makes."""
+        try:
+            f = open(self._path(key), "rb", buffering=0)  # noqa: SIM115 - closed below
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+        with f:
+            if os.fstat(f.fileno()).st_size != len(target) + 1:
+                return None
+            header = f.read(1)
+            done = 0
+            while done < len(target):
+                n = f.readinto(target[done:])
+                if not n:
+                    return None
+                done += n
+        return header[0]
+
     def delete(self, keys: Iterable[bytes]) -> None:
         for key in keys:
             with contextlib.suppress(FileNotFoundError, IsADirectoryError, NotADirectoryError):
                 self._path(key).unlink()
 
     def keys(self, *, older_than: float = 0.0) -> Iterator[bytes]:
+        if not self.root.is_dir():
+            return
         cutoff = time.time() - older_than
         for path in self.root.glob("*/*/*.blob"):
             try:
@@ -167,6 +207,20 @@ class DirectoryBlobStore(BlobStore):
 
 
 _SYNC_THREADS = 8
+
+
+class Deferred(NamedTuple):
+    """A value kept in a blob store, not read yet: a load reads it when it knows where its
+    bytes should go (an array's buffer: :meth:`BlobStore.read_into`)."""
+
+    store: BlobStore
+    key: bytes
+
+    def read(self) -> bytes | None:
+        return self.store.get(self.key)
+
+    def read_into(self, target: memoryview) -> int | None:
+        return self.store.read_into(self.key, target)
 
 
 def _write_synced(path: Path, pieces: Pieces) -> tuple[str, Path]:
@@ -211,4 +265,4 @@ def open_blob_store(spec: str | os.PathLike[str] | BlobStore) -> BlobStore:
     return DirectoryBlobStore(text)
 
 
-__all__ = ["BlobStore", "DirectoryBlobStore", "open_blob_store"]
+__all__ = ["BlobStore", "Deferred", "DirectoryBlobStore", "open_blob_store"]

@@ -78,6 +78,11 @@ def _text(value: Any) -> None:
         raise _Bad("must be text")
 
 
+def _blobs_text(text: str) -> str | bool:
+    """``?blobs=off`` (or none, false): large values stay in the database file."""
+    return False if text.lower() in ("none", "off", "false") else text
+
+
 def _blobs(value: Any) -> None:
     if isinstance(value, str) and not value:
         raise _Bad("must name a directory or a blob store URL")
@@ -99,7 +104,7 @@ OPTIONS: dict[str, _Option] = {
     "durability": _Option(str, _durability),
     "compress_threshold": _Option(_bytes_or_none, _threshold_check),
     "busy_timeout": _seconds(),
-    "blobs": _Option(str, _blobs),
+    "blobs": _Option(_blobs_text, _blobs),
     "blob_threshold": _count(0, "a size in bytes >= 0"),
     # PostgreSQL only
     "schema": _Option(str, _schema),

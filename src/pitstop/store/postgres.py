@@ -533,7 +533,9 @@ class PostgresStore(SqlStore):
         if not self._one_statement(plan):
             return super()._write_prepared(prepared)
         record = plan.record
-        blobs = list(plan.new.values())
+        # Views of arrays joined to their header once: the statement sends whole bytes.
+        blobs = [b if b.body is None else b._replace(data=b.stored, body=None)
+                 for b in plan.new.values()]
         head_sql, params = head_update(plan, POSTGRES.null_safe_eq)
         chunks = [b for b in blobs if is_chunk_key(b.hash)]
         if chunks and plan.refs:
@@ -563,7 +565,7 @@ class PostgresStore(SqlStore):
             params += [
                 record.created_at,
                 [b.hash for b in blobs],
-                [b.stored for b in blobs],
+                [b.data for b in blobs],
                 [b.size for b in blobs],
             ]
             parts.append(

@@ -30,6 +30,7 @@ from ..model import Checkpoint, CheckpointSummary
 from ..serde import MsgpackSerializer, Serializer, digest, frame, partchunks, unframe
 from ..serde import chunks as chunking
 from ..serde.framing import unframe_view
+from .blobs import Deferred
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -320,6 +321,9 @@ def encode_metadata(metadata: Mapping[str, Any] | None, run_id: str) -> str:
         raise SerializationError(f"metadata must be JSON ({exc})", run_id=run_id) from None
 
 
+Stored = bytes | Deferred
+"""A stored value as a load has it: its bytes, or (in a blob store) where to read them."""
+
 Reader = Callable[[list[bytes]], Mapping[bytes, bytes]]
 """Stored rows by key (those found), for walking a chunked value's nodes."""
 
@@ -515,7 +519,7 @@ class ValueCodec:
                 out |= self.chunks_below(ref, read)
         return out
 
-    def missing_below(self, fields: FieldMap, blobs: Mapping[bytes, bytes]) -> list[bytes]:
+    def missing_below(self, fields: FieldMap, blobs: Mapping[bytes, Stored]) -> list[bytes]:
         """Keys under the nodes already in ``blobs`` that ``blobs`` does not hold yet: what a
         load reads next (a level of the tree per query)."""
         out: list[bytes] = []
@@ -533,7 +537,7 @@ class ValueCodec:
             pending = [e for e in root if e.flags & chunking.NODE]
             while pending:
                 node = pending.pop()
-                data = blobs.get(node.key)
+                data = _bytes_of(blobs.get(node.key))
                 if data is None:
                     continue
                 try:
@@ -550,7 +554,7 @@ class ValueCodec:
     def decode_chunked(
         self,
         manifest: bytes,
-        blobs: Mapping[bytes, bytes],
+        blobs: Mapping[bytes, Stored],
         *,
         strict: bool = True,
         checkpoint_id: str | None = None,
@@ -569,7 +573,7 @@ class ValueCodec:
         formats: set[int] = set()
 
         def raw_of(key: bytes) -> bytes | memoryview:
-            data = blobs.get(key)
+            data = _bytes_of(blobs.get(key))
             if data is None:
                 raise corrupt(f"chunk {key.hex()[2:18]} is missing from the store")
             try:
@@ -599,7 +603,7 @@ class ValueCodec:
         walk(root)
         if kind == partchunks.KIND:
             return self._decode_parts(
-                manifest, (meta, items, root, leaves, nodes), raw_of, formats,
+                manifest, (meta, items, root, leaves, nodes), blobs, raw_of, formats,
                 strict=strict, corrupt=corrupt, run_id=run_id, field=field,
                 checkpoint_id=checkpoint_id,
             )
@@ -623,6 +627,7 @@ class ValueCodec:
         self,
         manifest: bytes,
         tree: tuple[Any, int, list[chunking.Entry], list[chunking.Entry], dict[bytes, Any]],
+        blobs: Mapping[bytes, Stored],
         raw_of: Callable[[bytes], bytes | memoryview],
         formats: set[int],
         *,
@@ -637,7 +642,18 @@ class ValueCodec:
         meta, items, root, leaves, nodes = tree
 
         def fill(entry: chunking.Entry, target: memoryview) -> None:
-            raw = raw_of(entry.key)
+            data = blobs.get(entry.key)
+            if isinstance(data, Deferred):
+                header = data.read_into(target)  # from the file into place: no other copy
+                if header is not None and not header & ~0x0F:
+                    if not chunking.check_chunk(entry.key, header, target):
+                        raise corrupt(
+                            f"chunk {entry.key.hex()[2:18]}: checksum mismatch (truncated or "
+                            "altered)"
+                        )
+                    formats.add(header)
+                    return
+            raw = raw_of(entry.key)  # in the table, or not a plain chunk: read, checked
             if len(raw) != len(target):
                 raise ValueError(f"chunk {entry.key.hex()[2:18]} has the wrong size")
             target[:] = raw
@@ -857,12 +873,12 @@ class ValueCodec:
             ) from exc
 
     def decode_checkpoint(
-        self, record: CheckpointRecord, blobs: Mapping[bytes, bytes], *, strict: bool = True
+        self, record: CheckpointRecord, blobs: Mapping[bytes, Stored], *, strict: bool = True
     ) -> Checkpoint:
         record.verify()
         state = {
             name: self.decode_value(
-                ref.inline if ref.inline is not None else blobs.get(ref.hash),
+                ref.inline if ref.inline is not None else _bytes_of(blobs.get(ref.hash)),
                 None if ref.inline is not None else ref.hash,
                 strict=strict,
                 checkpoint_id=record.id,
@@ -883,6 +899,11 @@ class ValueCodec:
         return record.checkpoint(state)
 
 
+def _bytes_of(data: Stored | None) -> bytes | None:
+    """A stored value's bytes, read now if it was left in the blob store."""
+    return data.read() if isinstance(data, Deferred) else data
+
+
 __all__ = [
     "RAW_KEEP_MAX",
     "Alias",
@@ -891,6 +912,7 @@ __all__ = [
     "FieldRef",
     "NewBlob",
     "Parent",
+    "Stored",
     "ValueCodec",
     "decode_field_map",
     "encode_field_map",

@@ -62,6 +62,7 @@ from .records import (
     FieldMap,
     NewBlob,
     Parent,
+    Stored,
     encode_field_map,
     encode_metadata,
     stored_hashes,
@@ -589,22 +590,22 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
 
     def _load(
         self, tx: Tx, where: str, params: Sequence[Any]
-    ) -> tuple[CheckpointRecord | None, dict[bytes, bytes]]:
+    ) -> tuple[CheckpointRecord | None, dict[bytes, Stored]]:
         row = tx.one(f"{SELECT_CHECKPOINT} {where}", params)
         if row is None:
             return None, {}
         record = CheckpointRecord(*row)
         return record, self._load_values(tx, record)
 
-    def _load_values(self, tx: Tx, record: CheckpointRecord) -> dict[bytes, bytes]:
+    def _load_values(self, tx: Tx, record: CheckpointRecord) -> dict[bytes, Stored]:
         try:
             fields = record.field_map()
         except CorruptCheckpointError:
             return {}  # decoding the record reports it (and a fallback passes it)
-        values = self._read_values(tx, list(stored_hashes(fields)))
+        values = self._read_values_deferred(tx, list(stored_hashes(fields)))
         # A chunked value's tree, a level per query (a value of thousands of chunks is two).
         while missing := self._value_codec.missing_below(fields, values):
-            found = self._read_values(tx, missing)
+            found = self._read_values_deferred(tx, missing)
             if not found:
                 break  # missing chunks: the decode names the field
             values.update(found)
@@ -619,7 +620,7 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
     def latest(
         self, run_id: str, *, fallback: bool = False, strict: bool = True
     ) -> Checkpoint | None:
-        def read(tx: Tx) -> tuple[str | None, CheckpointRecord | None, dict[bytes, bytes]]:
+        def read(tx: Tx) -> tuple[str | None, CheckpointRecord | None, dict[bytes, Stored]]:
             row = tx.one(_SELECT_HEAD, (run_id,))
             if row is None or row[0] is None:
                 return None, None, {}
@@ -634,7 +635,7 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
     def latest_with_run(
         self, run_id: str, *, fallback: bool = False, strict: bool = True
     ) -> tuple[Run, Checkpoint | None]:
-        def read(tx: Tx) -> tuple[Any, CheckpointRecord | None, dict[bytes, bytes]]:
+        def read(tx: Tx) -> tuple[Any, CheckpointRecord | None, dict[bytes, Stored]]:
             row = tx.one(SELECT_RUN_AND_HEAD, (run_id,))
             head = _head_of(row) if row is not None else None
             return row, head, self._load_values(tx, head) if head is not None else {}
@@ -643,7 +644,7 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
         # otherwise the values are read too, from one snapshot.
         row = self._autocommit_read(SELECT_RUN_AND_HEAD, (run_id,))
         head = _head_of(row) if row is not None else None
-        values: dict[bytes, bytes] = {}
+        values: dict[bytes, Stored] = {}
         if head is not None and not _self_contained(head):
             row, head, values = self._tx(read)
         if row is None:
@@ -656,7 +657,7 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
         run_id: str,
         head_id: str | None,
         record: CheckpointRecord | None,
-        values: Mapping[bytes, bytes],
+        values: Mapping[bytes, Stored],
         fallback: bool,
         strict: bool,
     ) -> Checkpoint | None:

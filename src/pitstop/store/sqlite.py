@@ -29,7 +29,7 @@ from ..serde import Serializer
 from . import options
 from .backend import Dialect, Tx
 from .base import Durability
-from .blobs import BlobStore
+from .blobs import BlobStore, DirectoryBlobStore
 from .sql import SqlStore
 
 
@@ -224,6 +224,12 @@ _INTEGRITY_LINES = 100
 """At most this many problems from SQLite's integrity check (a badly damaged file has more)."""
 
 
+def default_blob_dir(path: str) -> str:
+    """Where a SQLite store keeps its large values unless told otherwise: ``<file>-blobs``
+    beside the database file (as SQLite's own ``-wal`` and ``-shm`` files are)."""
+    return os.fspath(path) + "-blobs"
+
+
 class SQLiteStore(SqlStore):
     """A store in one SQLite file (or in memory, for :class:`~pitstop.store.MemoryStore`)."""
 
@@ -239,7 +245,7 @@ class SQLiteStore(SqlStore):
         busy_timeout: float = 60.0,
         auto_migrate: bool = True,
         url: str | None = None,
-        blobs: BlobStore | str | None = None,
+        blobs: BlobStore | str | bool | None = None,
         blob_threshold: int = 1 << 20,
     ) -> None:
         options.check(url or f"sqlite:///{os.fspath(path)}", {
@@ -250,6 +256,18 @@ class SQLiteStore(SqlStore):
             "blob_threshold": blob_threshold,
         })
         self.path = os.fspath(path)
+        if blobs is None or blobs is True:
+            # By default values (and array chunks) of blob_threshold bytes and more live in
+            # files beside the database, "<file>-blobs/": written and synced concurrently,
+            # read into place, and kept out of the WAL (SQLite would write them twice). The
+            # directory appears with the first such value; blobs=False keeps them in the file.
+            blobs = (
+                DirectoryBlobStore(default_blob_dir(self.path), create=False)
+                if self.path != ":memory:"
+                else None
+            )
+        elif blobs is False:
+            blobs = None
         self.durability = durability
         self.busy_timeout = busy_timeout
         super().__init__(

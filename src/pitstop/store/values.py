@@ -14,7 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from ..errors import StoreError
 from .backend import SqlBackend, Tx
-from .records import Alias, FieldMap, NewBlob, is_chunk_key
+from .blobs import Deferred
+from .records import Alias, FieldMap, NewBlob, Stored, is_chunk_key
 
 # Values bigger than this are looked up before being sent, so an existing one is not shipped
 # to the database again just to be discarded by ON CONFLICT.
@@ -47,7 +48,7 @@ class StoredValues(SqlBackend):
                 )
             }
             blobs = [b for b in blobs if b.hash not in present]
-        if self.blobs is None:
+        if self.blobs is None or not any(self._external(b) for b in blobs):
             tx.many(
                 "INSERT INTO pitstop_blobs (hash, data, size, created_at) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (hash) DO NOTHING",
@@ -88,7 +89,7 @@ class StoredValues(SqlBackend):
         stored = self._read_values(tx, present)
         for key in present:
             data = stored.get(key)
-            if data is not None and data != new[key].data:
+            if data is not None and data != new[key].stored:
                 field = next(
                     (name for name, ref in fields.items() if ref.manifest is not None
                      and key in self._value_codec.chunk_keys_of(ref)),
@@ -101,10 +102,19 @@ class StoredValues(SqlBackend):
                     "collision, most likely a value built to cause one); nothing was written"
                 )
 
+    def _read_values_deferred(self, tx: Tx, hashes: Sequence[bytes]) -> dict[bytes, Stored]:
+        """:meth:`_read_values`, with values in the blob store left unread (:class:`Deferred`,
+        the files read after the transaction): a load reads an array's chunks straight into
+        its buffer. A missing file is found (and named) then."""
+        return self._read_rows(tx, hashes, defer=True)
+
     def _read_values(self, tx: Tx, hashes: Sequence[bytes]) -> dict[bytes, bytes]:
         """Stored values by hash, from the table or the blob store (absent ones left out);
         an alias row is read as the prefix of its target it stands for."""
-        out: dict[bytes, bytes] = {}
+        return self._read_rows(tx, hashes, defer=False)  # type: ignore[return-value]
+
+    def _read_rows(self, tx: Tx, hashes: Sequence[bytes], *, defer: bool) -> dict[bytes, Stored]:
+        out: dict[bytes, Stored] = {}
         aliases: dict[bytes, tuple[bytes, int]] = {}
         for h, data, location, alias, size in tx.in_chunks(
             "SELECT hash, data, location, alias, size FROM pitstop_blobs WHERE hash IN ({in})",
@@ -115,6 +125,8 @@ class StoredValues(SqlBackend):
                 aliases[key] = (bytes(alias), int(size))
             elif location is None:
                 out[key] = bytes(data)
+            elif defer and self.blobs is not None and location == self.blobs.url:
+                out[key] = Deferred(self.blobs, key)
             else:
                 value = self._fetch_external(key, location)
                 if value is not None:
@@ -122,10 +134,13 @@ class StoredValues(SqlBackend):
         if aliases:
             # A target read in this snapshot holds its prefix; one that became an alias
             # since (a concurrent save, another snapshot) is followed again.
-            targets = self._read_values(tx, list({t for t, _ in aliases.values()} - set(out)))
+            wanted = list({t for t, _ in aliases.values()} - set(out))
+            targets = self._read_rows(tx, wanted, defer=False)
             targets.update(out)
             for key, (target, size) in aliases.items():
                 found = targets.get(target)
+                if isinstance(found, Deferred):
+                    found = found.read()
                 if found is not None and len(found) >= size:
                     out[key] = found[:size]
         return out
@@ -176,7 +191,13 @@ class StoredValues(SqlBackend):
                 f"{self.url}: value {key.hex()[:16]} is kept in the blob store {location}; "
                 "open this store with blobs=... to read it"
             )
-        return self.blobs.get(key)
+        value = self.blobs.get(key)
+        if value is None and location != self.blobs.url:
+            raise StoreError(
+                f"{self.url}: value {key.hex()[:16]} is kept in the blob store {location}, "
+                f"not in {self.blobs.url}; open this store with blobs=... naming it"
+            )
+        return value
 
     def _unshared_values(
         self, tx: Tx, run_id: str, hashes: Sequence[bytes]
