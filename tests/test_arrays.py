@@ -192,3 +192,27 @@ def test_sqlite_keeps_large_chunks_beside_the_file_by_default(tmp_path: Path) ->
     with pitstop.open_store(f"sqlite:///{tmp_path / 'in.db'}?blobs=off") as store:
         store.save("big", state)
     assert not (tmp_path / "in.db-blobs").exists()
+
+
+def test_sha256_chunk_keys_when_asked(shared_url: str) -> None:
+    """chunk_hash="sha256": new chunks are keyed (and checked) with SHA-256; chunks written
+    with xxh3 before still load and verify, and the switch rewrites only what changes."""
+    state = {"model": weights()}
+    with pitstop.open_store(shared_url) as plain:
+        plain.save("r", state)
+    with pitstop.open_store(shared_url, chunk_hash="sha256") as crypto:
+        loaded = crypto.latest("r")
+        assert loaded is not None
+        same(state["model"], loaded.state["model"])
+        state["model"]["meta"]["step"] = 9
+        crypto.save("r", state)
+        crypto.save("s", {"model": weights(1), "items": list(range(5000))})
+        assert crypto.verify() == []
+    with pitstop.open_store(shared_url) as plain:
+        for run in ("r", "s"):
+            again = plain.latest(run)
+            assert again is not None
+        assert again.state["items"] == list(range(5000))
+        assert plain.latest("r").state["model"]["meta"]["step"] == 9  # type: ignore[union-attr]
+    with pytest.raises(pitstop.UnsupportedStoreError, match="chunk_hash"):
+        pitstop.open_store(shared_url, chunk_hash="md5")

@@ -49,7 +49,7 @@ def _sqlite(url: str, options: dict[str, Any]) -> Store:
 def _memory(url: str, options: dict[str, Any]) -> Store:
     from .memory import MemoryStore
 
-    return MemoryStore(**_pick(options, "serializer", "compress_threshold"))
+    return MemoryStore(**_pick(options, "serializer", "compress_threshold", "chunk_hash"))
 
 
 def _postgres(url: str, options: dict[str, Any]) -> Store:
@@ -76,7 +76,14 @@ def _pick(options: dict[str, Any], *names: str) -> dict[str, Any]:
 
 
 # The options a SQLite (or memory://) URL's query string may set; see options.py.
-_QUERY_OPTIONS = ("durability", "compress_threshold", "busy_timeout", "blobs", "blob_threshold")
+_QUERY_OPTIONS = (
+    "durability",
+    "compress_threshold",
+    "busy_timeout",
+    "blobs",
+    "blob_threshold",
+    "chunk_hash",
+)
 
 
 def open_store(url: str | None = None, **options: Any) -> Store:

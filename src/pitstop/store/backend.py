@@ -233,9 +233,10 @@ class SqlBackend(Store):
         compress_threshold: int | None = 4096,
         blobs: BlobStore | str | bool | None = None,
         blob_threshold: int = 1 << 20,
+        chunk_hash: str = "xxh3",
     ) -> None:
         self.url = url
-        self._value_codec = ValueCodec(serializer, compress_threshold)
+        self._value_codec = ValueCodec(serializer, compress_threshold, chunk_hash)
         self._value_codec.seal_chunks = not self.rewrites_in_place
         self.serializer = self._value_codec.serializer
         # (SQLite resolves its default, a directory beside the file, before this.)

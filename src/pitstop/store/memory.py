@@ -15,12 +15,17 @@ class MemoryStore(SQLiteStore):
     """A :class:`~pitstop.Store` held in memory. Nothing survives :meth:`close` or exit."""
 
     def __init__(
-        self, *, serializer: Serializer | None = None, compress_threshold: int | None = 4096
+        self,
+        *,
+        serializer: Serializer | None = None,
+        compress_threshold: int | None = 4096,
+        chunk_hash: str = "xxh3",
     ) -> None:
         super().__init__(
             ":memory:",
             serializer=serializer,
             compress_threshold=compress_threshold,
+            chunk_hash=chunk_hash,
             url="memory://",
         )
 

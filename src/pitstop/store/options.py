@@ -88,6 +88,11 @@ def _blobs(value: Any) -> None:
         raise _Bad("must name a directory or a blob store URL")
 
 
+def _chunk_hash(value: Any) -> None:
+    if value not in ("xxh3", "sha256"):
+        raise _Bad("must be 'xxh3' or 'sha256'")
+
+
 def _schema(value: Any) -> None:
     if not isinstance(value, str) or not value or "\0" in value:
         raise _Bad("must be a schema name (not empty)")
@@ -106,6 +111,7 @@ OPTIONS: dict[str, _Option] = {
     "busy_timeout": _seconds(),
     "blobs": _Option(_blobs_text, _blobs),
     "blob_threshold": _count(0, "a size in bytes >= 0"),
+    "chunk_hash": _Option(str, _chunk_hash),
     # PostgreSQL only
     "schema": _Option(str, _schema),
     "pool_min": _count(0, "a whole number >= 0"),

@@ -248,6 +248,7 @@ class PostgresStore(SqlStore):
         application_name: str | None = None,
         blobs: BlobStore | str | None = None,
         blob_threshold: int | None = None,
+        chunk_hash: str | None = None,
     ) -> None:
         safe_url = redact(url)
         conninfo, options = _split_url(url, safe_url)
@@ -262,6 +263,7 @@ class PostgresStore(SqlStore):
             "durability": durability,
             "blobs": blobs,
             "blob_threshold": blob_threshold,
+            "chunk_hash": chunk_hash,
         }
         options.update({k: v for k, v in given.items() if v is not None})
         if compress_threshold is not UNSET:
@@ -273,6 +275,7 @@ class PostgresStore(SqlStore):
             compress_threshold=options.get("compress_threshold", 4096),
             blobs=options.get("blobs"),
             blob_threshold=int(options.get("blob_threshold", 1 << 20)),
+            chunk_hash=str(options.get("chunk_hash", "xxh3")),
         )
         self.durability: Durability = options.get("durability", "normal")
 

@@ -167,6 +167,12 @@ class Alias(NamedTuple):
     """Stored (framed) bytes of ``key``: a prefix of ``target``'s (chunks are not compressed)."""
 
 
+CHUNK_HASHES = ("xxh3", "sha256")
+"""What keys (and so verifies) new chunks: xxh3-128 (the default: ~10 GB/s, detects any
+accidental damage) or SHA-256 cut to 128 bits (~1 GB/s; no one can craft two chunks with
+one key, for stores that hold content from untrusted sources)."""
+
+
 RAW_KEEP_MAX = 2048
 """Serialised values up to this size are remembered with the checkpoint that holds them (for
 the last checkpoints this process wrote), so the next save without a ``changed`` hint can
@@ -339,9 +345,21 @@ class ValueCodec:
     the user opted in.
     """
 
-    def __init__(self, serializer: Serializer | None, compress_threshold: int | None) -> None:
+    def __init__(
+        self,
+        serializer: Serializer | None,
+        compress_threshold: int | None,
+        chunk_hash: str = "xxh3",
+    ) -> None:
         self.serializer: Serializer = serializer or MsgpackSerializer()
         self.compress_threshold = compress_threshold
+        if chunk_hash not in CHUNK_HASHES:
+            raise ValueError(f"chunk_hash must be one of {CHUNK_HASHES}, not {chunk_hash!r}")
+        self.chunk_hash = chunk_hash
+        # The format id as the chunker takes it: it also says which hash keys new chunks.
+        self._chunk_format = self.serializer.format_id | (
+            chunking.SHA256_KEYS if chunk_hash == "sha256" else 0
+        )
         self.seal_chunks = False
         """Seal a grown field's open last chunk instead of extending it (and never make a
         superseded chunk an alias): see :func:`pitstop.serde.chunks.sealed`."""
@@ -408,7 +426,7 @@ class ValueCodec:
     ) -> tuple[FieldRef, dict[bytes, NewBlob], list[Alias]] | bytes:
         """The field as chunks (with the parent's open chunks the new ones extend), or (too
         small after all) its whole serialised bytes."""
-        fmt = self.serializer.format_id
+        fmt = self._chunk_format
         parent = self.layout_of(previous)
         if parent is not None and self.seal_chunks:
             parent = chunking.sealed(parent)
@@ -456,8 +474,9 @@ class ValueCodec:
             raise SerializationError(
                 f"{type(exc).__name__}: {exc}", run_id=run_id, path=field_path(name)
             ) from exc
-        fmt = self.serializer.format_id
-        result = partchunks.split_parts(skeleton, arrays, fmt, self.layout_of(previous))
+        result = partchunks.split_parts(
+            skeleton, arrays, self._chunk_format, self.layout_of(previous)
+        )
         layout = result.layout
         manifest = layout.manifest()
         self._remember(manifest, layout)
@@ -611,7 +630,8 @@ class ValueCodec:
         if sum(leaf.items for leaf in leaves) != items:
             raise corrupt("chunk manifest does not add up (altered?)")
         fmt = formats.pop() if len(formats) == 1 else self.serializer.format_id
-        self._remember(manifest, chunking.Layout(kind, meta, items, root, leaves, nodes, fmt))
+        keyed = fmt | (self._chunk_format & chunking.SHA256_KEYS)  # the next save's keys
+        self._remember(manifest, chunking.Layout(kind, meta, items, root, leaves, nodes, keyed))
         try:
             assembled = chunking.assemble(kind, meta, items, leaves, raws)
         except Exception as exc:
@@ -663,8 +683,10 @@ class ValueCodec:
         except ValueError as exc:
             raise corrupt(f"chunks do not make the stored arrays ({exc})") from None
         fmt = formats.pop() if len(formats) == 1 else self.serializer.format_id
-        self._remember(manifest, chunking.Layout(partchunks.KIND, meta, items, root, leaves,
-                                                 nodes, fmt))
+        keyed = fmt | (self._chunk_format & chunking.SHA256_KEYS)
+        self._remember(
+            manifest, chunking.Layout(partchunks.KIND, meta, items, root, leaves, nodes, keyed)
+        )
         reader = self._readers.get(fmt)
         loads_parts = getattr(reader, "loads_parts", None)
         if loads_parts is None:

@@ -247,6 +247,7 @@ class SQLiteStore(SqlStore):
         url: str | None = None,
         blobs: BlobStore | str | bool | None = None,
         blob_threshold: int = 1 << 20,
+        chunk_hash: str = "xxh3",
     ) -> None:
         options.check(url or f"sqlite:///{os.fspath(path)}", {
             "durability": durability,
@@ -254,6 +255,7 @@ class SQLiteStore(SqlStore):
             "busy_timeout": busy_timeout,
             "blobs": blobs,
             "blob_threshold": blob_threshold,
+            "chunk_hash": chunk_hash,
         })
         self.path = os.fspath(path)
         if blobs is None or blobs is True:
@@ -276,6 +278,7 @@ class SQLiteStore(SqlStore):
             compress_threshold=compress_threshold,
             blobs=blobs,
             blob_threshold=blob_threshold,
+            chunk_hash=chunk_hash,
         )
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
