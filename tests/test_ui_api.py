@@ -233,6 +233,63 @@ def test_langgraph_thread_channels_decoded_without_importing(client: TestClient,
     assert fork.status_code == 409
 
 
+def _interrupted_thread(store: Store, thread_id: str) -> str:
+    """A real LangGraph graph stopped by ``interrupt_before``: its next node is due."""
+    import operator
+    from typing import Annotated, TypedDict
+
+    from langgraph.graph import END, START, StateGraph
+
+    from pitstop.integrations.langgraph import PitstopSaver
+
+    steps = TypedDict("steps", {"done": Annotated[list[str], operator.add]})  # noqa: UP013
+    graph = StateGraph(steps)
+    graph.add_node("draft", lambda s: {"done": ["draft"]})
+    graph.add_node("send", lambda s: {"done": ["send"]})
+    graph.add_edge(START, "draft")
+    graph.add_edge("draft", "send")
+    graph.add_edge("send", END)
+    app = graph.compile(checkpointer=PitstopSaver(store), interrupt_before=["send"])
+    config = {"configurable": {"thread_id": thread_id}}
+    app.invoke({"done": []}, config)
+    assert app.get_state(config).next == ("send",)  # type: ignore[arg-type]
+    return thread_id
+
+
+def test_a_finished_langgraph_thread_reads_as_idle(client: TestClient,
+                                                   populated: tuple[Store, Any]) -> None:
+    # LangGraph savers write no status when a graph ends: the thread stays "running". The
+    # run page tells a finished graph (no node due) from one that still has work.
+    store, ids = populated
+    paused = _interrupted_thread(store, "paused-before-send")
+    finished = client.get(f"/api/runs/{ids['thread']}").json()
+    assert finished["status"] == "running" and finished["idle"] is True
+    assert client.get(f"/api/runs/{paused}").json()["idle"] is False
+    assert not client.get(f"/api/runs/{ids['owned']}").json()["idle"]  # not a thread
+    page = client.get(f"/runs/{ids['thread']}").text
+    assert 'class="status s-idle"' in page
+    assert 'class="status s-idle"' not in client.get(f"/runs/{paused}").text
+
+
+def test_runs_list_shows_idle_only_from_what_the_saver_recorded(
+        client: TestClient, populated: tuple[Store, Any]) -> None:
+    # A listing never opens states: a thread is idle there only if its head's metadata
+    # records LangGraph's next nodes as none.
+    store, ids = populated
+    lg = {"checkpoint": {"channel_versions": {}, "versions_seen": {}}}
+    store.save("done-thread", {"messages": b""}, workflow="langgraph",
+               metadata={"langgraph": {**lg, "next": []}})
+    store.save("busy-thread", {"messages": b""}, workflow="langgraph",
+               metadata={"langgraph": {**lg, "next": ["agent"]}})
+    rows = {r["id"]: r for r in client.get("/api/runs", params={"limit": 100}).json()["runs"]}
+    assert rows["done-thread"]["idle"] is True
+    assert rows["busy-thread"]["idle"] is False
+    assert rows[ids["thread"]]["idle"] is False  # not recorded: not guessed in a listing
+    assert rows["done-thread"]["status"] == "running"  # the store's status, unchanged
+    html = client.get("/", params={"id": "done-thread"}).text
+    assert 'class="status s-idle"' in html
+
+
 def test_inbox_is_oldest_first_and_shows_the_declared_fields(client: TestClient) -> None:
     inbox = client.get("/api/inbox").json()
     ids = [r["id"] for r in inbox["runs"]]

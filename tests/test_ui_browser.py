@@ -277,6 +277,11 @@ def test_langgraph_thread_reads_as_a_conversation(world: dict[str, Any], page: A
     assert roles == ["role-user", "role-assistant", "role-tool", "role-assistant"]
     assert "invoice_status" in messages.nth(1).inner_text()
     assert "waiting for finance approval" in messages.nth(3).inner_text()
+    # Its graph ended: the store still says running (as every LangGraph saver leaves it),
+    # the page says idle and why.
+    badge = page.locator(".run-head .title .status")
+    assert badge.inner_text() == "idle"
+    assert "no node left to run" in (badge.get_attribute("title") or "")
 
 
 def test_failed_run_shows_its_traceback(world: dict[str, Any], page: Any) -> None:

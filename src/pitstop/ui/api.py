@@ -72,6 +72,9 @@ class RunOut(BaseModel):
         description="held: a live owner runs it; owner_gone: its owner died (a worker on "
                     "its host takes it over); expired; released: handed back for any worker.")
     priority: int
+    idle: bool = Field(
+        description="A LangGraph thread whose status says running but whose graph has no "
+                    "node left to run (LangGraph savers write no status when a graph ends).")
     metadata: dict[str, Any]
     error: Failure | None
 

@@ -13,7 +13,7 @@ as a placeholder. It needs neither LangGraph nor langchain installed.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import ormsgpack
@@ -98,6 +98,74 @@ def decode_typed(type_: str, data: bytes) -> Any:
 
 def channels(state: Mapping[str, Any]) -> dict[str, Any]:
     return {name: decode_channel(value) for name, value in state.items()}
+
+
+_BRANCH = "branch:to:"
+_START = "__start__"
+
+
+def next_nodes(metadata: Mapping[str, Any], fields: Iterable[str] | None = None
+               ) -> list[str] | None:
+    """LangGraph's ``next`` for a thread's checkpoint (the nodes it would run on), or None
+    when that cannot be told without the graph.
+
+    A saver that records it (``metadata["langgraph"]["next"]``) is believed. Otherwise,
+    given the checkpoint's state field names (its available channels): a node is due when
+    its trigger channel ``branch:to:<node>`` (``__start__`` for the input) holds a value
+    whose version the node has not seen yet -- the rule LangGraph's own
+    ``prepare_next_tasks`` applies to graphs built with ``StateGraph``. Pending ``Send``
+    tasks or channels of another layout make the answer None, never a guess of "nothing".
+    """
+    block = metadata.get("langgraph")
+    if not isinstance(block, Mapping):
+        return None
+    recorded = block.get("next")
+    if isinstance(recorded, list):
+        return sorted(str(n) for n in recorded)
+    frame = block.get("checkpoint")
+    if fields is None or not isinstance(frame, Mapping):
+        return None
+    versions = frame.get("channel_versions")
+    seen = frame.get("versions_seen")
+    if not isinstance(versions, Mapping) or not isinstance(seen, Mapping):
+        return None
+    names = set(fields)
+    if "__pregel_tasks" in names or not any(
+            str(k) == _START or str(k).startswith(_BRANCH) for k in versions):
+        return None
+    due = []
+    for name in names:
+        node = _START if name == _START else name[len(_BRANCH):] \
+            if name.startswith(_BRANCH) else None
+        if node is None:
+            continue
+        node_seen = seen.get(node)
+        before = node_seen.get(name) if isinstance(node_seen, Mapping) else None
+        if _newer(versions.get(name), before):
+            due.append(node)
+    return sorted(due)
+
+
+def _newer(version: Any, seen: Any) -> bool:
+    """Whether a channel at ``version`` is news to a node that saw ``seen`` (versions of
+    other types than the node saw count as news: "due" is the answer that hides nothing)."""
+    if version is None:
+        return False
+    if seen is None:
+        return True
+    try:
+        return bool(version > seen)
+    except TypeError:
+        return True
+
+
+def idle(run_status: str, metadata: Mapping[str, Any] | None,
+         fields: Iterable[str] | None = None) -> bool:
+    """A thread that says ``running`` although its graph has nothing left to run: LangGraph
+    savers (this one too) write no status when a graph ends, so "running" stays."""
+    if run_status != "running" or metadata is None:
+        return False
+    return next_nodes(metadata, fields) == []
 
 
 def conversation(messages: Any) -> list[dict[str, Any]]:

@@ -173,6 +173,8 @@ def run_row(run: Run, head: CheckpointSummary | None) -> dict[str, Any]:
         "lease_expires_at": run.lease_expires_at if lease_live else None,
         "lease": owned.state,
         "priority": run.priority,
+        "idle": langgraph_view.is_thread(run.workflow)
+        and langgraph_view.idle(run.status.value, meta),
         "metadata": to_jsonable(dict(run.metadata)),
         "error": None if error is None else {
             "type": str(error.get("type", "")),
@@ -339,6 +341,15 @@ def run_detail(store: Store, run_id: str) -> dict[str, Any]:
     row["forked_from"] = str(origin) if isinstance(origin, str) else None
     row["forks"] = []  # forks_of(): a scan of every run's metadata, asked for separately
     row["langgraph"] = langgraph_view.is_thread(run.workflow)
+    if row["langgraph"] and run.status is RunStatus.RUNNING and head is not None \
+            and langgraph_view.next_nodes(head.metadata) is None:
+        # The saver did not record LangGraph's next nodes: tell them from the head's
+        # channels (one run's head, read on this page only, never for a listing).
+        try:
+            fields = store.get(head.id, strict=False).state.keys()
+        except PitstopError:
+            fields = None
+        row["idle"] = langgraph_view.idle(run.status.value, head.metadata, fields)
     actions = run.metadata.get("ui_actions")
     row["actions"] = list(actions)[-10:] if isinstance(actions, list) else []
     return row
