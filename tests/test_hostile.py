@@ -738,3 +738,23 @@ def test_verify_checks_every_run_field_sqlite_would_keep(tmp_path: Path) -> None
                "WHERE run_id = 'a'")
         assert [(p.kind, p.id) for p in store.verify()] == [("run", "a")]
         assert "checkpoints -3 is out of range" in store.verify()[0].message
+
+
+def test_verify_reports_a_file_too_damaged_to_read_instead_of_raising(
+    tmp_path: Path, cli: Cli
+) -> None:
+    path = tmp_path / "store.db"
+    url = f"sqlite:///{path}"
+    with pitstop.open_store(url) as store:
+        store.save("a", {"n": 1})
+    with sqlite3.connect(path) as conn:  # the table's schema entry damaged: a column gone
+        conn.execute("PRAGMA writable_schema = ON")
+        sql = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'pitstop_checkpoints'"
+                           ).fetchone()[0]
+        conn.execute("UPDATE sqlite_master SET sql = ? WHERE name = 'pitstop_checkpoints'",
+                     (sql.replace("size INTEGER NOT NULL,", ""),))
+    with pitstop.open_store(url) as store:
+        problems = store.verify()
+    assert problems and all(p.kind == "store" for p in problems), problems
+    code, out, _ = cli("verify", store=url)
+    assert code == 1 and "problem: store" in out

@@ -311,6 +311,15 @@ class Maintenance(StoredValues):
         problems = [
             Problem("store", self.url, line) for line in self._integrity_problems()
         ]
+        try:
+            self._verify_records(problems, progress)
+        except CorruptCheckpointError as exc:
+            # A file too damaged to read on (a table's pages or schema): that is the finding,
+            # with whatever was found before it; raising would hide both.
+            problems.append(Problem("store", self.url, f"verify could not read on: {exc.detail}"))
+        return problems
+
+    def _verify_records(self, problems: list[Problem], progress: Progress | None) -> None:
         total = self._tx(
             lambda tx: int(tx.scalar("SELECT COUNT(*) FROM pitstop_checkpoints"))
             + int(tx.scalar("SELECT COUNT(*) FROM pitstop_blobs"))
@@ -424,7 +433,6 @@ class Maintenance(StoredValues):
                         Problem("blob", orphan.hex()[:16], f"file in {self.blobs.url} that no "
                                 "record references (left by a crash; `pitstop prune` removes it)")
                     )
-        return problems
 
     def _run_problems(self) -> list[Problem]:
         """Damaged run rows (no checksum covers them: they change on every step), and heads
