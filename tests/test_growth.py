@@ -273,6 +273,40 @@ def test_export_import_carries_chunked_values(open_store: Any) -> None:
         target.close()
 
 
+def test_an_archive_carries_each_chunk_once(open_store: Any, tmp_path: Any) -> None:
+    """A growing list's superseded last chunks (stored as prefixes of the chunks extending
+    them) travel as prefixes, not as copies: the archive is about the list's size, and the
+    import stores them as prefixes again, every checkpoint intact."""
+    from pitstop.archive import import_archive, read_archive, write_archive
+
+    source = open_store()
+    msgs = _grow(source, "conv", 150)
+    final = len(pitstop.MsgpackSerializer().dumps(msgs))
+    info = write_archive(source, "conv", tmp_path / "conv.pitstop")
+    assert info.bytes < 1.3 * final  # random letters: zstd keeps ~3/4 of them
+    _, data = read_archive(tmp_path / "conv.pitstop")
+    if source.url.startswith(("sqlite", "memory")):  # PostgreSQL seals instead (no prefixes)
+        assert data.prefixes
+    carried = sum(len(v) for k, v in data.blobs.items() if k not in data.prefixes)
+    assert carried < 1.3 * final  # each chunk's bytes once (zstd would hide copies)
+    for name in ("copy", "renamed"):
+        target = pitstop.open_store(f"sqlite:///{tmp_path / name}.db")
+        try:
+            import_archive(target, data, run_id=None if name == "copy" else "conv-2")
+            run_id = "conv" if name == "copy" else "conv-2"
+            for summary in target.history(run_id, limit=None)[::11]:
+                ckpt = target.get(summary.id)
+                assert ckpt.state["messages"] == msgs[: ckpt.state["turn"] + 1]
+            assert target.verify() == []
+            assert target.stats().bytes < 1.5 * final
+            aliases = target._tx(  # type: ignore[attr-defined]
+                lambda tx: tx.one("SELECT COUNT(*) FROM pitstop_blobs WHERE alias IS NOT NULL")
+            )[0]
+            assert aliases == len(data.prefixes)
+        finally:
+            target.close()
+
+
 def test_large_buffers_are_chunked(store: Store) -> None:
     import numpy as np
 

@@ -6,7 +6,7 @@ stored bytes with their content hashes), the run's inputs and its effect records
 deserialised on the way, so an archive can carry values of classes the exporting or importing
 process does not know, and the imported checkpoints verify with their original checksums.
 
-File format, version 1::
+File format, version 2 (1 is the same without prefix values)::
 
     MAGIC                  11 bytes, b"\\x89PITSTOP\\r\\n\\x1a\\n" (detects text-mode mangling)
     zstd stream of frames  each frame: 4-byte big-endian length, then one msgpack map
@@ -16,6 +16,8 @@ File format, version 1::
          "sizes": {"frames": bytes, "largest": bytes}}
         {"t": "run", ...the run's stored columns}
         {"t": "value", "hash": bytes, "data": bytes}          one per referenced value
+        {"t": "value", "hash": bytes, "prefix_of": bytes, "size": n}   (version 2) a value
+            stored as the first n stored bytes of the value prefix_of (written after it)
         {"t": "checkpoint", ...the checkpoint's stored columns}   oldest first
         {"t": "input", ...}  {"t": "effect", ...}
         {"t": "end", "frames": n, "sha256": hex}    SHA-256 of every frame byte before it
@@ -73,7 +75,9 @@ from pitstop.store.transfer import (
 )
 
 FORMAT = "pitstop-archive"
-VERSION = 1
+VERSION = 2
+"""The archive version this pitstop writes, and the newest it reads. 2 added values stored as
+prefixes of others (a chunked list's superseded last chunks); version 1 archives still read."""
 MAGIC = b"\x89PITSTOP\r\n\x1a\n"
 SUFFIX = ".pitstop"
 
@@ -219,8 +223,12 @@ def _write(data: RunExport, store: Store, fh: IO[bytes], progress: Progress | No
 def _bodies(data: RunExport) -> Iterator[tuple[str, Mapping[str, Any]]]:
     """Every frame after the header, in archive order: (kind, body)."""
     yield "run", asdict(data.run)
+    prefixes = data.prefixes
     for h, blob in data.blobs.items():
-        yield "value", {"hash": h, "data": blob}
+        if h not in prefixes:
+            yield "value", {"hash": h, "data": blob}
+    for h, (target, size) in prefixes.items():  # after every whole value: their targets
+        yield "value", {"hash": h, "prefix_of": target, "size": size}
     for record in data.checkpoints:
         yield "checkpoint", _record_fields(record)
     for item in data.inputs:
@@ -287,6 +295,7 @@ def _read(
     run: RunRecord | None = None
     data: RunExport | None = None
     blobs = SpooledValues(str(header.get("run_id")))
+    prefixes: dict[bytes, tuple[bytes, int]] = {}
     checkpoints: list[CheckpointRecord] = []
     inputs: list[InputRecord] = []
     effects: list[EffectRecord] = []
@@ -300,12 +309,20 @@ def _read(
                 raise ArchiveError(f"{name}: unexpected data after the end of the archive")
             if run is None:
                 raise ArchiveError(f"{name}: the archive holds no run")
-            data = RunExport(run, checkpoints, blobs, inputs, effects)
+            data = RunExport(run, checkpoints, blobs, inputs, effects, prefixes)
             break
         count += 1
         try:
             if kind == "run":
                 run = RunRecord(**_known(RunRecord, frame))
+            elif kind == "value" and "prefix_of" in frame:
+                key, target, size = bytes(frame["hash"]), bytes(frame["prefix_of"]), frame["size"]
+                if target not in blobs or target in prefixes or type(size) is not int \
+                        or not 0 < size <= blobs.size_of(target):
+                    raise ArchiveError(f"{name}: malformed value record (prefix of a value "
+                                       "the archive does not hold before it)")
+                blobs.add(key, blobs[target][:size])  # checked against its hash
+                prefixes[key] = (target, size)
             elif kind == "value":
                 # Checked as it arrives: a bogus value is refused before the next is read.
                 blobs.add(bytes(frame["hash"]), bytes(frame["data"]))
@@ -361,6 +378,10 @@ class SpooledValues(CheckedValues):
         self._file.seek(0, os.SEEK_END)
         self._where[key] = (self._file.tell(), len(value))
         self._file.write(value)
+
+    def size_of(self, key: bytes) -> int:
+        """The length of the value under ``key``, without reading it."""
+        return self._where[key][1]
 
     def __getitem__(self, key: bytes) -> bytes:
         offset, length = self._where[key]
@@ -622,6 +643,7 @@ def renamed(data: RunExport, run_id: str) -> RunExport:
             )
             for e in data.effects
         ],
+        data.prefixes,
     )
 
 

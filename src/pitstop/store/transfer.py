@@ -57,6 +57,10 @@ class RunExport:
     (an archive read) a mapping that keeps the bytes in a temporary file."""
     inputs: list[InputRecord] = field(default_factory=list)
     effects: list[EffectRecord] = field(default_factory=list)
+    prefixes: dict[bytes, tuple[bytes, int]] = field(default_factory=dict)
+    """Values of :attr:`blobs` stored as the first ``size`` stored bytes of another value
+    of :attr:`blobs` (a growing list's superseded last chunks): ``hash -> (target, size)``.
+    An archive carries them without their bytes, and an import stores them so again."""
 
     def verify(self) -> None:
         """Check every checksum and reference; raise :class:`~pitstop.CorruptCheckpointError`.
@@ -197,6 +201,11 @@ class RunTransfer(StoredValues):
                         break  # the importer's verify names what is missing
                     blobs.update(found)
             data.blobs = blobs
+            data.prefixes = {
+                key: (target, size)
+                for key, (target, size) in self._prefix_rows(tx, list(blobs)).items()
+                if target in blobs and len(blobs[key]) == size
+            }
             data.inputs = [InputRecord(*r) for r in tx.all(_SELECT_INPUTS, (run_id,))]
             data.effects = [EffectRecord(*r) for r in tx.all(_SELECT_EFFECTS, (run_id,))]
             return data
@@ -210,6 +219,12 @@ class RunTransfer(StoredValues):
         check_id("run_id", run.run_id)
         status = RunStatus(run.status).value
         hashes = list(data.blobs)
+        # A prefix is stored as one (no bytes) only if its target is stored whole.
+        prefixes = {
+            k: v for k, v in data.prefixes.items()
+            if k in data.blobs and v[0] in data.blobs and v[0] not in data.prefixes
+        }
+        whole = [h for h in hashes if h not in prefixes]
         total = len(hashes) + len(data.checkpoints)
 
         def write(tx: Tx) -> None:
@@ -233,12 +248,12 @@ class RunTransfer(StoredValues):
                 self._lock_values(tx)
             part: dict[bytes, NewBlob] = {}
             held = 0
-            for n, h in enumerate(hashes, 1):
+            for n, h in enumerate(whole, 1):
                 # Batches bounded by count and by bytes: values read from an archive's
                 # spool are in memory a batch at a time, not all at once.
                 part[h] = blob = NewBlob(h, data.blobs[h])
                 held += blob.size
-                if len(part) < CHUNK and held < _BATCH_BYTES and n < len(hashes):
+                if len(part) < CHUNK and held < _BATCH_BYTES and n < len(whole):
                     continue
                 self._externalize(part.values())
                 self._insert_values(tx, part, now)
@@ -246,6 +261,13 @@ class RunTransfer(StoredValues):
                 part, held = {}, 0
                 if progress:
                     progress(done, total)
+            if prefixes:
+                tx.many(
+                    "INSERT INTO pitstop_blobs (hash, data, size, created_at, alias) "
+                    "VALUES (?, ?, ?, ?, ?) ON CONFLICT (hash) DO NOTHING",
+                    [(h, b"", size, now, target) for h, (target, size) in prefixes.items()],
+                )
+                done += len(prefixes)
             tx.many(
                 "INSERT INTO pitstop_blob_refs (run_id, hash) VALUES (?, ?) "
                 "ON CONFLICT (run_id, hash) DO NOTHING",

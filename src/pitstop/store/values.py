@@ -145,6 +145,17 @@ class StoredValues(SqlBackend):
                     out[key] = found[:size]
         return out
 
+    def _prefix_rows(self, tx: Tx, keys: Sequence[bytes]) -> dict[bytes, tuple[bytes, int]]:
+        """Those of ``keys`` stored as a prefix of another value: key -> (target, size)."""
+        return {
+            bytes(h): (bytes(target), int(size))
+            for h, target, size in tx.in_chunks(
+                "SELECT hash, alias, size FROM pitstop_blobs WHERE alias IS NOT NULL "
+                "AND hash IN ({in})",
+                [k for k in keys if is_chunk_key(k)],
+            )
+        }
+
     def _read_values_alone(self, keys: list[bytes]) -> dict[bytes, bytes]:
         """:meth:`_read_values` in a transaction of its own."""
         return self._tx(lambda tx: self._read_values(tx, keys))
