@@ -39,6 +39,9 @@ Optional (a working default here, right for a database with one writer at a time
     A specialised commit of a prepared save (default, in ``sql.py``: the shared path, one
     transaction that moves the head and inserts). PostgreSQL writes the common save as one
     statement and hands everything else to ``super()._write_prepared``.
+``_claim_write(sql, params)``
+    The claim statement (default: ``_autocommit_write``); PostgreSQL keeps its plan from
+    depending on the runs table's statistics.
 ``_duplicate_checkpoint(exc)``
     Whether ``exc`` is the unique index refusing a second checkpoint with one id.
 ``_lock_values(tx)`` / ``_lock_gc(tx)``
@@ -290,6 +293,11 @@ class SqlBackend(Store):
         """Backend hook, optional: one writing statement as its own transaction; the rows it
         returns. Default: a write transaction of that one statement."""
         return self._tx(lambda tx: tx.all(sql, params), write=True)
+
+    def _claim_write(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        """Backend hook, optional: run the claim statement (its rows). Default: as
+        :meth:`_autocommit_write`. PostgreSQL pins its plan to the index-ordered scan."""
+        return self._autocommit_write(sql, params)
 
     def _duplicate_checkpoint(self, exc: Exception) -> bool:
         """Backend hook, optional: whether ``exc`` is the database refusing a second

@@ -110,6 +110,16 @@ class Leases(SqlBackend):
             return []
 
         now = time.time()
+        sql, params = self._claim_statement(owner, names, limit, now, ttl)
+        claimed = [_Claimed(*row) for row in self._claim_write(sql, params)]
+        claimed.sort(key=lambda run: (-run.priority, run.due))
+        return [Lease(run.run_id, owner, run.fence, now + ttl, run.workflow) for run in claimed]
+
+
+    def _claim_statement(
+        self, owner: str, names: list[str] | None, limit: int, now: float, ttl: float
+    ) -> tuple[str, list[Any]]:
+        """The one statement that picks and leases up to ``limit`` runs (see :meth:`claim`)."""
         # Two index-ordered scans (pitstop_runs_runnable, pitstop_runs_waking), so a claim
         # stays cheap however many runs are queued or waiting, merged by priority; the rows
         # picked are leased in the same statement (one round trip on PostgreSQL, where each
@@ -135,19 +145,14 @@ class Leases(SqlBackend):
             params.append(limit)
         # A claimed queued run is running from here on: listings must not show a run a
         # worker holds as still waiting for one (its first checkpoint may be a while off).
-        claimed = [
-            _Claimed(*row)
-            for row in self._autocommit_write(
-                "UPDATE pitstop_runs SET lease_owner = ?, lease_expires = ?, fence = fence + 1, "
-                "status = CASE WHEN status = 'queued' THEN 'running' ELSE status END "
-                "WHERE run_id IN (SELECT run_id FROM (" + " UNION ALL ".join(arms) + ") picked "
-                "ORDER BY p DESC, t LIMIT ?) "
-                "RETURNING run_id, fence, workflow, priority, COALESCE(wake_at, created_at)",
-                [owner, now + ttl, *params, limit],
-            )
-        ]
-        claimed.sort(key=lambda run: (-run.priority, run.due))
-        return [Lease(run.run_id, owner, run.fence, now + ttl, run.workflow) for run in claimed]
+        sql = (
+            "UPDATE pitstop_runs SET lease_owner = ?, lease_expires = ?, fence = fence + 1, "
+            "status = CASE WHEN status = 'queued' THEN 'running' ELSE status END "
+            "WHERE run_id IN (SELECT run_id FROM (" + " UNION ALL ".join(arms) + ") picked "
+            "ORDER BY p DESC, t LIMIT ?) "
+            "RETURNING run_id, fence, workflow, priority, COALESCE(wake_at, created_at)"
+        )
+        return sql, [owner, now + ttl, *params, limit]
 
 
 __all__ = ["Leases"]
