@@ -693,7 +693,15 @@ def split_delta(
     n = len(value)
     old_leaves = parent.leaves
     starts = parent.leaf_starts()
-    ends = {s + leaf.items: i for i, (s, leaf) in enumerate(zip(starts, old_leaves, strict=True))}
+    count = len(old_leaves)
+
+    def ending_at(position: int) -> int | None:
+        """The parent's leaf that ends at ``position`` (None: none does)."""
+        if position == parent.items:
+            return count - 1 if count else None
+        j = bisect.bisect_left(starts, position)
+        return j - 1 if 0 < j < count and starts[j] == position else None
+
     if n < parent.items:
         raise ValueError("a delta cannot remove items")
     points = sorted({d for d in dirty if d < parent.items})
@@ -734,6 +742,12 @@ def split_delta(
         point = points[p]
         # The parent's final leaves entirely before the dirty point are the new value's too
         # (the parent's open last chunk never is: it is re-chunked with what follows it).
+        # Only a last leaf is ever open: those but the last of them are taken at once, found
+        # by bisection (leaf i ends where leaf i + 1 starts), the last is checked below.
+        upto = count if point >= parent.items else bisect.bisect_right(starts, point) - 1
+        if upto - 1 > leaf:
+            leaves.extend(old_leaves[leaf : upto - 1])
+            leaf = upto - 1
         while (
             leaf < len(old_leaves)
             and starts[leaf] + old_leaves[leaf].items <= point
@@ -757,7 +771,7 @@ def split_delta(
                     chunk, size = [], 0
                     while p < len(points) and points[p] < position:
                         p += 1
-                    j = ends.get(position)
+                    j = ending_at(position)
                     if j is not None and old_leaves[j].flags & CUT:
                         leaf = j + 1
                         resumed = True
