@@ -55,10 +55,11 @@ better): the machine's noise moves single numbers far more than ratios measured 
 ``--floor`` measures the SQL alone, on SQLite: the rows one ``small`` invocation left in each
 saver's tables are written again, step by step, into a fresh database with the same schema,
 by the statements each saver sends (no Python serialisation, no LangGraph): ``SqliteSaver``'s
-two one-statement transactions per step; PitstopSaver's ``put`` transaction (BEGIN
-IMMEDIATE, the head's compare-and-set UPDATE, the checkpoint INSERT, COMMIT) and its
-``put_writes`` INSERT; and the same two in one transaction. It bounds what any change to the
-savers' Python can reach.
+two one-statement transactions per step; PitstopSaver's one transaction per step (BEGIN
+IMMEDIATE, the head's compare-and-set UPDATE, the checkpoint INSERT, the INSERT of the
+previous step's pending writes, COMMIT); and, for comparison, those writes in a transaction
+of their own (what PitstopSaver did before it held them for the next checkpoint). It
+bounds what any change to the savers' Python can reach.
 """
 
 from __future__ import annotations
@@ -432,9 +433,10 @@ def run_floor(args: argparse.Namespace) -> None:
         lg_rows, ps_rows = _recorded_rows(tmp, args.steps)
         shapes: dict[str, Callable[[sqlite3.Connection, int], None]] = {
             "SqliteSaver NORMAL: put + put_writes": lambda c, n: _sqlite_saver_sql(c, lg_rows, n),
-            "PitstopSaver: put + put_writes": lambda c, n: _pitstop_sql(c, ps_rows, n, False),
-            "PitstopSaver: both in one transaction": lambda c, n: _pitstop_sql(
+            "PitstopSaver: one transaction per step": lambda c, n: _pitstop_sql(
                 c, ps_rows, n, True),
+            "(writes in a transaction of their own)": lambda c, n: _pitstop_sql(
+                c, ps_rows, n, False),
         }
         templates = {"SqliteSaver NORMAL: put + put_writes": os.path.join(tmp, "lg.db")}
         times: dict[str, list[float]] = {name: [] for name in shapes}

@@ -643,6 +643,26 @@ def test_effects_are_recorded_once(store: Store) -> None:
     assert store.get_effect("r", "other") == (False, None)
 
 
+def test_save_records_effects_in_its_transaction(store: Store) -> None:
+    first = store.save("r", {"a": 1})
+    store.record_effects("r", {"kept": 1}, checkpoint_id=first.id)
+    second = store.save("r", {"a": 2}, effects={first.id: {"kept": 2, "new": [1, 2]}})
+    assert store.effects("r", checkpoint_id=first.id) == {"kept": 1, "new": [1, 2]}
+    # Groups on several checkpoints, the new one's included (its id chosen by the caller).
+    store.save("r", {"a": 3}, checkpoint_id="third",
+               effects={first.id: {"late": 1}, "third": {"own": "x"}})
+    assert store.effects("r", checkpoint_id="third") == {"own": "x"}
+    assert store.effects("r", checkpoint_id=first.id) == {"kept": 1, "new": [1, 2], "late": 1}
+    # A refused save records nothing: the checkpoint and the records commit together.
+    with pytest.raises(ConflictError):
+        store.save("r", {"a": 4}, expected_head=second.id, effects={second.id: {"lost": 1}})
+    assert store.get_effect("r", "lost") == (False, None)
+    # The run's first save, and one with enough records for several statements.
+    many = {f"k{i}": i for i in range(250)}
+    store.save("fresh", {"a": 1}, checkpoint_id="f1", effects={"f1": many})
+    assert store.effects("fresh", checkpoint_id="f1") == many
+
+
 # -- api shape ------------------------------------------------------------------------------------
 
 

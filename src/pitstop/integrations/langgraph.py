@@ -37,20 +37,18 @@ PostgreSQL stores. How LangGraph's model maps onto pitstop's:
   not JSON at all is stored with LangGraph's serializer instead, base64-encoded.
 * **Pending writes** are pitstop effect records of the run, attached to the checkpoint (so
   pruning it drops them), keyed ``"<checkpoint id>/<task id>/<idx>"`` and holding the
-  msgpack array ``[task_id, channel, type, bytes, task_path, idx]``. One ``put_writes`` is
-  one store call, one transaction. Special writes (errors, interrupts, resumes...)
-  overwrite, others are kept once, as in LangGraph's savers; ``get_tuple`` returns them in
-  ``(task_path, task_id, idx)`` order.
+  msgpack array ``[task_id, channel, type, bytes, task_path, idx]``. Regular writes are
+  kept once and wait for the transaction of the run's next checkpoint (at most
+  ``writes_delay``; :mod:`~pitstop.integrations.langgraph_writes`); special writes (errors,
+  interrupts, resumes...) overwrite and commit before ``put_writes`` returns, as in
+  LangGraph's savers; ``get_tuple`` returns them in ``(task_path, task_id, idx)`` order.
 * **Run status.** An interrupt marks the run ``waiting``; the next checkpoint written on it
-  marks it ``running`` again. The status is written with a thread's first checkpoint, with
-  one whose parent this saver did not write itself (it read it with ``get_tuple`` or
-  ``list``, as every invocation starts by doing), with one whose parent this saver recorded
-  an interrupt on, and with branches. A checkpoint continuing the head this saver wrote
-  (every loop step) leaves the status alone: naming it in every save would rewrite the
-  runs table's status indexes at every step. So a status set meanwhile by someone else --
-  ``cancelled`` by a pitstop tool, or ``waiting`` by an interrupt another process recorded on
-  a checkpoint this saver goes on from (two workers on one thread) -- stays until the thread
-  is next loaded.
+  marks it ``running`` again. A loop step continuing the head this saver wrote leaves the
+  status alone (naming it in every save would rewrite the status indexes at every step):
+  it is written with a thread's first checkpoint, one whose parent was read rather than
+  written here (every invocation's first), one after an interrupt recorded here, and
+  branches. So a status someone else sets meanwhile (``cancelled``; ``waiting`` by an
+  interrupt another process recorded) stays until the thread is next loaded.
 * **Channel versions** are integers (``get_next_version``): pitstop deduplicates values by
   content, so versions need no random part to keep branches' values apart. A thread whose
   versions are strings (written by another saver and moved here, or migrated) goes on with
@@ -61,25 +59,11 @@ write a child of it -- two diverging histories, one of them invisible (LangGraph
 Here a checkpoint that *continues* a thread is written only if its parent is still the run's
 head (pitstop's compare-and-set ``expected_head``; ``None``: the run must still be empty);
 the loser gets :class:`ThreadConflictError` and nothing is written. Configs carry nothing
-for this -- they are exactly what LangGraph's savers return -- so the saver keeps what it
-needs: for each of the last ``_READS_KEPT`` checkpoints it read (``get_tuple``, ``list``) or
-wrote, whether it was its run's head at that moment (the latest read or write of a
-checkpoint counts), and per run the reads of its latest checkpoint that found none. A
-``put`` whose parent is P:
-
-* ``source == "fork"`` (time travel without new input, ``as_node="__copy__"``): a branch.
-* P was the head when last read or written here: a continuation, P must still be the head.
-* P was read here as an earlier checkpoint (time travel, ``update_state`` on an old config,
-  ``get_state_history``): a deliberate branch.
-* P not remembered: a ``loop`` step continues; an ``input`` or ``update`` on a config made
-  by hand is a branch.
-* No parent: the thread's first checkpoint (the run must still be empty) if a read here
-  found the run empty and no parentless put has answered that read yet (a read that finds
-  a head forgets such reads); otherwise a new root in a namespace that already has
-  checkpoints (LangGraph replaying a persistent subgraph from before its first run, or a
-  put by hand).
-
-docs/langgraph.md lists which races this catches and which it cannot.
+for this -- they are exactly what LangGraph's savers return -- so the saver remembers, for
+each of the last ``_READS_KEPT`` checkpoints it read (``get_tuple``, ``list``) or wrote,
+whether it was its run's head at that moment, and per run the reads of its latest
+checkpoint that found none. :meth:`PitstopSaver._expected_head` has the rules;
+docs/langgraph.md lists which races they catch and which they cannot.
 
 Differences from ``SqliteSaver``/``PostgresSaver``: latest means the run's head, the last
 checkpoint written, which is the newest one unless ids were made out of order by hand;
@@ -130,6 +114,7 @@ from ..model import CheckpointSummary, Run, RunStatus
 from ..store import RetentionPolicy, Store, open_store
 from ..store.base import UNSET, Unset
 from .langgraph_values import pack_typed, pack_write, unpack_typed, unpack_write
+from .langgraph_writes import DELAY, HeldWrites
 
 T = TypeVar("T")
 
@@ -257,10 +242,20 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
 
     ``store`` is a store or a store URL (then the saver opens it and :meth:`close` closes it).
     ``serde`` is LangGraph's serializer for channel values and writes (default: LangGraph's
-    ``JsonPlusSerializer``). See the module documentation for how threads are stored.
+    ``JsonPlusSerializer``). ``writes_delay``: a step's pending writes are committed in the
+    transaction of the run's next checkpoint, or on their own once they waited that many
+    seconds (default 0.02; :mod:`pitstop.integrations.langgraph_writes`); ``None`` commits
+    each ``put_writes`` before it returns. See the module documentation for how threads are
+    stored.
     """
 
-    def __init__(self, store: Store | str, *, serde: SerializerProtocol | None = None) -> None:
+    def __init__(
+        self,
+        store: Store | str,
+        *,
+        serde: SerializerProtocol | None = None,
+        writes_delay: float | None = DELAY,
+    ) -> None:
         super().__init__(serde=serde)
         self._owns_store = isinstance(store, str)
         self.store: Store = open_store(store) if isinstance(store, str) else store
@@ -284,11 +279,14 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         self._empty_lock = threading.Lock()
         # (run id, channel) -> the list channel as last written there (_Items).
         self._items: BoundedCache[_Items] = BoundedCache(1024)
+        # Pending writes held for the next checkpoint's transaction (None: not grouped).
+        self._held = HeldWrites(self.store, writes_delay) if writes_delay is not None else None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the store if this saver opened it from a URL."""
+        """Commit held pending writes; close the store if this saver opened it from a URL."""
+        self._flush()
         if self._owns_store:
             self.store.close()
 
@@ -302,6 +300,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint named by ``config`` (or the thread's latest) with its pending writes."""
+        self._flush()
         thread_id, ns, run_id = _where(config)
         wanted = get_checkpoint_id(config)
         if not wanted:
@@ -353,6 +352,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         """
         if limit is not None and limit <= 0:
             return
+        self._flush()
         wanted = get_checkpoint_id(config) if config else None
         before_id = get_checkpoint_id(before) if before else None
         runs = self._runs(config)
@@ -608,10 +608,20 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
             else RunStatus.RUNNING
         )
         stored = stored_id(checkpoint_id, run_id)
+        # The parent's pending writes held for this put (see langgraph_writes): committed in
+        # its transaction, or on their own if it does not commit.
+        held = None
+        if self._held is not None:
+            if source not in ("loop", "input"):
+                # update_state (or a fork): no next checkpoint need follow; writes on this
+                # one are committed at once.
+                self._held.wrote_branch(stored)
+            held = self._held.take(run_id)
+        carried = False
         try:
-            written = self._save(
+            written = carried = self._save(
                 run_id=run_id, stored=stored, state=state, parent_id=parent_id, step=step,
-                meta=meta, changed=changed, expected=expected, status=status,
+                meta=meta, changed=changed, expected=expected, status=status, effects=held,
             )
         except CheckpointNotFoundError:
             if parent_id is None:
@@ -625,6 +635,9 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
                 run_id=run_id, stored=stored, state=state, parent_id=None, step=step,
                 meta=meta, changed=None, expected=UNSET, status=RunStatus.RUNNING,
             )
+        finally:
+            if held and not carried and self._held is not None:
+                self._held.commit(run_id, held)
         if written:
             self._wrote.put(run_id, stored)
             self._continues.put(stored, True)
@@ -677,8 +690,8 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         """The head the run must have for this checkpoint to be written (UNSET: any).
 
         A checkpoint that continues the thread needs its parent to still be the head (None:
-        the thread to still be empty); one that deliberately branches does not. The rules
-        are in "No silent forks" in the module docs.
+        the thread to still be empty); one that deliberately branches does not (see "No
+        silent forks" in the module docs, and docs/langgraph.md).
         """
         if source == "fork":
             # Time travel without new input, update_state(..., as_node="__copy__"): a branch
@@ -708,8 +721,11 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         changed: builtins.list[str] | None,
         expected: str | Unset | None,
         status: RunStatus | None,
+        effects: Mapping[str, Mapping[str, bytes]] | None = None,
     ) -> bool:
-        """Write the checkpoint; False if this very checkpoint was already there."""
+        """Write the checkpoint (and ``effects``, held pending writes by checkpoint, in the
+        same transaction); False if this very checkpoint was already there (nothing
+        written)."""
         for attempt in (1, 2):
             try:
                 self.store.save(
@@ -726,6 +742,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
                     status=None if self._interrupted.get(stored) else status,
                     expected_head=expected,
                     checkpoint_id=stored,
+                    effects=effects,
                 )
                 return True
             except SerializationError as exc:
@@ -772,10 +789,12 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         records: dict[str, bytes] = {}
         interrupted = False
         replace = True
+        regular = True
         for idx, (channel, value) in enumerate(writes):
             special = WRITES_IDX_MAP.get(channel)
             index = idx if special is None else special
             replace = replace and special is not None
+            regular = regular and special is None
             interrupted = interrupted or channel == INTERRUPT
             records[f"{checkpoint_id}/{task_id}/{index}"] = pack_write(
                 task_id, channel, dumps(value), task_path, index
@@ -785,6 +804,14 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         stored = stored_id(checkpoint_id, run_id)
         if interrupted:
             self._interrupted.put(stored, True)  # before the put of `stored` may look
+        if self._held is not None:
+            if regular and self._held.hold(run_id, stored, records):
+                return  # committed with the next checkpoint (see langgraph_writes)
+            # An interrupt, an error...: no checkpoint may follow. The writes held on the run
+            # are committed now, before these.
+            earlier = self._held.take(run_id)
+            if earlier:
+                self._held.commit(run_id, earlier)
         self.store.record_effects(run_id, records, checkpoint_id=stored, replace=replace)
         if interrupted:
             self._mark_waiting(run_id)
@@ -811,8 +838,14 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
 
     # -- maintenance -------------------------------------------------------------------------
 
+    def _flush(self) -> None:
+        """Commit the pending writes held for a next checkpoint (before any read)."""
+        if self._held is not None:
+            self._held.flush()
+
     def delete_thread(self, thread_id: str) -> None:
         """Delete every namespace of the thread: checkpoints, writes and unshared values."""
+        self._flush()
         for run in self._thread_runs(str(thread_id)):
             with contextlib.suppress(RunNotFoundError):
                 self.store.delete_run(run.id)
@@ -822,6 +855,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         doomed_runs = {str(r) for r in run_ids}
         if not doomed_runs:
             return
+        self._flush()
         for run in self.store.runs(workflow=WORKFLOW, limit=None):
             doomed = [
                 s.id
@@ -836,6 +870,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         """Copy every namespace of a thread, with the same checkpoint ids, parents, metadata
         and pending writes. Values are shared with the source, not stored twice."""
         source, target = str(source_thread_id), str(target_thread_id)
+        self._flush()
         for run in self._thread_runs(source):
             ns = str(run.metadata.get("checkpoint_ns", ""))
             target_run = run_id_for(target, ns)
@@ -873,6 +908,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         if strategy not in ("keep_latest", "delete"):
             raise ValueError(f"Unknown prune strategy: {strategy!r}")
         threads = [str(t) for t in thread_ids]
+        self._flush()
         if strategy == "delete":
             for thread_id in threads:
                 self.delete_thread(thread_id)

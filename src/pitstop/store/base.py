@@ -212,6 +212,7 @@ class Store(ABC):
         consumed_inputs: Iterable[str] = (),
         durability: Durability | None = None,
         checkpoint_id: str | None = None,
+        effects: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> Checkpoint:
         """Write a new immutable checkpoint of ``state`` for ``run_id``, atomically.
 
@@ -245,6 +246,13 @@ class Store(ABC):
         ``durability`` overrides the store's default for this write (``full``: synced to
         stable storage before returning; ``normal``: survives a crash of this process).
 
+        ``effects`` records keyed results of the run in the same transaction, as
+        :meth:`record_effects` would (existing keys are kept): ``{checkpoint id: {key:
+        result}}``, each group attached to that checkpoint (an earlier one of the run, or
+        this one, named by ``checkpoint_id``). The checkpoint and the records commit together
+        or not at all: an integration that would otherwise commit its pending writes on their
+        own saves a transaction per step this way.
+
         Raises :class:`~pitstop.SerializationError` naming the run and field path before
         anything is written: the previous head stays the run's latest checkpoint.
         """
@@ -269,6 +277,7 @@ class Store(ABC):
         durability: Durability | None = None,
         checkpoint_id: str | None = None,
         deliver_to: str | None = None,
+        effects: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> PreparedSave:
         """The first half of :meth:`save`: serialise and check, write nothing.
 

@@ -9,7 +9,8 @@ Results are framed and content-hashed like field values and verified on read.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 from .backend import CHUNK, SqlBackend, Tx
@@ -17,6 +18,31 @@ from .schema import EFFECTS
 
 _SELECT_RESULT = "SELECT result, hash FROM pitstop_effects WHERE run_id = ? AND key = ?"
 _RECORD_ONCE = EFFECTS.insert() + " ON CONFLICT (run_id, key) DO NOTHING"
+_ONE_STATEMENT_ROWS = CHUNK // len(EFFECTS.columns)
+"""Effect rows one INSERT takes (its parameters stay within a chunk)."""
+
+
+@lru_cache(maxsize=64)
+def _insert_effects_text(count: int, replace: bool) -> str:
+    conflict = (
+        "DO UPDATE SET checkpoint_id = excluded.checkpoint_id, result = excluded.result, "
+        "hash = excluded.hash, created_at = excluded.created_at"
+        if replace
+        else "DO NOTHING"
+    )
+    row = "(" + ", ".join("?" * len(EFFECTS.columns)) + ")"
+    return (
+        f"INSERT INTO pitstop_effects ({EFFECTS.column_list()}) VALUES "
+        + ", ".join([row] * count)
+        + f" ON CONFLICT (run_id, key) {conflict}"
+    )
+
+
+def _insert_effects_sql(
+    rows: Sequence[tuple[Any, ...]], replace: bool
+) -> tuple[str, list[Any]]:
+    """One multi-row INSERT of effect rows (the SQL text cached by row count)."""
+    return _insert_effects_text(len(rows), replace), [p for row in rows for p in row]
 
 
 class Effects(SqlBackend):
@@ -61,32 +87,32 @@ class Effects(SqlBackend):
         checkpoint_id: str | None = None,
         replace: bool = False,
     ) -> None:
-        blobs = {
-            key: self._value_codec.encode_value(value, run_id=run_id, path=f"effect[{key!r}]")
-            for key, value in results.items()
-        }
-        conflict = (
-            "DO UPDATE SET checkpoint_id = excluded.checkpoint_id, result = excluded.result, "
-            "hash = excluded.hash, created_at = excluded.created_at"
-            if replace
-            else "DO NOTHING"
-        )
-        now = time.time()
-        rows = [(run_id, k, checkpoint_id, b.data, b.hash, now) for k, b in blobs.items()]
+        rows = self._effect_rows(run_id, results, checkpoint_id, time.time())
         if not rows:
             return
-        insert = (
-            "INSERT INTO pitstop_effects (run_id, key, checkpoint_id, result, hash, created_at) "
-            "VALUES {values} " + f"ON CONFLICT (run_id, key) {conflict}"
-        )
-        if len(rows) <= CHUNK // 6:
+        if len(rows) <= _ONE_STATEMENT_ROWS:
             # One statement, atomic by itself: no BEGIN/COMMIT round trips.
-            values = ", ".join(["(?, ?, ?, ?, ?, ?)"] * len(rows))
-            self._autocommit_write(insert.format(values=values), [p for row in rows for p in row])
+            sql, params = _insert_effects_sql(rows, replace)
+            self._autocommit_write(sql, params)
             return
-        self._tx(
-            lambda tx: tx.many(insert.format(values="(?, ?, ?, ?, ?, ?)"), rows), write=True
-        )
+        self._tx(lambda tx: self._insert_effects(tx, rows, replace=replace), write=True)
+
+    def _effect_rows(
+        self, run_id: str, results: Mapping[str, Any], checkpoint_id: str | None, now: float
+    ) -> list[tuple[Any, ...]]:
+        """``pitstop_effects`` rows for ``results``, their values encoded like fields."""
+        encode = self._value_codec.encode_value
+        rows = []
+        for key, value in results.items():
+            blob = encode(value, run_id=run_id, path=f"effect[{key!r}]")
+            rows.append((run_id, key, checkpoint_id, blob.data, blob.hash, now))
+        return rows
+
+    @staticmethod
+    def _insert_effects(tx: Tx, rows: Sequence[tuple[Any, ...]], *, replace: bool) -> None:
+        """Insert effect rows in an open transaction (a statement per chunk of rows)."""
+        for i in range(0, len(rows), _ONE_STATEMENT_ROWS):
+            tx.run(*_insert_effects_sql(rows[i : i + _ONE_STATEMENT_ROWS], replace))
 
     def effects(self, run_id: str, *, checkpoint_id: str | None = None) -> dict[str, Any]:
         sql = "SELECT key, result, hash FROM pitstop_effects WHERE run_id = ?"

@@ -596,6 +596,22 @@ class PostgresStore(SqlStore):
                 "AND b.size = t.size)"
             )
             params += [keys, targets, [a.size for a in plan.aliases]]
+        if plan.effects:
+            # Records that commit with the checkpoint (Store.save's `effects`), only if the
+            # head moved; all of one save share its time.
+            parts.append(
+                "efx AS (INSERT INTO pitstop_effects (run_id, key, checkpoint_id, result, hash, "
+                "created_at) SELECT moved.run_id, e.key, e.checkpoint_id, e.result, e.hash, %s "
+                "FROM moved, unnest(%s::text[], %s::text[], %s::bytea[], %s::bytea[]) "
+                "AS e(key, checkpoint_id, result, hash) ON CONFLICT (run_id, key) DO NOTHING)"
+            )
+            params += [
+                record.created_at,
+                [row[1] for row in plan.effects],
+                [row[2] for row in plan.effects],
+                [row[3] for row in plan.effects],
+                [row[4] for row in plan.effects],
+            ]
         statement = (
             "WITH " + ", ".join(parts) + _INSERT_CHECKPOINT_IF_MOVED
         )

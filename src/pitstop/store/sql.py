@@ -126,6 +126,8 @@ class WritePlan:
     """The error in the save's metadata (what a failed child delivers)."""
     wake_check: bool = False
     """A waiting save for children: the write makes the run runnable if all delivered."""
+    effects: Sequence[tuple[Any, ...]] = ()
+    """Effect records written in the same transaction (``pitstop_effects`` rows)."""
 
 
 def head_update(plan: WritePlan, null_safe_eq: str) -> tuple[str, list[Any]]:
@@ -293,6 +295,7 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
         durability: Durability | None = None,
         checkpoint_id: str | None = None,
         deliver_to: str | None = None,
+        effects: Mapping[str, Mapping[str, Any]] | None = None,
         _views: bool = False,
     ) -> PreparedSave:
         # _views (save() only): the write follows at once, so array chunks may be written
@@ -377,6 +380,12 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
         if consumed_inputs:
             plan.consumed = list(consumed_inputs)
         plan.durability = durability
+        if effects:
+            plan.effects = [
+                row
+                for attached, results in effects.items()
+                for row in self._effect_rows(run_id, results, attached, record.created_at)
+            ]
         # Known before the write, so a background writer can chain the next checkpoint on it.
         self._fields.put(checkpoint_id, Parent(checkpoint_id, run_id, record.step, fields))
         if raws:
@@ -498,6 +507,8 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
             if plan.aliases:
                 self._make_aliases(tx, plan.aliases)
         tx.run(INSERT_CHECKPOINT, record.row())
+        if plan.effects:
+            self._insert_effects(tx, plan.effects, replace=False)
         if plan.consumed:
             tx.run_chunks(
                 "UPDATE pitstop_inputs SET consumed_by = ? WHERE run_id = ? "

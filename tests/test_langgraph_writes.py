@@ -1,0 +1,176 @@
+"""A LangGraph step's pending writes commit with its next checkpoint (one transaction per
+step), or on their own within a bounded delay; special writes before put_writes returns."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, TypedDict
+
+import pytest
+
+pytest.importorskip("langgraph")
+
+from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.graph import END, START, StateGraph
+
+from conftest import BACKENDS, run_python
+from pitstop import Store
+from pitstop.integrations.langgraph import PitstopSaver, ThreadConflictError, stored_id
+
+SHARED = [b for b in BACKENDS if b != "memory"]  # backends several processes can share
+
+
+class Counter(TypedDict, total=False):
+    counter: int
+
+
+def counting_graph(saver: PitstopSaver, steps: int) -> Any:
+    builder = StateGraph(Counter)
+    builder.add_node("step", lambda s: {"counter": s["counter"] + 1})
+    builder.add_edge(START, "step")
+    builder.add_conditional_edges("step", lambda s: "step" if s["counter"] < steps else END)
+    return builder.compile(checkpointer=saver)
+
+
+def _cfg(thread: str, checkpoint_id: str | None = None) -> Any:
+    conf: dict[str, Any] = {"thread_id": thread, "checkpoint_ns": ""}
+    if checkpoint_id:
+        conf["checkpoint_id"] = checkpoint_id
+    return {"configurable": conf}
+
+
+def _put(saver: PitstopSaver, thread: str, parent: str | None, source: str) -> str:
+    checkpoint = empty_checkpoint()
+    meta: Any = {"source": source, "step": 0, "parents": {}}
+    saver.put(_cfg(thread, parent), checkpoint, meta, {})
+    return checkpoint["id"]
+
+
+def _stored_writes(store: Store, thread: str, checkpoint_id: str) -> set[str]:
+    """Keys of the pending writes committed on a checkpoint, as any other reader sees them."""
+    return set(store.effects(thread, checkpoint_id=stored_id(checkpoint_id, thread)))
+
+
+def _times(store: Store, run_id: str) -> list[tuple[str, float]]:
+    """(kind, id) by time: the records' times, read through the store's own SQL (no API gives
+    a record's time)."""
+    return [
+        (kind, float(at))
+        for kind, at in store._query(  # type: ignore[attr-defined]
+            "SELECT 'checkpoint', created_at FROM pitstop_checkpoints WHERE run_id = ? "
+            "UNION ALL SELECT key, created_at FROM pitstop_effects WHERE run_id = ?",
+            (run_id, run_id),
+        )
+    ]
+
+
+def test_a_steps_writes_commit_with_the_next_checkpoint(store: Store) -> None:
+    saver = PitstopSaver(store, writes_delay=600)  # nothing commits them on its own
+    root = _put(saver, "t-next", None, "input")
+    saver.put_writes(_cfg("t-next", root), [("counter", 1), ("other", 2)], "task-a")
+    step = _put(saver, "t-next", root, "loop")
+    # LangGraph may call put_writes on a checkpoint before its put: the put takes them.
+    late = empty_checkpoint()
+    saver.put_writes(_cfg("t-next", late["id"]), [("counter", 2)], "task-b")
+    saver.put(_cfg("t-next", step), late, {"source": "loop", "step": 1, "parents": {}}, {})
+    times = dict(_times(store, "t-next"))
+    at = {t for kind, t in _times(store, "t-next") if kind == "checkpoint"}
+    # One transaction per step: each record carries the time of the checkpoint it came with.
+    assert times[f"{root}/task-a/0"] == times[f"{root}/task-a/1"] in at
+    assert times[f"{late['id']}/task-b/0"] in at
+    assert times[f"{root}/task-a/0"] != times[f"{late['id']}/task-b/0"]
+    assert saver.get_tuple(_cfg("t-next", root)).pending_writes == [  # type: ignore[union-attr]
+        ("task-a", "counter", 1), ("task-a", "other", 2)
+    ]
+
+
+def test_a_graph_has_the_writes_of_a_saver_that_does_not_hold_them(store: Store) -> None:
+    grouped, plain = PitstopSaver(store), PitstopSaver(store, writes_delay=None)
+    for saver, thread in ((grouped, "t-grouped"), (plain, "t-plain")):
+        graph = counting_graph(saver, 30)
+        assert graph.invoke({"counter": 0}, {**_cfg(thread), "recursion_limit": 50}) == {
+            "counter": 30
+        }
+    ours = [t.pending_writes for t in grouped.list(_cfg("t-grouped"))]
+    theirs = [t.pending_writes for t in plain.list(_cfg("t-plain"))]
+    assert [[w[1:] for w in ws or ()] for ws in ours] == [
+        [w[1:] for w in ws or ()] for ws in theirs
+    ]
+    assert sum(map(len, ours)) == 2 * 30 + 1  # each step's two writes, the input's one
+
+
+@pytest.mark.parametrize("store_url", SHARED, indirect=True)
+def test_writes_without_a_next_checkpoint_commit_within_the_delay(
+    open_store: Callable[..., Store],
+) -> None:
+    store, reader = open_store(), open_store()  # two handles: like two processes
+    saver = PitstopSaver(store, writes_delay=0.05)
+    root = _put(saver, "t-late", None, "input")
+    saver.put_writes(_cfg("t-late", root), [("counter", 1)], "task-a")
+    # Held for the next put; another reader sees them once the delay has passed.
+    deadline = time.monotonic() + 5
+    while not _stored_writes(reader, "t-late", root) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _stored_writes(reader, "t-late", root) == {f"{root}/task-a/0"}
+
+
+@pytest.mark.parametrize("store_url", SHARED, indirect=True)
+def test_special_writes_commit_before_put_writes_returns(
+    open_store: Callable[..., Store],
+) -> None:
+    store, reader = open_store(), open_store()  # two handles: like two processes
+    saver = PitstopSaver(store, writes_delay=600)
+    root = _put(saver, "t-int", None, "input")
+    step = _put(saver, "t-int", root, "loop")
+    saver.put_writes(_cfg("t-int", step), [("counter", 2)], "task-a")  # held...
+    saver.put_writes(_cfg("t-int", step), [("__interrupt__", "why?")], "task-b")
+    # ...until an interrupt on the same checkpoint: no child will follow it.
+    assert _stored_writes(reader, "t-int", step) == {f"{step}/task-a/0", f"{step}/task-b/-3"}
+    # Writes on a checkpoint that is not a loop or input step's (update_state's) are never
+    # held either.
+    update = _put(saver, "t-int", step, "update")
+    saver.put_writes(_cfg("t-int", update), [("counter", 3)], "task-c")
+    assert _stored_writes(reader, "t-int", update) == {f"{update}/task-c/0"}
+    # A saver that does not group commits every call before it returns.
+    plain = PitstopSaver(store, writes_delay=None)
+    loop = _put(plain, "t-plain", None, "input")
+    plain.put_writes(_cfg("t-plain", loop), [("counter", 1)], "task-a")
+    assert _stored_writes(reader, "t-plain", loop) == {f"{loop}/task-a/0"}
+
+
+def test_reads_see_held_writes_and_a_refused_put_still_commits_them(store: Store) -> None:
+    saver = PitstopSaver(store)
+    root = _put(saver, "t-read", None, "input")
+    saver.put_writes(_cfg("t-read", root), [("counter", 1), ("other", 2)], "task-a")
+    saver.put_writes(_cfg("t-read", root), [("counter", 9)], "task-a")  # kept once
+    got = saver.get_tuple(_cfg("t-read", root))
+    assert got is not None and got.pending_writes == [("task-a", "counter", 1),
+                                                       ("task-a", "other", 2)]
+    # A put that loses a race still records the writes held on its parent.
+    step = _put(saver, "t-read", root, "loop")
+    saver.put_writes(_cfg("t-read", step), [("counter", 5)], "task-b")
+    _put(PitstopSaver(store), "t-read", step, "loop")  # another writer moves the thread on
+    with pytest.raises(ThreadConflictError):
+        _put(saver, "t-read", step, "loop")
+    assert _stored_writes(store, "t-read", step) == {f"{step}/task-b/0"}
+
+
+@pytest.mark.parametrize("store_url", SHARED, indirect=True)
+def test_held_writes_commit_when_the_process_exits(store_url: str, store: Store) -> None:
+    code = f"""
+import pitstop
+from langgraph.checkpoint.base import empty_checkpoint
+from pitstop.integrations.langgraph import PitstopSaver
+saver = PitstopSaver(pitstop.open_store({store_url!r}))
+cfg = {{"configurable": {{"thread_id": "t-exit", "checkpoint_ns": ""}}}}
+checkpoint = empty_checkpoint()
+saver.put(cfg, checkpoint, {{"source": "input", "step": -1, "parents": {{}}}}, {{}})
+cfg["configurable"]["checkpoint_id"] = checkpoint["id"]
+saver.put_writes(cfg, [("counter", 1)], "task-a")
+print(checkpoint["id"])
+"""
+    done = run_python(code)
+    assert done.returncode == 0, done.stderr
+    root = done.stdout.strip()
+    assert _stored_writes(store, "t-exit", root) == {f"{root}/task-a/0"}
