@@ -14,6 +14,14 @@
    Five interleaved rounds (1, 2, 4 processes, then again); the "x of 1" ratios are medians
    of each round's ratios.
 
+4. ``--depth``: queue depth (issue #18 item 13). 300 runs enqueued through the API at the
+   head of a queue filled up to 1k, 100k and 1M queued runs (the rest inserted in bulk by
+   SQL, of another workflow, queued behind them), autovacuum off for the table so it is
+   never analyzed: one in-process worker's throughput draining the 300 (runs/s, target flat
+   within 1.5x of 1k), and at that depth ``store.runs(status="queued")`` (the listing
+   ``pitstop runs --status queued`` makes), ``store.stats()``, and both CLI commands as
+   processes (interpreter start included); target under 0.5 s.
+
 Each measurement uses a fresh schema, dropped afterwards. Medians; ratios within this run.
 """
 
@@ -184,11 +192,82 @@ def throughput(url: str, processes: int, runs: int, tmp: Path) -> float:
     return written / elapsed
 
 
+def queue_depth(url: str, depth: int, runs: int = 300) -> dict[str, float]:
+    """Worker throughput and listing times with ``depth`` runs queued (see the docstring)."""
+    import psycopg
+
+    wf = throughput_workflow()
+    with schema(url) as (store_url, name):
+        with pitstop.open_store(store_url) as store:
+            for n in range(runs):
+                wf.enqueue(store, {"n": n})
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f'SET search_path TO "{name}"')
+            # Never analyzed: the claim must not depend on statistics being there.
+            conn.execute("ALTER TABLE pitstop_runs SET (autovacuum_enabled = false)")
+            conn.execute(
+                "INSERT INTO pitstop_runs (run_id, workflow, status, created_at, updated_at) "
+                "SELECT 'filler-' || i, 'filler', 'queued', %s + i, %s + i "
+                "FROM generate_series(1, %s) i",
+                (time.time() + 1e6, time.time() + 1e6, max(0, depth - runs)),
+            )
+        out: dict[str, float] = {}
+        with pitstop.open_store(store_url) as store:
+            worker = pitstop.Worker(store, [wf], poll_interval=0.01)
+            t0 = time.perf_counter()
+            executed = worker.run(until_idle=True, handle_signals=False).executed
+            out["runs_per_s"] = executed / (time.perf_counter() - t0)
+            assert executed == runs, (executed, runs)
+            out["list_queued"] = min(
+                time_call(lambda: store.runs(status="queued", limit=51)) for _ in range(3)
+            )
+            out["stats"] = min(time_call(store.stats) for _ in range(3))
+        for key, argv in (("cli_runs", ["runs", "--status", "queued"]), ("cli_stats", ["stats"]),
+                          ("cli_start", ["runs", "--limit", "1", "--status", "cancelled"])):
+            out[key] = min(
+                time_call(lambda argv=argv: subprocess.run(  # type: ignore[misc]
+                    [sys.executable, "-m", "pitstop", *argv, "--store", store_url],
+                    check=True, capture_output=True, cwd=ROOT))
+                for _ in range(3)
+            )
+    return out
+
+
+def time_call(fn: Any) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def depth_main(url: str, depths: list[int]) -> None:
+    results = {d: queue_depth(url, d) for d in depths}
+    base = results[depths[0]]["runs_per_s"]
+    rows = [
+        [f"{d:,} queued", f"{r['runs_per_s']:.0f} runs/s",
+         f"{base / r['runs_per_s']:.2f}x slower than {depths[0]:,}",
+         fmt_time(r["list_queued"]), fmt_time(r["stats"]),
+         fmt_time(r["cli_runs"]), fmt_time(r["cli_stats"]), fmt_time(r["cli_start"])]
+        for d, r in results.items()
+    ]
+    markdown = table(["queue depth", "worker", "vs smallest (<= 1.5x)", "runs(queued)",
+                      "stats()", "CLI runs --status queued", "CLI stats",
+                      "CLI listing nothing (start-up)"], rows)
+    print(markdown)
+    command = "python bench/postgres.py --depth " + " ".join(str(d) for d in depths)
+    print(f"\n(results written to {save_results('postgres-depth', command, results, markdown)})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--url", default=DEFAULT_URL)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--depth", type=int, nargs="*",
+                        help="only the queue-depth benchmark, at these depths "
+                             "(default 1000 100000 1000000)")
     args = parser.parse_args()
+    if args.depth is not None:
+        depth_main(args.url, args.depth or [1000, 100_000, 1_000_000])
+        return
     steps, rounds = (100, 3) if args.quick else (200, 5)
     runs = 120 if args.quick else 400
 
