@@ -216,3 +216,25 @@ def test_sha256_chunk_keys_when_asked(shared_url: str) -> None:
         assert plain.latest("r").state["model"]["meta"]["step"] == 9  # type: ignore[union-attr]
     with pytest.raises(pitstop.UnsupportedStoreError, match="chunk_hash"):
         pitstop.open_store(shared_url, chunk_hash="md5")
+
+
+def test_large_tensors_of_every_kind_round_trip_out_of_band(store: Store) -> None:
+    torch = pytest.importorskip("torch", reason="torch not installed (pip install torch==2.13.0)")
+    gen = torch.Generator().manual_seed(3)
+    base = torch.randn(256, 512, generator=gen)  # 512 KiB as float32
+    state = {
+        "f16": base.half(), "bf16": base.bfloat16(), "i8": (base * 40).to(torch.int8),
+        "bool": base > 0, "c64": torch.complex(base, -base),
+        "gaps": base[:, ::2],  # not dense: stored compacted, as .contiguous() makes it
+        "channels_last": torch.randn(8, 16, 32, 32, generator=gen).to(
+            memory_format=torch.channels_last),
+        "np_f64": np.arange(20_000, dtype=np.float64).reshape(100, 200),
+        "small": torch.zeros(()), "empty": torch.empty(0, 3),
+    }
+    store.save("r", {"s": state})
+    loaded = store.latest("r")
+    assert loaded is not None
+    out = loaded.state["s"]
+    for name, value in state.items():
+        expected = value.contiguous() if name == "gaps" else value
+        same(expected, out[name])
