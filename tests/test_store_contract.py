@@ -304,6 +304,10 @@ def test_runs_by_id_prefix_keyset_pages_and_counts(store: Store) -> None:
     assert store.count_runs(workflow="w") == {"queued": 2, "completed": 3}
     assert store.count_runs(id_prefix="other", status="waiting") == {"waiting": 1}
     assert store.count_runs(status="failed") == {}
+    # statuses alone are counted per status through the index; repeats and [] as ever
+    assert store.count_runs(status=["waiting", "queued", "waiting"]) == {"waiting": 1,
+                                                                        "queued": 4}
+    assert store.count_runs(status=[], workflow="v") == {"queued": 2, "completed": 3}
     assert asyncio.run(store.aio.count_runs(id_prefix="job")) == {"queued": 4, "completed": 6}
 
 

