@@ -237,6 +237,21 @@ def test_a_chunk_key_held_by_other_bytes_is_refused(store: Store) -> None:
     assert latest is not None and head is not None and latest.id == head.id
     assert latest.state["messages"] == msgs
 
+    # Stored as a prefix of another chunk (rows a SQLite store or an import makes): the
+    # bytes it stands for are compared too.
+    store.save("spare", {"messages": [_message(rng, i) for i in range(100, 180)]})
+    other = sorted(set(_all_chunk_keys(store)) - planted)[0]
+
+    def plant_prefix(tx: Any) -> None:
+        for key in planted:
+            tx.run("UPDATE pitstop_blobs SET data = ?, alias = ?, size = ? WHERE hash = ?",
+                   (b"", other, 20, key))
+
+    store._tx(plant_prefix, write=True)  # type: ignore[attr-defined]
+    with pytest.raises(pitstop.StoreError, match="collision"):
+        store.save("victim", {"messages": [*msgs, extra]})
+    assert store.latest("victim").id == head.id  # type: ignore[union-attr]
+
 
 def _all_chunk_keys(store: Store) -> list[bytes]:
     rows = store._tx(lambda tx: tx.all("SELECT hash FROM pitstop_blobs"))  # type: ignore[attr-defined]

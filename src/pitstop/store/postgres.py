@@ -543,7 +543,8 @@ class PostgresStore(SqlStore):
         chunks = [b for b in blobs if is_chunk_key(b.hash)]
         if chunks and plan.refs:
             # A new chunk whose key a stored chunk with other bytes has (a crafted xxh3
-            # collision) leaves the head where it is: the shared path then says why.
+            # collision) leaves the head where it is: the shared path then says why. A
+            # stored one not comparable here (a prefix, a blob-store file) goes there too.
             head_sql += " AND NOT EXISTS (SELECT 1 FROM clash)"
         parts = ["moved AS (" + POSTGRES.for_driver(head_sql) + " RETURNING run_id)"]
         if plan.refs:
@@ -553,8 +554,8 @@ class PostgresStore(SqlStore):
                 parts.insert(
                     0,
                     "clash AS (SELECT 1 FROM unnest(%s::bytea[], %s::bytea[]) AS c(hash, data) "
-                    "JOIN pitstop_blobs b ON b.hash = c.hash WHERE b.alias IS NULL "
-                    "AND b.location IS NULL AND b.data <> c.data)",
+                    "JOIN pitstop_blobs b ON b.hash = c.hash WHERE b.alias IS NOT NULL "
+                    "OR b.location IS NOT NULL OR b.data <> c.data)",
                 )
                 params[:0] = [[b.hash for b in chunks], [b.data for b in chunks]]
             parts.insert(0, "gc AS (SELECT pg_advisory_xact_lock_shared(%s) AS locked)")
