@@ -284,7 +284,16 @@ def test_runs_list_shows_idle_only_from_what_the_saver_recorded(
     rows = {r["id"]: r for r in client.get("/api/runs", params={"limit": 100}).json()["runs"]}
     assert rows["done-thread"]["idle"] is True
     assert rows["busy-thread"]["idle"] is False
-    assert rows[ids["thread"]]["idle"] is False  # not recorded: not guessed in a listing
+    # PitstopSaver records LangGraph's next nodes with every checkpoint: a finished graph
+    # lists as idle, one stopped before a node does not.
+    paused = _interrupted_thread(store, "paused-in-list")
+    rows = {r["id"]: r for r in client.get("/api/runs", params={"limit": 100}).json()["runs"]}
+    assert rows[ids["thread"]]["idle"] is True and rows[paused]["idle"] is False
+    assert store.get_run(ids["thread"]) is not None
+    assert store.summary(store.get_run(ids["thread"]).head_id).metadata["langgraph"][
+        "next"] == []
+    assert store.summary(store.get_run(paused).head_id).metadata["langgraph"]["next"] == [
+        "send"]
     assert rows["done-thread"]["status"] == "running"  # the store's status, unchanged
     html = client.get("/", params={"id": "done-thread"}).text
     assert 'class="status s-idle"' in html

@@ -113,7 +113,7 @@ from ..model import Checkpoint as StoredCheckpoint
 from ..model import CheckpointSummary, Run, RunStatus
 from ..store import RetentionPolicy, Store, open_store
 from ..store.base import UNSET, Unset
-from .langgraph_values import pack_typed, pack_write, unpack_typed, unpack_write
+from .langgraph_values import due_nodes, pack_typed, pack_write, unpack_typed, unpack_write
 from .langgraph_writes import DELAY, HeldWrites
 
 T = TypeVar("T")
@@ -563,6 +563,12 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         parent_id = stored_id(parent, run_id) if parent else None
         known = self._known.get(parent_id)
         lg: dict[str, Any] = {"metadata": lg_meta, "checkpoint": frame}
+        # The nodes this checkpoint would run next ([] once the graph has finished): the
+        # saver writes no status when a graph ends, so listings read "idle" from this
+        # without opening a state. Left out when it cannot be told (pending Sends).
+        due = due_nodes(values, versions, checkpoint.get("versions_seen"))
+        if due is not None:
+            lg["next"] = due
         if parent is None:
             # The store chains a parentless checkpoint onto the run's head: say it has none.
             lg["parent"] = None

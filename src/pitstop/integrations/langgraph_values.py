@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import pickle
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 import ormsgpack
@@ -163,3 +163,49 @@ __all__ = [
     "unpack_typed",
     "unpack_write",
 ]
+
+
+_BRANCH: Final = "branch:to:"
+_START: Final = "__start__"
+
+
+def due_nodes(channels: Iterable[str], versions: Any, versions_seen: Any) -> list[str] | None:
+    """The nodes a LangGraph checkpoint would run next (LangGraph's ``next``), or None when
+    that cannot be told without the graph.
+
+    ``channels`` are the checkpoint's available channels (those holding a value). A node is
+    due when its trigger channel ``branch:to:<node>`` (``__start__`` for the input) holds a
+    value whose version the node has not seen yet: the rule LangGraph's own
+    ``prepare_next_tasks`` applies to graphs built with ``StateGraph``. Pending ``Send``
+    tasks or channels of another layout give None, never a guess of "nothing".
+    """
+    if not isinstance(versions, Mapping) or not isinstance(versions_seen, Mapping):
+        return None
+    names = set(channels)
+    if "__pregel_tasks" in names or not any(
+            str(k) == _START or str(k).startswith(_BRANCH) for k in versions):
+        return None
+    due = []
+    for name in names:
+        node = _START if name == _START else name[len(_BRANCH):] \
+            if name.startswith(_BRANCH) else None
+        if node is None:
+            continue
+        node_seen = versions_seen.get(node)
+        before = node_seen.get(name) if isinstance(node_seen, Mapping) else None
+        if _newer(versions.get(name), before):
+            due.append(node)
+    return sorted(due)
+
+
+def _newer(version: Any, seen: Any) -> bool:
+    """Whether a channel at ``version`` is news to a node that saw ``seen`` (versions of
+    other types than the node saw count as news: "due" is the answer that hides nothing)."""
+    if version is None:
+        return False
+    if seen is None:
+        return True
+    try:
+        return bool(version > seen)
+    except TypeError:
+        return True

@@ -18,6 +18,8 @@ from typing import Any
 
 import ormsgpack
 
+from ..integrations.langgraph_values import due_nodes
+
 WORKFLOW = "langgraph"
 
 # LangGraph's msgpack extension codes (langgraph.checkpoint.serde.jsonplus), a stored format.
@@ -100,10 +102,6 @@ def channels(state: Mapping[str, Any]) -> dict[str, Any]:
     return {name: decode_channel(value) for name, value in state.items()}
 
 
-_BRANCH = "branch:to:"
-_START = "__start__"
-
-
 def next_nodes(metadata: Mapping[str, Any], fields: Iterable[str] | None = None
                ) -> list[str] | None:
     """LangGraph's ``next`` for a thread's checkpoint (the nodes it would run on), or None
@@ -125,38 +123,7 @@ def next_nodes(metadata: Mapping[str, Any], fields: Iterable[str] | None = None
     frame = block.get("checkpoint")
     if fields is None or not isinstance(frame, Mapping):
         return None
-    versions = frame.get("channel_versions")
-    seen = frame.get("versions_seen")
-    if not isinstance(versions, Mapping) or not isinstance(seen, Mapping):
-        return None
-    names = set(fields)
-    if "__pregel_tasks" in names or not any(
-            str(k) == _START or str(k).startswith(_BRANCH) for k in versions):
-        return None
-    due = []
-    for name in names:
-        node = _START if name == _START else name[len(_BRANCH):] \
-            if name.startswith(_BRANCH) else None
-        if node is None:
-            continue
-        node_seen = seen.get(node)
-        before = node_seen.get(name) if isinstance(node_seen, Mapping) else None
-        if _newer(versions.get(name), before):
-            due.append(node)
-    return sorted(due)
-
-
-def _newer(version: Any, seen: Any) -> bool:
-    """Whether a channel at ``version`` is news to a node that saw ``seen`` (versions of
-    other types than the node saw count as news: "due" is the answer that hides nothing)."""
-    if version is None:
-        return False
-    if seen is None:
-        return True
-    try:
-        return bool(version > seen)
-    except TypeError:
-        return True
+    return due_nodes(fields, frame.get("channel_versions"), frame.get("versions_seen"))
 
 
 def idle(run_status: str, metadata: Mapping[str, Any] | None,
