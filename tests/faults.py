@@ -157,8 +157,11 @@ class FaultProxy:
     def _relay(self, client: socket.socket, server: socket.socket) -> None:
         peer = {client: server, server: client}
         with selectors.DefaultSelector() as selector:
-            selector.register(client, selectors.EVENT_READ)
-            selector.register(server, selectors.EVENT_READ)
+            try:
+                selector.register(client, selectors.EVENT_READ)
+                selector.register(server, selectors.EVENT_READ)
+            except (OSError, ValueError):  # cut() reset the pair before this thread began
+                return
             try:
                 while not self._closed:
                     if not self._flowing.is_set():
