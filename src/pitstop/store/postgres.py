@@ -693,13 +693,7 @@ class PostgresStore(SqlStore):
                     cur = conn.execute(statement, params)
                     return cur.fetchall()
             except psycopg.Error as exc:
-                if not conn.closed:
-                    raise StoreError(f"{self.url}: {self._clean(exc)}") from exc
-                with suppress(Exception):
-                    pool.check()
-                raise _Disconnected(
-                    f"{self.url}: connection to {self._target} lost ({self._clean(exc)})"
-                ) from exc
+                raise self._statement_error(pool, conn, exc) from exc
             finally:
                 self._putconn(pool, conn)
 
@@ -725,15 +719,22 @@ class PostgresStore(SqlStore):
                 return cur.rowcount
             return cur.fetchall() if cur.description is not None else []
         except psycopg.Error as exc:
-            if not conn.closed:
-                raise StoreError(f"{self.url}: {self._clean(exc)}") from exc
-            with suppress(Exception):
-                pool.check()
-            raise _Disconnected(
-                f"{self.url}: connection to {self._target} lost ({self._clean(exc)})"
-            ) from exc
+            raise self._statement_error(pool, conn, exc) from exc
         finally:
             self._putconn(pool, conn)
+
+    def _statement_error(
+        self, pool: _Pool, conn: GuardedConnection, exc: psycopg.Error
+    ) -> StoreError:
+        """What a failed lone statement raises: a StoreError while the connection stands, else
+        :class:`_Disconnected` (the statement may or may not have committed), after asking
+        the pool to check its other connections."""
+        if not conn.closed:
+            return StoreError(f"{self.url}: {self._clean(exc)}")
+        with suppress(Exception):
+            pool.check()
+        return _Disconnected(
+            f"{self.url}: connection to {self._target} lost ({self._clean(exc)})")
 
     def _duplicate_checkpoint(self, exc: Exception) -> bool:
         cause = exc if isinstance(exc, pgerrors.UniqueViolation) else exc.__cause__
