@@ -42,6 +42,7 @@ from pitstop.serde import (
     codec,
     default_registry,
     digest,
+    exttypes,
     frame,
     register,
     to_jsonable,
@@ -1163,7 +1164,7 @@ def test_register_annotations_walks_the_state_type() -> None:
 
 def test_native_types_match_the_codec_table() -> None:
     natively_packed = {str, bytes, int, float, bool, type(None), list, dict}
-    assert set(codec._NATIVE_ENCODERS) | natively_packed == NATIVE_TYPES
+    assert set(exttypes.NATIVE_ENCODERS) | natively_packed == NATIVE_TYPES
 
 
 def test_ext_codes_are_pinned() -> None:

@@ -36,7 +36,7 @@ BUILTIN_BASES: tuple[type, ...] = (str, bytes, int, float, tuple, frozenset, lis
 
 
 class Kind(enum.Enum):
-    """How instances of a registered class are taken apart and rebuilt (see codec.py)."""
+    """How instances of a registered class are taken apart and rebuilt (see exttypes.py)."""
 
     CUSTOM = "custom"  # the user's encode/decode pair
     ENUM = "enum"  # by member name (by value for Flag)
