@@ -1,0 +1,275 @@
+"""``show``, ``history`` and ``diff``: one checkpoint's state, a run's checkpoint tree, two
+states compared field by field.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from pitstop.failures import failure_in
+from pitstop.model import CheckpointSummary, Run, RunStatus
+
+from .children import Family, children_note
+from .common import (
+    EXIT_OK,
+    EXIT_PROBLEMS,
+    CliError,
+    Session,
+    checkpoint_json,
+    find_in_run,
+    load_checkpoint,
+    resolve,
+    run_reference,
+    short,
+    state_view,
+)
+from .graph import ends_here, fork_origin
+from .group import command
+from .render import Column, age, human_bytes, local_time, status_cell, styled
+
+if TYPE_CHECKING:
+    from pitstop.failures import RunFailure
+
+
+def _header(run: Run, ckpt: CheckpointSummary,
+            failure: RunFailure | None) -> list[tuple[str, Any]]:
+    meta = ckpt.metadata
+    name = meta.get("step_name")
+    head = " (head)" if ckpt.id == run.head_id else ""
+    waiting = meta.get("waiting_for") or ()
+    failed: list[tuple[str, Any]] = []
+    if failure is not None:
+        attempt = f" (attempt {failure.attempt})" if failure.attempt else ""
+        label = "failed step" if meta.get("status") == RunStatus.FAILED.value else "retried step"
+        failed = [(label, styled(f"{failure.step or '?'}{attempt}", "bold red")),
+                  ("error", styled(failure.headline, "red"))]
+    return [
+        ("run", f"{run.id} ({run.workflow or 'no workflow'})"),
+        ("run status", status_cell(run.status.value)),
+        ("checkpoint", ckpt.id + head),
+        ("step", f"{ckpt.step}" + (f" · {name}" if name else "")),
+        ("status", status_cell(meta.get("status"))),
+        *failed,
+        ("source", ckpt.source or "-"),
+        ("time", f"{local_time(ckpt.created_at)} ({age(ckpt.created_at)} ago)"),
+        ("size", f"{human_bytes(ckpt.size)} state, +{human_bytes(ckpt.added)} stored"),
+        ("tags", ", ".join(ckpt.tags)),
+        ("waiting for", ", ".join(waiting)),
+        ("next", meta.get("next") or ""),
+    ]
+
+
+@command("show", examples=["pitstop show 7f3a9c", "pitstop show 7f3a9c --checkpoint 1b2c3d4e",
+                           "pitstop show 7f3a9c --field 'messages[-1].content'",
+                           "pitstop show 7f3a9c --full | less"])
+@click.argument("run_id", metavar="RUN")
+@click.option("--checkpoint", "-c", "ref", metavar="ID",
+              help="A checkpoint of the run (full id or the short id `history` shows). "
+                   "Default: the latest.")
+@click.option("--field", "-f", "path", metavar="PATH",
+              help="Show only this field, whole: a name or a path like messages[3].content.")
+@click.option("--full", is_flag=True,
+              help="Show long values whole (by default long strings and lists are shortened, "
+                   "with a marker; --json is never shortened).")
+def show(s: Session, run_id: str, ref: str | None, path: str | None, full: bool) -> None:
+    """Show a run's state (its latest checkpoint, or the one named) with its header.
+
+    For a failed run: the failed step, the exception and its traceback.
+    """
+    from pitstop.failures import failure_in
+    from pitstop.serde import to_jsonable
+
+    from .state import PathNotFound, lookup, shorten
+
+    store = s.store()
+    run, at = run_reference(store, run_id)
+    if at is not None and ref is not None:
+        raise CliError(f"{run_id!r} names a checkpoint already; drop --checkpoint {ref}")
+    if at is not None or ref is not None:
+        ckpt = load_checkpoint(store, at or find_in_run(store, run.id, str(ref)))
+    else:
+        latest = store.latest(run.id, strict=False)
+        if latest is None:
+            raise CliError(f"run {run.id!r} has no checkpoints yet")
+        ckpt = latest
+    failure = failure_in(ckpt)
+    family = Family.of(store, run)
+    view = to_jsonable(state_view(store, ckpt))
+    if path is not None:
+        try:
+            view = lookup(view, path)
+        except (PathNotFound, ValueError) as exc:
+            raise CliError(f"--field: {exc}") from None
+    if s.as_json:
+        doc: dict[str, Any] = {
+            "run": {"id": run.id, "status": run.status.value, "workflow": run.workflow},
+            "checkpoint": checkpoint_json(ckpt, head_id=run.head_id),
+            "error": failure.to_json() if failure is not None else None,
+            **family.to_json(),
+        }
+        doc.update({"field": path, "value": view} if path is not None else {"state": view})
+        s.out.json(doc)
+        return
+    s.out.fields(_header(run, ckpt, failure) + family.fields()
+                 + ([("field", path)] if path else []))
+    family.table(s.out)
+    if failure is not None and failure.traceback:
+        s.out.line()
+        s.out.line(failure.traceback.rstrip("\n"), "red")
+    s.out.line()
+    shortened = 0
+    if not full and path is None:
+        view, shortened = shorten(view)
+    s.out.value(view)
+    if shortened:
+        s.out.note(f"{shortened} long value{'s' if shortened != 1 else ''} shortened (marked …); "
+                   "--full shows everything, --field PATH one value whole")
+
+
+# -- history ---------------------------------------------------------------------------------
+
+HISTORY_COLUMNS = [
+    Column(""),
+    Column("id", style="bold"),
+    Column("step", right=True),
+    Column("name", max_width=24),
+    Column("source"),
+    Column("status"),
+    Column("time"),
+    Column("size", right=True),
+    Column("added", right=True),
+    Column("tags", max_width=24),
+    Column("note", max_width=48),
+]
+
+
+def _note(entry: CheckpointSummary, head_id: str | None, branch_point: bool) -> str:
+    notes = []
+    if entry.id == head_id:
+        notes.append("head")
+    if branch_point:
+        notes.append("branch point")
+    resumed = entry.metadata.get("resumed_from")
+    if entry.source == "resume" and resumed:
+        notes.append(f"resumed from {short(resumed)}")
+    origin = fork_origin(entry)
+    if origin is not None and ends_here(entry):
+        notes.append(f"forked from {origin.get('run_id')}@{short(origin.get('checkpoint_id'))}")
+    failure = failure_in(entry)
+    if failure is not None:
+        notes.append(f"{failure.headline} (in {failure.step or '?'})")
+    started = children_note(entry)
+    if started:
+        notes.append(started)
+    return ", ".join(notes)
+
+
+@command("history", examples=["pitstop history 7f3a9c", "pitstop history 7f3a9c --limit 0 --json"])
+@click.argument("run_id", metavar="RUN")
+@click.option("--limit", type=click.IntRange(min=0), default=50, show_default=True,
+              help="Show the newest N checkpoints (0: all).")
+def history(s: Session, run_id: str, limit: int) -> None:
+    """Show a run's checkpoint tree, newest first, with its branches.
+
+    Resuming from an earlier checkpoint starts a branch: the graph shows where branches
+    leave (a branch point) and a forked run's origin. Short ids are the last characters of
+    checkpoint ids; `show --checkpoint`, `resume --from` and RUN@ID references accept them.
+    """
+    from .graph import ASCII, UNICODE, layout
+
+    store = s.store()
+    run, _ = run_reference(store, run_id)
+    run_id = run.id
+    entries = store.history(run_id, limit=limit + 1 if limit else None)
+    more = bool(limit) and len(entries) > limit
+    entries = entries[:limit] if limit else entries
+    unicode = s.out.rich or (sys.stdout.encoding or "").lower().replace("-", "") == "utf8"
+    graph = layout(entries, head_id=run.head_id, ends_here=ends_here,
+                   glyphs=UNICODE if unicode else ASCII)
+    if s.as_json:
+        s.out.json({
+            "run_id": run.id,
+            "status": run.status.value,
+            "head_id": run.head_id,
+            "forked_from": run.metadata.get("forked_from"),
+            "checkpoints": [
+                {**checkpoint_json(e, head_id=run.head_id), "branch_point": g.branch_point,
+                 "note": _note(e, run.head_id, g.branch_point)}
+                for e, g in zip(entries, graph, strict=True)
+            ],
+            "more": more,
+        })
+        return
+    rows = []
+    for entry, row in zip(entries, graph, strict=True):
+        meta = entry.metadata
+        rows.append([
+            styled(row.prefix, "magenta"),
+            styled(short(entry.id), "bold green" if entry.id == run.head_id else "bold"),
+            str(entry.step),
+            meta.get("step_name") or "-",
+            entry.source or "-",
+            status_cell(meta.get("status")),
+            local_time(entry.created_at),
+            human_bytes(entry.size),
+            "+" + human_bytes(entry.added),
+            ", ".join(entry.tags) or "-",
+            _note(entry, run.head_id, row.branch_point),
+        ])
+    origin = run.metadata.get("forked_from")
+    title = f"run {run.id} ({run.workflow or 'no workflow'}), {run.status.value}, " \
+            f"{run.checkpoints} checkpoints" + (f", forked from {origin}" if origin else "")
+    s.out.table(HISTORY_COLUMNS, rows, title=title, empty=f"run {run_id!r} has no checkpoints")
+    if more:
+        s.out.note(f"older checkpoints not shown: --limit {limit * 4} or --limit 0 for all")
+
+
+# -- diff ------------------------------------------------------------------------------------
+
+
+@command("diff", examples=["pitstop diff 7f3a9c@1b2c3d4e 7f3a9c",
+                           "pitstop diff 0193c1d2-...-9f1e 7f3a9c-fork --json"])
+@click.argument("a", metavar="A")
+@click.argument("b", metavar="B")
+@click.option("--exit-code", is_flag=True, help="Exit with status 1 if the states differ.")
+def diff(s: Session, a: str, b: str, exit_code: bool) -> int:
+    """Compare two checkpoints' states field by field (added, removed, changed).
+
+    A and B are checkpoint ids, run ids (their latest checkpoint), or RUN@ID with a short
+    id from `pitstop history RUN`. Nested paths look like messages[3].content.
+    """
+    from pitstop.serde import to_jsonable
+
+    from .state import compact
+    from .state import diff as state_diff
+
+    store = s.store()
+    old, new = (load_checkpoint(store, resolve(store, ref)) for ref in (a, b))
+    changes = state_diff(to_jsonable(state_view(store, old)),
+                         to_jsonable(state_view(store, new)))
+    counts = {op: sum(c.op == op for c in changes) for op in ("added", "removed", "changed")}
+    if s.as_json:
+        s.out.json({"a": checkpoint_json(old), "b": checkpoint_json(new),
+                    "changes": [c.to_json() for c in changes], **counts})
+    else:
+        for label, ckpt in (("a", old), ("b", new)):
+            name = ckpt.metadata.get("step_name")
+            s.out.line(f"{label}: {ckpt.id}  run {ckpt.run_id}  step {ckpt.step}"
+                       + (f" · {name}" if name else ""), "dim")
+        for c in changes:
+            if c.op == "added":
+                s.out.line(f"+ {c.path}: {compact(c.new)}", "green")
+            elif c.op == "removed":
+                s.out.line(f"- {c.path}: {compact(c.old)}", "red")
+            else:
+                s.out.line(f"~ {c.path}: {compact(c.old, 60)} → {compact(c.new, 60)}", "yellow")
+        summary = ", ".join(f"{n} {op}" for op, n in counts.items() if n)
+        s.out.line(f"{len(changes)} change{'s' if len(changes) != 1 else ''}"
+                   + (f": {summary}" if summary else " (identical states)"), "bold")
+    return EXIT_PROBLEMS if exit_code and changes else EXIT_OK
+
+
+__all__ = ["diff", "history", "show"]

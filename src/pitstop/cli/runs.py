@@ -1,0 +1,170 @@
+"""``pitstop runs``: the listing operators run most, so it reads run rows only (never a
+checkpoint's state) and says in one column what each run needs or why it stopped.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from pitstop.model import Run, RunStatus
+
+from .common import EXIT_PROBLEMS, CliError, Session, run_reference
+from .group import SINCE, STATUSES, command
+from .render import Cell, Column, age, human_bytes, status_cell, styled
+
+if TYPE_CHECKING:
+    from pitstop.failures import RunFailure
+    from pitstop.owners import Ownership
+    from pitstop.store.base import Problem
+
+RUN_COLUMNS = [
+    Column("id", style="bold", max_width=40),
+    Column("status"),
+    Column("workflow", max_width=30),
+    Column("step", right=True),
+    Column("age", right=True),
+    Column("size", right=True),
+    Column("checkpoints", right=True),
+    Column("detail", max_width=80),
+]
+
+
+def _waiting(run: Run, now: datetime) -> str:
+    """What a waiting run needs: input names, and when its timer (a sleep, or the deadline
+    of the wait) wakes it."""
+    parts = list(run.waiting_for)
+    if run.wake_at is not None:
+        parts.append("wake due" if run.wake_at <= now else "wakes " + age(run.wake_at, now))
+    return ", ".join(parts) or "-"
+
+
+def _lease_text(lease: Ownership, now: datetime) -> str:
+    """The lease as a time from now, never an epoch: ``lease expires in 12s``."""
+    if lease.expires_at is None:
+        return ""
+    if lease.expires_at <= now:
+        return f"lease expired {age(lease.expires_at, now)} ago"
+    return f"lease expires {age(lease.expires_at, now)}"
+
+
+def _status_text(run: Run, lease: Ownership) -> str:
+    if run.status is RunStatus.RUNNING and lease.owner_gone:
+        return "running, owner gone"
+    return run.status.value
+
+
+def _detail(run: Run, lease: Ownership, failure: RunFailure | None, now: datetime) -> Cell:
+    """The one thing to know about a run beyond its status, for the DETAIL column."""
+    if run.status is RunStatus.WAITING:
+        return styled(_waiting(run, now), "yellow")
+    if failure is not None:
+        return styled(f"{failure.headline} (in {failure.step or '?'})", "red")
+    if lease.state == "owner_gone":
+        return styled(f"owner {lease.owner} is gone ({_lease_text(lease, now)})", "red")
+    if lease.state == "expired":
+        return styled(f"{_lease_text(lease, now)}; the next worker takes it", "red")
+    if lease.state == "released" or (run.status is RunStatus.QUEUED and lease.state == "none"):
+        return "waiting for a worker"
+    if lease.state == "held":
+        return f"{_lease_text(lease, now)} ({lease.owner})"
+    return "-"
+
+
+def run_json(run: Run, lease: Ownership | None = None,
+              failure: RunFailure | None = None) -> dict[str, Any]:
+    doc = {
+        "id": run.id,
+        "status": run.status.value,
+        "workflow": run.workflow,
+        "step": run.step,
+        "waiting_for": list(run.waiting_for),
+        "wake_at": run.wake_at,
+        "created_at": run.created_at,
+        "updated_at": run.updated_at,
+        "checkpoints": run.checkpoints,
+        "bytes": run.bytes,
+        "head_id": run.head_id,
+        "owner": run.owner,
+        "lease_expires_at": run.lease_expires_at,
+        "priority": run.priority,
+        "metadata": dict(run.metadata),
+    }
+    if lease is not None:
+        doc["lease"] = lease.state
+    if failure is not None:
+        doc["error"] = {"step": failure.step, "type": failure.type, "message": failure.message,
+                        "attempt": failure.attempt}
+    return doc
+
+
+@command("runs", examples=["pitstop runs --status waiting --since 2h",
+                           "pitstop runs --workflow vendor-approval --limit 20 --json",
+                           "pitstop runs --parent 7f3a9c --status failed"])
+@click.option("--status", "statuses", multiple=True, type=click.Choice(STATUSES),
+              help="Only runs with this status (repeatable).")
+@click.option("--workflow", metavar="NAME", help="Only runs of this workflow.")
+@click.option("--since", type=SINCE, metavar="WHEN",
+              help="Only runs created since WHEN: a duration back (30m, 2h, 7d) or an ISO date.")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True,
+              help="Show at most this many.")
+@click.option("--offset", type=click.IntRange(min=0), default=0, help="Skip this many (paging).")
+@click.option("--parent", metavar="RUN", help="Only the child runs RUN's steps started.")
+def runs(
+    s: Session, *, statuses: tuple[str, ...], workflow: str | None, since: datetime | None,
+    limit: int, offset: int, parent: str | None,
+) -> None:
+    """List runs, newest first: status, position, size, and what each waits for, why it
+    failed, or who holds it (``running, owner gone``: its owner died; a worker takes it)."""
+    from pitstop.failures import run_failure
+    from pitstop.owners import ownership
+
+    store = s.store()
+    parent_run = run_reference(store, parent)[0].id if parent is not None else None
+    found_all = store.runs(
+        status=statuses or None, workflow=workflow, since=since, limit=limit + 1, offset=offset,
+        parent_run=parent_run,
+    )
+    more = len(found_all) > limit
+    found = found_all[:limit]
+    now = datetime.now(UTC)
+    leases = [ownership(r, now) for r in found]
+    failures = [run_failure(store, r) for r in found]
+    if s.as_json:
+        s.out.json({"runs": [run_json(r, lease, failure)
+                             for r, lease, failure in zip(found, leases, failures, strict=True)],
+                    "more": more})
+        _report_damaged(found_all.damaged)
+        return
+    rows = [
+        [
+            r.id,
+            styled(_status_text(r, lease), "bold red") if lease.owner_gone
+            and r.status is RunStatus.RUNNING else status_cell(r.status.value),
+            r.workflow or "-",
+            "-" if r.step is None else str(r.step),
+            age(r.created_at, now),
+            human_bytes(r.bytes),
+            str(r.checkpoints),
+            _detail(r, lease, failure, now),
+        ]
+        for r, lease, failure in zip(found, leases, failures, strict=True)
+    ]
+    s.out.table(RUN_COLUMNS, rows, empty="no runs match")
+    if more:
+        s.out.note(f"more runs: --offset {offset + limit} for the next page")
+    _report_damaged(found_all.damaged)
+
+
+def _report_damaged(damaged: list[Problem]) -> None:
+    """Runs left out of a listing because their rows are damaged: one line, exit status 1."""
+    if damaged:
+        named = "; ".join(f"{p.id!r} ({p.message})" for p in damaged[:3])
+        rest = f" and {len(damaged) - 3} more" if len(damaged) > 3 else ""
+        raise CliError(f"{len(damaged)} damaged run row{'s' if len(damaged) > 1 else ''} not "
+                       f"listed: {named}{rest}; run `pitstop verify`", EXIT_PROBLEMS)
+
+
+__all__ = ["run_json", "runs"]
