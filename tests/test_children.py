@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import subprocess
 import sys
@@ -487,3 +488,131 @@ def test_cli_lists_children_by_parent_and_marks_where_they_started(tmp_path: Pat
     assert "started 26 children" in history.out
     entries = pitstop_exe("history", "fam", "--json", store=url).json["checkpoints"]
     assert [e["note"] for e in entries if "started" in e["note"]] == ["head, started 26 children"]
+
+
+# -- PostgreSQL: cancelling a parent while its children complete ----------------------------------
+
+
+def _pg_store() -> tuple[str, str]:
+    if POSTGRES_SKIP is not None or "postgres" not in BACKENDS:
+        pytest.skip(POSTGRES_SKIP or "no PostgreSQL")
+    schema = f"c_{uuid.uuid4().hex[:12]}"
+    return schema, pg_schema_url(schema)
+
+
+@pytest.mark.parametrize("how", ["complete", "cancel"])
+def test_a_child_finishing_locks_its_parent_before_itself(how: str) -> None:
+    """Rows are locked parents first. A transaction finishing a child waits for its parent's
+    row *before* taking its own, so a cancel of the parent (which locks the parent, then its
+    children) can never hold one while waiting for the other."""
+    import psycopg
+
+    from conftest import PG_URL
+
+    schema, url = _pg_store()
+    parent = pitstop.Workflow("lock-order")
+
+    @parent.step
+    def ask(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
+        return {"ok": ctx.run_child(approve, {}, run_id="kid").state["ok"]}
+
+    try:
+        with pitstop.open_store(url) as store:
+            assert parent.start(store, {}, run_id="p").status is RunStatus.WAITING
+            pitstop.send(store, "kid", "ok", True)
+            with psycopg.connect(PG_URL) as holder, psycopg.connect(PG_URL,
+                                                                     autocommit=True) as probe:
+                holder.execute(f'SET search_path TO "{schema}"')
+                holder.execute("SELECT 1 FROM pitstop_runs WHERE run_id = 'p' FOR UPDATE")
+                finish = (lambda: approve.resume(store, "kid")) if how == "complete" else (
+                    lambda: store.update_run("kid", status=RunStatus.CANCELLED))
+                thread = threading.Thread(target=finish)
+                thread.start()
+                deadline = time.monotonic() + 30
+                blocked = ("SELECT count(*) FROM pg_stat_activity "
+                           "WHERE %s = ANY(pg_blocking_pids(pid))")
+                while not (probe.execute(blocked, (holder.info.backend_pid,)).fetchone()
+                           or (0,))[0]:
+                    assert time.monotonic() < deadline, "the child's finish never waited"
+                    time.sleep(0.01)
+                # Blocked on the parent, the finishing transaction holds nothing of the child.
+                probe.execute(f'SET search_path TO "{schema}"')
+                with probe.transaction():
+                    probe.execute("SELECT 1 FROM pitstop_runs WHERE run_id = 'kid' "
+                                  "FOR UPDATE NOWAIT")
+                holder.rollback()
+                thread.join(timeout=30)
+                assert not thread.is_alive()
+            assert store.get_run("p").wake_at is not None
+            done = parent.resume(store, "p")
+            if how == "complete":
+                assert done.state == {"ok": True}
+            else:
+                assert done.status is RunStatus.FAILED
+                assert done.error is not None and "cancelled" in done.error["message"]
+    finally:
+        drop_pg_schema(schema)
+
+
+def test_cancelling_a_parent_while_its_children_complete_ends_consistent() -> None:
+    """Twenty children completing on threads while their parent is cancelled: every child ends
+    completed (before the cancel) or cancelled, none is left running or queued, the parent
+    ends cancelled, and the parent's inbox holds exactly the children that completed first."""
+    from pitstop.store.children import child_input
+
+    schema, url = _pg_store()
+    parent = pitstop.Workflow("race-parent")
+
+    @parent.step
+    def fan(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
+        ctx.run_children([(approve, {}) for _ in range(20)])
+        return {}
+
+    try:
+        with pitstop.open_store(url) as store:
+            for rnd in range(3):
+                run_id = f"p{rnd}"
+                assert parent.start(store, {}, run_id=run_id).status is RunStatus.WAITING
+                kids = [c.id for c in store.children(run_id)]
+                for kid in kids:
+                    pitstop.send(store, kid, "ok", True)
+                go = threading.Barrier(len(kids) + 1)
+
+                def finish(kid: str, go: threading.Barrier = go) -> None:
+                    go.wait()
+                    with contextlib.suppress(pitstop.PitstopError):
+                        approve.resume(store, kid)
+
+                threads = [threading.Thread(target=finish, args=(k,)) for k in kids]
+                for thread in threads:
+                    thread.start()
+                go.wait()
+                time.sleep(0.005 * rnd)  # a different point in the completions each round
+                store.update_run(run_id, status=RunStatus.CANCELLED)
+                for thread in threads:
+                    thread.join(timeout=60)
+                    assert not thread.is_alive()
+                assert store.get_run(run_id).status is RunStatus.CANCELLED
+                statuses = {c.id: c.status for c in store.children(run_id)}
+                assert set(statuses.values()) <= {RunStatus.COMPLETED, RunStatus.CANCELLED}
+                completed = {k for k, s in statuses.items() if s is RunStatus.COMPLETED}
+                delivered = set(store.inputs(run_id))
+                assert delivered == {child_input(k) for k in completed}
+                for kid in completed:
+                    assert store.latest(kid).metadata["status"] == "completed"  # type: ignore[union-attr]
+    finally:
+        drop_pg_schema(schema)
+
+
+def test_a_cancelled_parent_starts_no_children(store: Store) -> None:
+    parent = pitstop.Workflow("cancelled-first")
+
+    @parent.step
+    def fan(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
+        store.update_run(ctx.run_id, status=RunStatus.CANCELLED)  # e.g. `pitstop cancel`
+        ctx.run_children([(double, {"x": 1})])
+        return {}
+
+    assert parent.start(store, {}, run_id="p").status is RunStatus.CANCELLED
+    assert store.get_run("p").status is RunStatus.CANCELLED
+    assert store.children("p") == []

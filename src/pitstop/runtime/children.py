@@ -212,7 +212,7 @@ class ChildPlan:
         if not saves:
             return
         try:
-            self.store.start_children(x.run_id, saves)
+            self.store.start_children(x.run_id, saves, lease=x.lease)
         except RunExistsError as exc:  # taken between find() and here
             raise self._error(f"run {exc.run_id!r} already exists; give the child "
                               "another run_id") from None

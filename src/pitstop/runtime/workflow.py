@@ -424,11 +424,10 @@ class Workflow:
                 )
                 status = RunStatus.RUNNING
             else:
-                if run is None:  # a worker's claim: the run and its head in one read
-                    owned, found = store.latest_with_run(run_id)
-                    run = self._own(owned)
-                else:
-                    found = store.latest(run_id)
+                # The run as of now that the lease is held (one read with its head): read
+                # before the lease, it may have been cancelled since, and must not go on.
+                owned, found = store.latest_with_run(run_id)
+                run = self._own(owned)
                 if found is None:
                     raise RunNotStartedError(run_id)
                 ckpt = found

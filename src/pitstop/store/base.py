@@ -419,12 +419,17 @@ class Store(ABC):
 
     @abstractmethod
     def start_children(
-        self, parent_run: str, children: Sequence[tuple[PreparedSave, Mapping[str, Any]]]
+        self,
+        parent_run: str,
+        children: Sequence[tuple[PreparedSave, Mapping[str, Any]]],
+        *,
+        lease: Lease | None = None,
     ) -> None:
         """Create child runs of ``parent_run`` with their first checkpoints, queued: each a
         save prepared with ``status=QUEUED, expected_head=None`` and the run's metadata.
         Raises :class:`~pitstop.RunExistsError` (creating none of its batch of 100) if a
-        run of such an id exists."""
+        run of such an id exists, and :class:`~pitstop.LeaseLostError` if ``lease`` (the
+        parent's) no longer holds it: a cancelled parent starts no children."""
 
     @abstractmethod
     def children(self, run_id: str, *, limit: int | None = None) -> list[Run]:

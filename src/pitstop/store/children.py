@@ -44,6 +44,18 @@ class Children(SqlBackend):
             params.append(limit)
         return [RunRow(*row).to_run() for row in self._query(sql, params)]
 
+    def _lock_parent(self, tx: Tx, parent_id: str) -> None:
+        """Lock a parent's row before its child's (PostgreSQL; SQLite writes one at a time).
+
+        Rows are always locked parents first: a cancel locks the parent, then its children
+        (and theirs); a transaction finishing a child locks the parent before the child's own
+        row. Taken the other way round, a child completing while its parent is cancelled
+        would wait on each other until PostgreSQL's deadlock detector aborts one.
+        """
+        if self.dialect.lock_row:
+            tx.one("SELECT 1 FROM pitstop_runs WHERE run_id = ?" + self.dialect.lock_row,
+                   (parent_id,))
+
     def _deliver_to_parent(
         self,
         tx: Tx,

@@ -484,6 +484,8 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
         run_id = record.run_id
         now = record.created_at
         expected = record.parent_id if plan.follow_head else plan.expected_head
+        if plan.deliver_to is not None:
+            self._lock_parent(tx, plan.deliver_to)
         if plan.follow_head and plan.expected_head not in (UNSET, expected):
             # Following the head *and* expecting another one cannot both hold: the slow
             # path says which failed (ConflictError, or a moved head and a new attempt).
@@ -818,7 +820,11 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
         return RunRow(*self._tx(write, write=True)).to_run()
 
     def start_children(
-        self, parent_run: str, children: Sequence[tuple[PreparedSave, Mapping[str, Any]]]
+        self,
+        parent_run: str,
+        children: Sequence[tuple[PreparedSave, Mapping[str, Any]]],
+        *,
+        lease: Lease | None = None,
     ) -> None:
         # Each child's row, with its metadata and parent, and its first checkpoint (made
         # queued by it) in one transaction per batch: no worker ever sees a child it cannot
@@ -833,6 +839,12 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
 
             def write(tx: Tx, batch: Sequence[tuple[PreparedSave, Mapping[str, Any]]] = batch,
                       plans: list[WritePlan] = plans) -> None:
+                # The parent's row first, locked (parents before children, as everywhere):
+                # a cancel committed meanwhile has moved its fence, and this is refused.
+                row = tx.one(_SELECT_GUARD + self.dialect.lock_row, (parent_run,))
+                if lease is not None:
+                    self._check_lease(parent_run, _Guard(*row) if row else None, lease,
+                                      time.time())
                 ids = [prepared.run_id for prepared, _ in batch]
                 taken = tx.in_chunks("SELECT run_id FROM pitstop_runs WHERE run_id IN ({in})",
                                      ids)
@@ -1004,6 +1016,14 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
         lease: Lease | None = None,
     ) -> Run:
         def write(tx: Tx) -> Any:
+            parent = None
+            if status is RunStatus.CANCELLED or status is RunStatus.FAILED:
+                # A child cancelled or given up on (a worker's on_error): its parent hears,
+                # and its row is locked first (parents before children, as everywhere).
+                parent = tx.scalar("SELECT parent_run FROM pitstop_runs WHERE run_id = ?",
+                                   (run_id,))
+                if parent is not None:
+                    self._lock_parent(tx, parent)
             row = tx.one(_SELECT_GUARD + self.dialect.lock_row, (run_id,))
             if row is None:
                 raise RunNotFoundError(run_id)
@@ -1034,13 +1054,9 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
                         run_id,
                     ),
                 )
-            if status is RunStatus.CANCELLED or status is RunStatus.FAILED:
-                # A child cancelled or given up on (a worker's on_error): its parent hears.
-                parent = tx.scalar("SELECT parent_run FROM pitstop_runs WHERE run_id = ?",
-                                   (run_id,))
-                if parent is not None:
-                    self._deliver_to_parent(tx, run_id, parent, status, current.head_id,
-                                            merged.get("error"))
+            if parent is not None and status is not None:
+                self._deliver_to_parent(tx, run_id, parent, status, current.head_id,
+                                        merged.get("error"))
             return tx.one(SELECT_RUN + " WHERE run_id = ?", (run_id,))
 
         return RunRow(*self._tx(write, write=True)).to_run()
