@@ -327,7 +327,8 @@ def test_workers_run_children_and_wake_the_parent_once(store: Store) -> None:
     parent, executions = _fan_parent("fan-worker", n=12)
     parent.enqueue(store, {}, run_id="p")
     stats = Worker(store, [parent, double], concurrency=3, poll_interval=0.02,
-                   limits={"double": 2}).run(until_idle=True, handle_signals=False)
+                   limits={"double": 2}, child_grace=0).run(until_idle=True,
+                                                            handle_signals=False)
     run = store.get_run("p")
     assert run.status is RunStatus.COMPLETED
     head = store.latest("p")
@@ -339,6 +340,40 @@ def test_workers_run_children_and_wake_the_parent_once(store: Store) -> None:
     assert all(c.status is RunStatus.COMPLETED for c in store.children("p"))
     # The children were queued for the pool, never run inside the parent's step.
     assert {c.checkpoints for c in store.children("p")} == {2}
+
+
+def test_under_a_worker_children_finishing_quickly_let_the_step_go_on_in_place(
+    store: Store,
+) -> None:
+    """The pool finishes the children within the worker's child_grace: the parent's step
+    continues with their states, never checkpointing as waiting nor running twice."""
+    parent, executions = _fan_parent("fan-in-place", n=3)
+    parent.enqueue(store, {}, run_id="p")
+    stats = Worker(store, [parent, double], concurrency=4, poll_interval=0.01,
+                   child_grace=60).run(until_idle=True, handle_signals=False)
+    head = store.latest("p")
+    assert head is not None and head.state == {"ys": [0, 2, 4], "total": 6}
+    assert executions == ["fan"]
+    assert "waiting" not in stats.by_status
+    assert not [h for h in store.history("p") if h.metadata.get("status") == "waiting"]
+    assert store.inputs("p") == {}  # every child's outcome was consumed
+    assert {c.checkpoints for c in store.children("p")} == {2}  # each run by the pool, once
+
+
+def test_under_a_worker_a_child_that_waits_parks_the_parent_after_the_grace(
+    store: Store,
+) -> None:
+    parent = pitstop.Workflow("asker-grace")
+
+    @parent.step
+    def ask(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
+        return {"approved": ctx.run_child(approve, {}).state["ok"]}
+
+    parent.enqueue(store, {}, run_id="p")
+    Worker(store, [parent, approve], concurrency=2, poll_interval=0.01,
+           child_grace=0.2).run(until_idle=True, handle_signals=False)
+    assert store.get_run("p").status is RunStatus.WAITING
+    assert store.get_run("p").waiting_for == ("child:p.0-0",)
 
 
 def test_a_parent_started_in_process_is_woken_for_a_worker(store: Store) -> None:
@@ -616,3 +651,30 @@ def test_a_cancelled_parent_starts_no_children(store: Store) -> None:
     assert parent.start(store, {}, run_id="p").status is RunStatus.CANCELLED
     assert store.get_run("p").status is RunStatus.CANCELLED
     assert store.children("p") == []
+
+
+def test_a_woken_parent_reads_its_childrens_final_states_together(tmp_path: Path) -> None:
+    """Woken by the last of 40 children, the step reads their final checkpoints in one query
+    (and their runs in one), however many children there are: not a query per child."""
+    parent = pitstop.Workflow("many-askers")
+
+    @parent.step
+    def fan(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
+        results = ctx.run_children([(approve, {}) for _ in range(40)])
+        return {"yes": sum(1 for r in results if r.state["ok"])}
+
+    with pitstop.open_store(f"sqlite:///{tmp_path / 'wake.db'}") as store:
+        assert parent.start(store, {}, run_id="p").status is RunStatus.WAITING
+        for child in store.children("p"):
+            pitstop.send(store, child.id, "ok", True)
+            assert approve.resume(store, child.id).status is RunStatus.COMPLETED
+        statements: list[str] = []
+        store._connection().set_trace_callback(statements.append)  # type: ignore[attr-defined]
+        done = parent.resume(store, "p")
+        store._connection().set_trace_callback(None)  # type: ignore[attr-defined]
+    assert done.status is RunStatus.COMPLETED and done.state == {"yes": 40}
+    reads = [s for s in statements if s.lstrip().upper().startswith("SELECT")]
+    heads = [s for s in reads if "FROM pitstop_checkpoints" in s and "IN (" in s]
+    assert len(heads) == 1, heads  # the 40 final checkpoints
+    assert len([s for s in reads if "parent_run = " in s]) == 1  # the 40 runs
+    assert len(reads) < 20, reads  # not one per child

@@ -108,6 +108,23 @@ def test_summaries_reads_many_records_by_id_skipping_unknown_ones(store: Store) 
     assert store.summaries([]) == {}
 
 
+def test_get_many_reads_many_checkpoints_by_id_as_get_does(store: Store) -> None:
+    import numpy as np
+
+    big = np.arange(300_000, dtype=np.int64)  # chunked: a tree of stored values
+    a = store.save("a", {"doc": "x" * 10_000, "arr": big, "i": 1})
+    b = store.save("b", {"i": 2, "text": "y" * 5_000})
+    many = [store.save("c", {"i": i}).id for i in range(600)]  # more than one batch
+    found = store.get_many([b.id, "no-such-checkpoint", a.id, b.id])
+    assert list(found) == [b.id, a.id]  # in the order asked, once each
+    assert found[a.id].state["doc"] == "x" * 10_000 and found[a.id].state["i"] == 1
+    assert np.array_equal(found[a.id].state["arr"], big)
+    assert dict(found[b.id].state) == dict(store.get(b.id).state)
+    assert found[b.id].metadata == store.get(b.id).metadata
+    assert [c.state["i"] for c in store.get_many(many).values()] == list(range(600))
+    assert store.get_many([]) == {}
+
+
 def test_unchanged_values_are_stored_once(store: Store) -> None:
     big = "x" * MiB
     for i in range(20):

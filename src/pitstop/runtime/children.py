@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ChildFailedError, ChildRunError, RunBusyError, RunExistsError
 from ..errors import RunNotFoundError as _RunNotFound
-from ..model import Run, RunStatus
+from ..model import Checkpoint, Run, RunStatus
 from ..store.children import child_input
 
 if TYPE_CHECKING:
@@ -39,18 +40,29 @@ if TYPE_CHECKING:
 
 _SERVING: ContextVar[Mapping[str, Workflow] | None] = ContextVar("pitstop_serving", default=None)
 """The workflows of the worker executing this thread's run (None: not a worker)."""
+_GRACE: ContextVar[float] = ContextVar("pitstop_child_grace", default=0.0)
+"""How long that worker's parents wait in place for children they just queued."""
+
+CHILD_GRACE = 0.25
+"""A worker's default ``child_grace``: seconds a step that just queued its children waits,
+holding its run, for them to finish before the run checkpoints as waiting. Children that
+other worker slots (or processes) finish in that time let the step continue in place: no
+waiting checkpoint, no wake-up, no second execution of the step."""
 
 INLINE_CONCURRENCY = 8
 """Children run at once in the parent's process when no worker runs the parent."""
 
 
 @contextlib.contextmanager
-def serving(workflows: Mapping[str, Workflow]) -> Iterator[None]:
-    """Mark the runs executed inside as a worker's: their children are queued for the pool."""
+def serving(workflows: Mapping[str, Workflow], grace: float = CHILD_GRACE) -> Iterator[None]:
+    """Mark the runs executed inside as a worker's: their children are queued for the pool,
+    and waited for in place for up to ``grace`` seconds."""
     token = _SERVING.set(workflows)
+    grace_token = _GRACE.set(grace)
     try:
         yield
     finally:
+        _GRACE.reset(grace_token)
         _SERVING.reset(token)
 
 
@@ -98,6 +110,8 @@ class ChildPlan:
         x = ctx._execution
         self.store = x.store
         self.serving = _SERVING.get()
+        self.grace = _GRACE.get()
+        self.started_now = False
         try:
             pairs = list(specs)
         except TypeError:
@@ -217,6 +231,7 @@ class ChildPlan:
             raise self._error(f"run {exc.run_id!r} already exists; give the child "
                               "another run_id") from None
         x.children_started.extend(prepared.run_id for prepared, _ in saves)
+        self.started_now = True
 
     # -- running here -----------------------------------------------------------------------
 
@@ -263,9 +278,9 @@ class ChildPlan:
         x = self.ctx._execution
         pending = None
         unfinished: list[str] = []
+        self._settle()
+        self._load_finished()
         for child in self.children:
-            if child.result is None and child.run is not None and child.run.status.finished:
-                child.result = self._load(child, child.run)
             if child.result is None:
                 unfinished.append(child_input(child.run_id))
                 continue
@@ -283,11 +298,51 @@ class ChildPlan:
                                        result.status.value, result.error, results)
         return results
 
-    def _load(self, child: _Child, run: Run) -> ChildResult:
+    def _settle(self) -> None:
+        """Under a worker, for children this call just queued: wait up to the worker's
+        ``child_grace`` for the pool to finish them, so that quick children let the step go
+        on in place instead of checkpointing as waiting and being woken. One count of the
+        run's unfinished children per look (an index range per status), at growing
+        intervals; when none is left, the children are listed once and loaded together."""
+        if self.serving is None or not self.started_now or self.grace <= 0:
+            return
+        if all(c.result is not None or (c.run is not None and c.run.status.finished)
+               for c in self.children):
+            return
+        run_id = self.ctx._execution.run_id
+        deadline = time.monotonic() + self.grace
+        pause = 0.005
+        while True:
+            counts = self.store.count_runs(parent_run=run_id)
+            if not any(n for status, n in counts.items() if not RunStatus(status).finished):
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 0.05)
+        mine = {run.id: run for run in self.store.children(run_id)}
+        for child in self.children:
+            if child.result is None and child.run_id in mine:
+                child.run = mine[child.run_id]
+
+    def _load_finished(self) -> None:
+        """The results of the finished children not run here: their final checkpoints read
+        together (``Store.get_many``), not one query per child."""
+        todo = [c for c in self.children
+                if c.result is None and c.run is not None and c.run.status.finished]
+        heads = self.store.get_many(c.run.head_id for c in todo
+                                    if c.run is not None and c.run.head_id is not None)
+        for child in todo:
+            assert child.run is not None
+            child.result = self._load(child, child.run, heads.get(child.run.head_id or ""))
+
+    def _load(self, child: _Child, run: Run, ckpt: Checkpoint | None) -> ChildResult:
         state: Any = None
         error = run.metadata.get("error")
         if run.head_id is not None:
-            ckpt = self.store.get(run.head_id)
+            if ckpt is None:  # deleted since the run was read: get() names it
+                ckpt = self.store.get(run.head_id)
             fields = dict(ckpt.state)
             if ckpt.schema_version != child.wf.version:
                 fields = child.wf._migrate(fields, ckpt)

@@ -43,7 +43,7 @@ from ..logfmt import kv
 from ..model import RunStatus
 from ..owners import owner_alive, owner_id
 from ..store import Lease, Store
-from .children import serving
+from .children import CHILD_GRACE, serving
 from .policies import Retry
 from .workflow import Workflow
 
@@ -95,6 +95,11 @@ class Worker:
     own retries) is parked as waiting, due again after ``retry_failed.delay(n)``, and any
     worker resumes it then, up to ``retry_failed.attempts - 1`` times before it fails for
     good. A network blip then needs no person.
+
+    ``child_grace``: a step that queues children (``ctx.run_children``) waits up to this
+    many seconds, holding its run and slot, for the pool to finish them; if they all do, it
+    goes on in place, otherwise its run checkpoints as waiting and gives everything up until
+    the last child wakes it. 0 makes it wait at once.
     """
 
     def __init__(
@@ -108,6 +113,7 @@ class Worker:
         owner: str | None = None,
         on_error: Retry = ON_ERROR,
         retry_failed: Retry | None = None,
+        child_grace: float = CHILD_GRACE,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
@@ -121,6 +127,7 @@ class Worker:
         self.owner = owner or owner_id()
         self.on_error = on_error
         self.retry_failed = retry_failed
+        self.child_grace = child_grace
         self.stats = WorkerStats()
         self._stop = threading.Event()
         self._slot_freed = threading.Event()
@@ -214,7 +221,8 @@ class Worker:
         log.info(kv(event="claimed", run=lease.run_id, workflow=workflow, token=lease.token),
                  extra=fields)
         try:
-            with serving(self.workflows):  # children this run starts are queued for the pool
+            # Children this run starts are queued for the pool.
+            with serving(self.workflows, self.child_grace):
                 result = wf.resume(
                     self.store,
                     lease.run_id,

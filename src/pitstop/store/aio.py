@@ -46,6 +46,7 @@ class AsyncStore:
     prepare = _offload(Store.prepare)
     commit = _offload(Store.commit)
     get = _offload(Store.get)
+    get_many = _offload(Store.get_many)
     latest = _offload(Store.latest)
     latest_with_run = _offload(Store.latest_with_run)
     summary = _offload(Store.summary)

@@ -630,6 +630,40 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
             raise CheckpointNotFoundError(checkpoint_id)
         return self._value_codec.decode_checkpoint(record, values, strict=strict)
 
+    def get_many(
+        self, checkpoint_ids: Iterable[str], *, strict: bool = True
+    ) -> dict[str, Checkpoint]:
+        wanted = list(dict.fromkeys(checkpoint_ids))
+        for checkpoint_id in wanted:
+            filters.text("checkpoint_id", checkpoint_id)
+
+        def read(tx: Tx) -> tuple[list[CheckpointRecord], dict[bytes, Stored]]:
+            records = [CheckpointRecord(*row) for row in tx.in_chunks(
+                SELECT_CHECKPOINT + " WHERE id IN ({in})", wanted)]
+            maps = []
+            for record in records:
+                try:
+                    maps.append(record.field_map())
+                except CorruptCheckpointError:
+                    continue  # decoding the record reports it
+            hashes = list(dict.fromkeys(h for fields in maps for h in stored_hashes(fields)))
+            values = self._read_values_deferred(tx, hashes) if hashes else {}
+            # Chunked values' trees, a level per query for all the records at once.
+            while missing := list(dict.fromkeys(
+                    h for fields in maps for h in self._value_codec.missing_below(fields, values))):
+                found = self._read_values_deferred(tx, missing)
+                if not found:
+                    break  # missing chunks: the decode names the field
+                values.update(found)
+            return records, values
+
+        if not wanted:
+            return {}
+        records, values = self._tx(read)
+        decoded = {r.id: self._value_codec.decode_checkpoint(r, values, strict=strict)
+                   for r in records}
+        return {i: decoded[i] for i in wanted if i in decoded}
+
     def latest(
         self, run_id: str, *, fallback: bool = False, strict: bool = True
     ) -> Checkpoint | None:
