@@ -113,6 +113,12 @@ def unframe(stored: bytes) -> tuple[int, bytes]:
     return header & _FORMAT_MASK, raw
 
 
+def is_compressed(stored: bytes) -> bool:
+    """Whether a stored blob's body is zstd-compressed (a prefix of it is not a prefix of
+    its bytes)."""
+    return bool(stored) and bool(stored[0] & _COMPRESSED)
+
+
 def unframe_view(stored: bytes) -> tuple[int, bytes | memoryview]:
     """Like :func:`unframe`, without copying an uncompressed body (a view of ``stored``):
     what reading many chunks to join them wants."""
@@ -133,4 +139,4 @@ def digest(format_id: int, raw: bytes) -> bytes:
     return hasher.digest()
 
 
-__all__ = ["compressible", "digest", "frame", "unframe", "unframe_view"]
+__all__ = ["compressible", "digest", "frame", "is_compressed", "unframe", "unframe_view"]

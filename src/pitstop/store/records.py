@@ -29,7 +29,7 @@ from ..errors import CorruptCheckpointError, SerializationError
 from ..model import Checkpoint, CheckpointSummary
 from ..serde import MsgpackSerializer, Serializer, digest, frame, partchunks, unframe
 from ..serde import chunks as chunking
-from ..serde.framing import unframe_view
+from ..serde.framing import is_compressed, unframe_view
 from .blobs import Deferred
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -157,6 +157,10 @@ class NewBlob(NamedTuple):
         return (self.data,) if self.body is None else (self.data, self.body)
 
 
+_CHUNK_COMPRESS_MIN = 128
+"""Compressed chunks (a dict's) at least this large; zstd's frame costs ~13 bytes."""
+
+
 class Alias(NamedTuple):
     """A chunk a new chunk extends: its row can become "the first ``size`` stored bytes of
     ``target``" instead of holding them twice (a growing list's open last chunk)."""
@@ -164,7 +168,7 @@ class Alias(NamedTuple):
     key: bytes
     target: bytes
     size: int
-    """Stored (framed) bytes of ``key``: a prefix of ``target``'s (chunks are not compressed)."""
+    """Stored (framed) bytes of ``key``: a prefix of ``target``'s (neither is compressed)."""
 
 
 CHUNK_HASHES = ("xxh3", "sha256")
@@ -451,11 +455,16 @@ class ValueCodec:
             )
         manifest = layout.manifest()
         self._remember(manifest, layout)
-        new = self._chunk_blobs(result.new, views)
+        new = self._chunk_blobs(result.new, views, compress=layout.kind == "dict")
         aliases = (
             []
             if self.seal_chunks  # a superseded open chunk (< SEAL_MIN) is kept as it is
-            else [Alias(old, new_key, size + 1) for old, new_key, size in result.extended]
+            else [
+                Alias(old, new_key, size + 1)
+                for old, new_key, size in result.extended
+                # A prefix of a compressed chunk's stored bytes is not a prefix of its bytes.
+                if not is_compressed(new[new_key].data)
+            ]
         )
         return FieldRef(b"", layout.size, None, manifest), new, aliases
 
@@ -483,20 +492,28 @@ class ValueCodec:
         return FieldRef(b"", layout.size, None, manifest), self._chunk_blobs(result.new, views)
 
     def _chunk_blobs(
-        self, raws: Mapping[bytes, bytes | memoryview], views: bool
+        self, raws: Mapping[bytes, bytes | memoryview], views: bool, compress: bool = False
     ) -> dict[bytes, NewBlob]:
-        """New chunks as blobs, never compressed (a chunk's stored bytes are its raw bytes
-        after the header, so a prefix alias and a read into place work). With ``views``, a
-        chunk that is a view of an array stays one (see :class:`NewBlob`)."""
+        """New chunks as blobs, not compressed (a chunk's stored bytes are its raw bytes
+        after the header, so a prefix alias and a read into place work) unless ``compress``.
+        With ``views``, a chunk that is a view of an array stays one (see :class:`NewBlob`).
+
+        A dict's chunks are compressed: they are small (~512 B), so a dict of thousands of
+        keys is thousands of rows, and zstd takes ~15% off random text even at that size
+        (the issue's 10,000-key dict: 2.46 MiB on disk after 200 saves, 2.2 compressed). A
+        list's are not: a restore decompressing a conversation's chunks would cost several
+        times its ``unpackb``, and its open last chunk is kept as a prefix alias."""
         fmt = self.serializer.format_id
+        threshold = _CHUNK_COMPRESS_MIN if compress else None
         if not views:
             return {
-                k: NewBlob(k, frame(raw, fmt, compress_threshold=None)) for k, raw in raws.items()
+                k: NewBlob(k, frame(raw, fmt, compress_threshold=threshold))
+                for k, raw in raws.items()
             }
         header = frame(b"", fmt, compress_threshold=None)
         return {
             k: NewBlob(k, header, raw) if type(raw) is memoryview else
-            NewBlob(k, frame(raw, fmt, compress_threshold=None))
+            NewBlob(k, frame(raw, fmt, compress_threshold=threshold))
             for k, raw in raws.items()
         }
 

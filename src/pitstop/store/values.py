@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from ..errors import StoreError
+from ..serde import unframe
 from .backend import SqlBackend, Tx
 from .blobs import Deferred
 from .records import Alias, FieldMap, NewBlob, Stored, is_chunk_key
@@ -20,6 +21,14 @@ from .records import Alias, FieldMap, NewBlob, Stored, is_chunk_key
 # Values bigger than this are looked up before being sent, so an existing one is not shipped
 # to the database again just to be discarded by ON CONFLICT.
 _PROBE_BEFORE_SEND = 64 * 1024
+
+
+def _body(stored: bytes) -> bytes | None:
+    """A stored value's raw bytes (None: not a frame pitstop reads)."""
+    try:
+        return unframe(stored)[1]
+    except ValueError:
+        return None
 
 
 class StoredValues(SqlBackend):
@@ -89,7 +98,9 @@ class StoredValues(SqlBackend):
         stored = self._read_values(tx, present)
         for key in present:
             data = stored.get(key)
-            if data is not None and data != new[key].stored:
+            if data is not None and data != new[key].stored and _body(data) != _body(
+                new[key].stored
+            ):  # (the same bytes may be stored compressed, or by another zstd, or not)
                 field = next(
                     (name for name, ref in fields.items() if ref.manifest is not None
                      and key in self._value_codec.chunk_keys_of(ref)),
