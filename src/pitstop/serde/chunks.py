@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import operator
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -242,6 +243,9 @@ def node_keys(entries: Iterable[Entry]) -> list[bytes]:
 # -- the tree ---------------------------------------------------------------------------------
 
 
+_KEY: Final = operator.itemgetter(0)  # an Entry's key
+_LAST: Final = operator.itemgetter(-1)
+
 NodeIndex = dict[bytes, tuple[Entry, list[Entry]]]
 """A tree's nodes by the key of their last entry: what the next version's tree reuses
 without packing or hashing a node again (its entries are compared first)."""
@@ -296,9 +300,13 @@ class _Builder:
                 sealed = old_sealed[:lo]
                 ends = old_ends[:lo]
                 start = ends[-1]
-                for node in sealed:
-                    self.nodes[node.key] = old_nodes = self.reuse_nodes[node.key]
-                    self.index[old_nodes[-1].key] = (node, old_nodes)
+                # The parent's nodes, registered in C loops (no Python loop over them: an
+                # append re-uses all but the last few, whatever the value's length).
+                keys = list(map(_KEY, sealed))
+                children = list(map(self.reuse_nodes.__getitem__, keys))
+                self.nodes.update(zip(keys, children, strict=True))
+                lasts = map(_KEY, map(_LAST, children))
+                self.index.update(zip(lasts, zip(sealed, children, strict=True), strict=True))
         current: list[Entry] = []
         for position in range(start, len(entries)):
             entry = entries[position]
@@ -441,14 +449,30 @@ def _finish(
     raws: Mapping[bytes, bytes | memoryview],
     format_id: int,
     parent: Layout | None,
+    shared: int = 0,
+    known: set[bytes] | None = None,
 ) -> Split:
+    """The layout over ``leaves`` and what of it is new. ``shared``: the first leaves are
+    the parent's first ones (their item offsets are the parent's, not added up again).
+    ``known``: the parent's leaf keys that may be among ``raws`` (None: any of them); a
+    chunk of ``raws`` not in it is written as new even if the parent has it elsewhere, which
+    costs a write that changes nothing (the store keeps the row it has) but no pass over
+    the parent's leaves."""
     root, nodes, index, levels = build_tree(leaves, format_id, parent)
     layout = Layout(kind, meta, items, root, leaves, nodes, format_id, index=index, levels=levels)
-    known = parent.keys() if parent is not None else set()
+    if parent is not None and shared and parent.kind == kind:
+        old_starts = parent.leaf_starts()
+        starts = old_starts[:shared]
+        acc = old_starts[shared - 1] + leaves[shared - 1].items
+        for leaf in leaves[shared:]:
+            starts.append(acc)
+            acc += leaf.items
+        layout.starts = starts
+    if known is None:
+        known = {e.key for e in parent.leaves} if parent is not None else set()
     new = {k: raw for k, raw in raws.items() if k not in known}
-    for key, entries in nodes.items():
-        if key not in known:
-            new[key] = _pack_entries(entries)
+    for key in nodes.keys() - parent.nodes.keys() if parent is not None else nodes:
+        new[key] = _pack_entries(nodes[key])
     extended: list[tuple[bytes, bytes, int]] = []
     if parent is not None and parent.kind == kind and parent.leaves:
         last = parent.leaves[-1]
@@ -648,7 +672,7 @@ def _split_guided(
         final = cut or (k == len(ranges) - 1 and bool(suffix))  # cut before a kept suffix
         leaves.append(Entry(key, b - a, len(raw), CUT if final else 0))
     leaves.extend(suffix)
-    result = _finish(kind, None, n, leaves, raws, format_id, parent)
+    result = _finish(kind, None, n, leaves, raws, format_id, parent, shared=i)
     # What the next whole-value save checks in one hash: the bytes of the final chunks
     # before the last one (the last may become a kept suffix, shifted).
     kept = len(leaves) - 1
@@ -726,8 +750,13 @@ def split_delta(
     fmt = parent.format_id
     leaves: list[Entry] = []
     raws: dict[bytes, bytes] = {}
+    shared: int | None = None  # how many leading leaves are the parent's
+    replaced: set[bytes] = set()  # keys of the parent's leaves that were re-chunked
 
     def emit(chunk: list[bytes], flags: int) -> None:
+        nonlocal shared
+        if shared is None:
+            shared = len(leaves)
         raw = b"".join(chunk)
         key = chunk_key(fmt, raw)
         raws[key] = raw
@@ -756,6 +785,7 @@ def split_delta(
             leaves.append(old_leaves[leaf])
             leaf += 1
         position = starts[leaf] if leaf < len(old_leaves) else parent.items
+        rechunked_from = leaf
         chunk: list[bytes] = []
         size = 0
         resumed = False
@@ -780,10 +810,15 @@ def split_delta(
             if chunk:
                 emit(chunk, 0)
             leaf = len(old_leaves)
+        replaced.update(e.key for e in old_leaves[rechunked_from:leaf])
+        if not resumed:
             break
     # After the last dirty point the parent's leaves carry on unchanged.
     leaves.extend(old_leaves[leaf:])
-    return _finish(kind, parent.meta, n, leaves, raws, parent.format_id, parent)
+    return _finish(
+        kind, parent.meta, n, leaves, raws, parent.format_id, parent,
+        shared=len(leaves) if shared is None else shared, known=replaced,
+    )
 
 
 # -- assembly ---------------------------------------------------------------------------------
