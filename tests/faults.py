@@ -276,7 +276,10 @@ def spawn(
 
 
 def _env(cwd: Path | str, extra: dict[str, str] | None) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{cwd}", **(extra or {})}
+    # This checkout's src first: the child runs the code under test, not whatever pitstop
+    # the interpreter has installed (another checkout's, in a worktree).
+    path = os.pathsep.join(map(str, (ROOT / "src", ROOT / "tests", cwd)))
+    return {**os.environ, "PYTHONPATH": path, **(extra or {})}
 
 
 def file_size_limit(limit: int) -> Callable[[], None]:

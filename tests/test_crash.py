@@ -24,7 +24,7 @@ import faults
 import pitstop
 import workflows
 from conftest import ROOT
-from pitstop import RunStatus
+from pitstop import RunNotFoundError, RunStatus
 from pitstop.runtime import run_until_idle
 
 pytestmark = pytest.mark.slow
@@ -431,9 +431,12 @@ def test_killed_between_creating_a_run_and_its_first_checkpoint(
     shared_url: str, action: str
 ) -> None:
     """SIGKILL at every SQL statement from the run's row to the end of ``start``/``enqueue``
-    (a forked process per kill point): whichever it hit, the same call again converges on one
-    run, and workers then drain every run, the healthy ones queued behind included (no
-    wedged pool)."""
+    (a forked process per kill point). The run's row and its input checkpoint commit
+    together, so each kill left the whole run or nothing: ``resume`` continues a run that
+    exists (the input is there to restart from) and says there is no run otherwise (there
+    is no input to start from: the caller's start again creates it). Whichever it hit, the
+    same call again converges on one run, and workers then drain every run, the healthy
+    ones queued behind included (no wedged pool)."""
     with pitstop.open_store(shared_url) as store:
         for i in range(3):
             workflows.approval.enqueue(store, {"n": 1}, run_id=f"healthy-{i}")
@@ -443,15 +446,30 @@ def test_killed_between_creating_a_run_and_its_first_checkpoint(
     outcomes = json.loads(proc.stdout)
     assert outcomes.count(-signal.SIGKILL) >= 3, outcomes
     assert outcomes[-1] == 0, (outcomes, proc.stderr)  # the last point is past the call's end
+    written = []
     with pitstop.open_store(shared_url) as store:
         for at in range(points):
             run_id = f"born-{at}"
+            try:
+                run = store.get_run(run_id)
+            except RunNotFoundError:
+                written.append(False)
+                with pytest.raises(RunNotFoundError, match=run_id):
+                    workflows.approval.resume(store, run_id)
+            else:
+                written.append(True)
+                assert run.head_id is not None, at  # never a run without its input
+                if action == "start" or at % 2:  # (the others are left to the workers)
+                    resumed = workflows.approval.resume(store, run_id)
+                    assert resumed.status is RunStatus.WAITING, at
             if action == "start":
                 again = workflows.approval.start(store, {"n": 1}, run_id=run_id)
                 assert again.status is RunStatus.WAITING, at
             else:
                 assert workflows.approval.enqueue(store, {"n": 1}, run_id=run_id).id == run_id
-                assert store.history(run_id, limit=None), at
+            assert len([h for h in store.history(run_id, limit=None)
+                        if h.source == "input"]) == 1, at
+        assert True in written and False in written, written  # kills before and after commit
         started = time.monotonic()
         stats = run_until_idle(store, workflows.approval)
         assert time.monotonic() - started < 60

@@ -134,18 +134,18 @@ def test_a_worker_outlives_a_store_that_goes_away(
 
 @needs_postgres
 @pytest.mark.parametrize("deliver", [True, False], ids=["committed", "not-committed"])
-@pytest.mark.parametrize("commit", [0, 1])  # start sends two COMMITs
 def test_a_start_whose_commit_is_cut_converges_on_one_run(
-    proxy: FaultProxy, schema: str, deliver: bool, commit: int
+    proxy: FaultProxy, schema: str, deliver: bool
 ) -> None:
-    """The connection is reset on the n-th COMMIT of ``start``, after the server got it or
-    before: the caller cannot tell whether it was applied. The same start converges on one
-    run either way, with its input checkpoint written once."""
+    """The connection is reset on ``start``'s COMMIT (its only one: the run's row and its
+    input checkpoint; the steps' saves are autocommitted statements), after the server got
+    it or before: the caller cannot tell whether it was applied. The same start converges on
+    one run either way, with its input checkpoint written once."""
     wf = pitstop.Workflow("orders")
     wf.step(name="ship")(lambda state: {"shipped": state["order"]})
     with pitstop.open_store(proxied_url(proxy, schema)) as store:
         store.runs()  # connections are up before the trigger is armed
-        proxy.cut_on(b"COMMIT", deliver=deliver, skip=commit)
+        proxy.cut_on(b"COMMIT", deliver=deliver)
         result = wf.start(store, {"order": 7}, run_id="order-7")
         assert proxy.triggered.is_set()
         assert result.status is RunStatus.COMPLETED and result.state["shipped"] == 7
@@ -253,31 +253,32 @@ def test_a_start_whose_commit_stalls_converges_when_repeated(
 
 @needs_postgres
 @pytest.mark.parametrize("deliver", [True, False], ids=["committed", "not-committed"])
-@pytest.mark.parametrize("commit", [0, 1])  # start sends two COMMITs
 def test_after_a_start_lost_in_its_commit_resume_says_what_happened(
-    proxy: FaultProxy, schema: str, deliver: bool, commit: int
+    proxy: FaultProxy, schema: str, deliver: bool
 ) -> None:
-    """``start``'s n-th COMMIT is cut and the store stays away, so the caller only knows the
-    outcome is unknown. Once it is back, ``resume`` continues the run if its input was
-    committed, and otherwise says the run was never started (RunNotFoundError, or its
-    RunNotStartedError: start it again) instead of failing some other way; the repeated
-    start converges on one run either way."""
+    """``start``'s COMMIT is cut and the store stays away, so the caller only knows the
+    outcome is unknown. The run's row commits with its input checkpoint, so once the store
+    is back there is the whole run, which ``resume`` continues, or no run at all, which
+    ``resume`` says (RunNotFoundError: there is no input to start it from; the caller's
+    start again creates it). The repeated start converges on one run either way."""
     wf = pitstop.Workflow("orders")
     wf.step(name="ship")(lambda state: {"shipped": state["order"]})
     with pitstop.open_store(proxied_url(proxy, schema, busy_timeout="2")) as store:
         store.runs()
-        proxy.cut_on(b"COMMIT", deliver=deliver, skip=commit)
+        proxy.cut_on(b"COMMIT", deliver=deliver)
         threading.Thread(target=lambda: proxy.triggered.wait(10) and proxy.down()).start()
         with contextlib.suppress(StoreError):  # (or it converged before the store went away)
             wf.start(store, {"order": 5}, run_id="order-5")
         assert proxy.triggered.is_set()
         proxy.heal()
         with pitstop.open_store(pg_schema_url(schema)) as direct:  # what did get written
-            input_committed = direct.latest("order-5") if direct.count_runs() else None
+            runs = direct.count_runs()
+            input_committed = direct.latest("order-5") if runs else None
+        assert bool(runs) == (input_committed is not None)  # the whole run or nothing
         if input_committed is not None:
             resumed = _once_back(lambda: wf.resume(store, "order-5"))
             assert resumed.status is RunStatus.COMPLETED and resumed.state["shipped"] == 5
-        else:  # perhaps created, never started: the message says to start it again
+        else:
             with pytest.raises(RunNotFoundError, match="order-5"):
                 _once_back(lambda: wf.resume(store, "order-5"))
         again = _once_back(lambda: wf.start(store, {"order": 5}, run_id="order-5"))

@@ -27,6 +27,7 @@ from pitstop import (
     SerializationError,
     Store,
 )
+from pitstop.store import PreparedSave
 
 MiB = 1 << 20
 
@@ -233,6 +234,34 @@ def test_expected_head_rejects_a_second_writer(store: Store) -> None:
     with pytest.raises(ConflictError):
         store.save("new", {"a": 1}, expected_head="something")
     store.save("new", {"a": 1}, expected_head=None)
+
+
+def test_start_run_writes_the_run_and_its_first_checkpoint_together(store: Store) -> None:
+    def first(run_id: str, status: RunStatus = RunStatus.RUNNING) -> PreparedSave:
+        return store.prepare(run_id, {"x": 1}, step=0, workflow="wf", status=status,
+                             expected_head=None)
+
+    ckpt, lease = store.start_run(first("a"), metadata={"k": "v"}, priority=3, owner="me",
+                                  ttl=60)
+    run = store.get_run("a")
+    assert run.head_id == ckpt.id and run.checkpoints == 1 and run.metadata == {"k": "v"}
+    assert run.priority == 3 and run.workflow == "wf" and run.owner == "me"
+    assert lease is not None and lease.token == 1 and lease.workflow == "wf"
+    with pytest.raises(RunBusyError):  # born leased: nobody else writes meanwhile
+        store.acquire("a", "other")
+    store.save("a", {"x": 2}, lease=lease, release=True, status=RunStatus.COMPLETED)
+    assert store.latest("a").state == {"x": 2}
+    with pytest.raises(RunExistsError):
+        store.start_run(first("a"))
+    store.create_run("registered", workflow="wf", status=RunStatus.WAITING)  # no input: refused
+    with pytest.raises(RunExistsError):
+        store.start_run(first("registered"))
+    assert store.get_run("registered").head_id is None
+    _, none = store.start_run(first("q", RunStatus.QUEUED))
+    assert none is None and store.get_run("q").status is RunStatus.QUEUED
+    assert [c.run_id for c in store.claim("w", workflows=["wf"])] == ["q"]
+    with pytest.raises(ValueError, match="expected_head=None"):
+        store.start_run(store.prepare("b", {"x": 1}))
 
 
 # -- forks ----------------------------------------------------------------------------------------

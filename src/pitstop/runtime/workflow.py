@@ -255,13 +255,21 @@ class Workflow:
         fields = self.adapter.fields_of(input)
         run_id = run_id or new_id()
         try:
-            # A queued run is registered as waiting (for nothing, with no wake time: no
-            # worker claims it) until its first checkpoint makes it queued, so a worker never
-            # claims a run it cannot start yet.
-            store.create_run(
-                run_id, workflow=self.name, priority=priority,
-                status=RunStatus.WAITING if status is RunStatus.QUEUED else status,
-                metadata=metadata,
+            # The run's row and its input checkpoint in one transaction: a crash or a lost
+            # connection leaves the whole run (resume continues it, the same start again
+            # converges on it) or nothing at all (the same start again creates it).
+            prepared = store.prepare(
+                run_id,
+                fields,
+                step=0,
+                metadata=self._input_metadata(status),
+                schema_version=self.version,
+                workflow=self.name,
+                status=status,
+                expected_head=None,
+            )
+            ckpt, lease = store.start_run(
+                prepared, metadata=metadata, priority=priority, owner=owner, ttl=self.lease_ttl
             )
         except RunExistsError:
             run = store.get_run(run_id)
@@ -270,9 +278,19 @@ class Workflow:
                 return run_id, None, None
             if run.workflow != self.name:
                 raise
-            # Created, but its first checkpoint never written (the process died in between):
-            # write it now, as that call would have.
-        return run_id, *self._first_checkpoint(store, run_id, fields, status, owner)
+            # Registered by store.create_run without its input (or by a version of pitstop
+            # that wrote the two apart, killed in between): write the input now.
+            return run_id, *self._first_checkpoint(store, run_id, fields, status, owner)
+        return run_id, lease, ckpt
+
+    def _input_metadata(self, status: RunStatus) -> dict[str, Any]:
+        return {
+            "source": "input",
+            "status": status.value,
+            "step_name": None,
+            "next": self.first_step,
+            "completed": [],
+        }
 
     def _first_checkpoint(
         self,
@@ -282,19 +300,14 @@ class Workflow:
         status: RunStatus,
         owner: str | None,
     ) -> tuple[Lease | None, Checkpoint]:
+        """The input checkpoint of a run whose row exists without one."""
         lease = acquire(store, run_id, owner, ttl=self.lease_ttl) if owner else None
         try:
             ckpt = store.save(
                 run_id,
                 fields,
                 step=0,
-                metadata={
-                    "source": "input",
-                    "status": status.value,
-                    "step_name": None,
-                    "next": self.first_step,
-                    "completed": [],
-                },
+                metadata=self._input_metadata(status),
                 schema_version=self.version,
                 workflow=self.name,
                 status=status,

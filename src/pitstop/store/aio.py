@@ -58,6 +58,7 @@ class AsyncStore:
     runs = _offload(Store.runs)
     children = _offload(Store.children)
     start_children = _offload(Store.start_children)
+    start_run = _offload(Store.start_run)
     count_runs = _offload(Store.count_runs)
     update_run = _offload(Store.update_run)
     delete_run = _offload(Store.delete_run)

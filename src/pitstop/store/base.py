@@ -433,6 +433,26 @@ class Store(ABC):
         makes it a child of that run (see :meth:`children`)."""
 
     @abstractmethod
+    def start_run(
+        self,
+        prepared: PreparedSave,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        priority: int = 0,
+        owner: str | None = None,
+        ttl: float = 30.0,
+    ) -> tuple[Checkpoint, Lease | None]:
+        """Create a run together with its first checkpoint, in one transaction.
+
+        ``prepared`` is a save prepared with ``expected_head=None`` (and the run's
+        ``workflow`` and ``status``); ``metadata`` and ``priority`` are the run's. With
+        ``owner`` the run is born leased to it for ``ttl`` seconds. Returns the checkpoint
+        and the lease (None without ``owner``). A crash or a lost connection leaves the
+        whole run or nothing: never a run without the input it would resume from. Raises
+        :class:`~pitstop.RunExistsError` (writing nothing) if a run of that id exists.
+        """
+
+    @abstractmethod
     def start_children(
         self,
         parent_run: str,

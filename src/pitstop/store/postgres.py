@@ -654,6 +654,7 @@ class PostgresStore(SqlStore):
         )
         return (
             not follows_and_expects_another
+            and plan.new_run is None
             and not plan.consumed
             and plan.deliver_to is None
             and plan.status is not RunStatus.QUEUED

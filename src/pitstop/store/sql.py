@@ -128,6 +128,18 @@ class WritePlan:
     """A waiting save for children: the write makes the run runnable if all delivered."""
     effects: Sequence[tuple[Any, ...]] = ()
     """Effect records written in the same transaction (``pitstop_effects`` rows)."""
+    new_run: NewRun | None = None
+    """A run's first save that creates its row (:meth:`Store.start_run`), never updating
+    a row that exists."""
+
+
+class NewRun(NamedTuple):
+    """The run row a :meth:`Store.start_run` inserts with the run's first checkpoint."""
+
+    metadata: str
+    priority: int
+    owner: str | None
+    expires: float | None
 
 
 def head_update(plan: WritePlan, null_safe_eq: str) -> tuple[str, list[Any]]:
@@ -486,8 +498,11 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
         expected = record.parent_id if plan.follow_head else plan.expected_head
         if plan.deliver_to is not None:
             self._lock_parent(tx, plan.deliver_to)
-        if plan.follow_head and plan.expected_head not in (UNSET, expected):
-            # Following the head *and* expecting another one cannot both hold: the slow
+        if plan.new_run is not None or (
+            plan.follow_head and plan.expected_head not in (UNSET, expected)
+        ):
+            # A new run's row is inserted, not updated (a row of that id refuses it); and
+            # following the head *and* expecting another one cannot both hold: the slow
             # path says which failed (ConflictError, or a moved head and a new attempt).
             moved = 0
         else:
@@ -533,6 +548,9 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
         run_id = record.run_id
         row = tx.one(_SELECT_GUARD + self.dialect.lock_row, (run_id,))
         current = _Guard(*row) if row is not None else None
+        new_run = plan.new_run
+        if new_run is not None and current is not None:
+            raise RunExistsError(run_id)
         actual = current.head_id if current is not None else None
         # The caller's expectation first: when it fails, re-reading the head (what
         # _HeadMoved leads to) cannot make it hold.
@@ -548,21 +566,29 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
         self._check_lease(run_id, current, plan.lease, record.created_at)
         if current is not None:  # pragma: no cover - the UPDATE would have matched
             raise _HeadMoved(actual)
+        if new_run is None:
+            new_run = NewRun("{}", 0, None, None)
         tx.run(
             "INSERT INTO pitstop_runs (run_id, workflow, status, created_at, "
             "updated_at, metadata, head_id, step, waiting_for, wake_at, checkpoints, "
-            "bytes) VALUES (?, ?, ?, ?, ?, '{}', ?, ?, ?, ?, 1, ?)",
+            "bytes, priority, lease_owner, lease_expires, fence) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?)",
             (
                 run_id,
                 plan.workflow,
                 (plan.status or RunStatus.RUNNING).value,
                 record.created_at,
                 record.created_at,
+                new_run.metadata,
                 record.id,
                 record.step,
                 plan.waiting_json,
                 plan.wake_at,
                 grown,
+                new_run.priority,
+                new_run.owner,
+                new_run.expires,
+                1 if new_run.owner is not None else 0,  # the token a first acquire gives
             ),
         )
 
@@ -852,6 +878,29 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
             return tx.one(SELECT_RUN + " WHERE run_id = ?", (run_id,))
 
         return RunRow(*self._tx(write, write=True)).to_run()
+
+    def start_run(
+        self,
+        prepared: PreparedSave,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        priority: int = 0,
+        owner: str | None = None,
+        ttl: float = 30.0,
+    ) -> tuple[Checkpoint, Lease | None]:
+        plan: WritePlan = prepared.payload
+        if plan.expected_head is not None or plan.lease is not None:
+            raise ValueError("start_run takes a save prepared with expected_head=None, no lease")
+        expires = time.time() + ttl if owner is not None else None
+        plan.new_run = NewRun(
+            encode_metadata(metadata, prepared.run_id) if metadata else "{}",
+            priority, owner, expires,
+        )
+        ckpt = self.commit(prepared)
+        if owner is None:
+            return ckpt, None
+        assert expires is not None
+        return ckpt, Lease(prepared.run_id, owner, 1, expires, plan.workflow)
 
     def start_children(
         self,
