@@ -667,6 +667,32 @@ def test_fallback_from_a_head_outside_the_run_takes_its_newest_valid(url: str, h
         assert via_run is not None and via_run.id == ids[4]
 
 
+def test_fallback_on_a_branched_run_stays_on_the_runs_own_branch(url: str) -> None:
+    """A run resumed from checkpoint 1 (``resume --from``) left 2..4 on a branch of their
+    own; the two checkpoints of its branch rot. By stored order the newest valid one is 4,
+    a state the run abandoned; along the head's ancestry (the records' checksums hold, so
+    their parent links are true) it is the branch point, 1."""
+    from pitstop.store.records import decode_field_map
+
+    with pitstop.open_store(url) as store:
+        ids = _five(store)
+        b1 = store.save("a", {"n": 11, "text": "branch one " * 20}, parent_id=ids[1]).id
+        b2 = store.save("a", {"n": 12, "text": "branch two " * 20}).id
+        for rotten in (b1, b2):  # its value of `text`, not its record
+            row = store._tx(lambda tx, c=rotten: tx.one(  # type: ignore[attr-defined]
+                "SELECT fields FROM pitstop_checkpoints WHERE id = ?", (c,)))
+            tamper(url, "UPDATE pitstop_blobs SET data = ? WHERE hash = ?",
+                   (b"\x00" * 8, decode_field_map(bytes(row[0]))["text"].hash))
+    with pitstop.open_store(url) as store:
+        with pytest.raises(pitstop.CorruptCheckpointError):
+            store.latest("a")
+        found = store.latest("a", fallback=True)
+        assert found is not None and found.id == ids[1] and found.state["n"] == 1
+        assert [s.split(":")[0] for s in found.skipped] == [b2, b1]
+        _, head = store.latest_with_run("a", fallback=True)
+        assert head is not None and head.id == ids[1]
+
+
 # -- the database's own structures, and the blob store (verify) --------------------------------
 
 

@@ -328,9 +328,11 @@ class Store(ABC):
 
         A corrupt head (a damaged record, or a head that is missing or another run's)
         raises :class:`~pitstop.CorruptCheckpointError`; with ``fallback=True`` the newest
-        valid checkpoint of the run older than the head is returned instead, found by stored
-        order (a corrupt record's parent link cannot be trusted), and its ``skipped``
-        attribute lists the checkpoints passed over and why.
+        valid checkpoint older than the head is returned instead, and its ``skipped``
+        attribute lists the checkpoints passed over and why. It is looked for along the
+        head's ancestry (its own branch, on a run resumed from an earlier checkpoint) while
+        the records' checksums vouch for their parent links, then by stored order (a record
+        whose checksum fails has links that cannot be trusted).
         """
 
     def latest_with_run(

@@ -222,6 +222,10 @@ class _Guard(NamedTuple):
 _SELECT_GUARD = f"SELECT {', '.join(_Guard._fields)} FROM pitstop_runs WHERE run_id = ?"
 
 
+def _checksum_holds(record: CheckpointRecord) -> bool:
+    return record.checksum == record.compute_checksum()
+
+
 def _ts(value: datetime | float | None) -> float | None:
     if value is None or isinstance(value, float | int):
         return value
@@ -752,20 +756,46 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
         except CorruptCheckpointError as exc:
             if not fallback:
                 raise
-            own = record is not None and record.run_id == run_id
+            own = record if record is not None and record.run_id == run_id else None
             return self._fallback(run_id, head_id, own, exc, strict)
         # A run is usually loaded to be continued: its next save will want this field map.
         self._fields.put(record.id, Parent(record.id, run_id, record.step, record.field_map()))
         return found
 
     def _fallback(
-        self, run_id: str, bad_id: str, own: bool, error: CorruptCheckpointError, strict: bool
+        self,
+        run_id: str,
+        bad_id: str,
+        bad: CheckpointRecord | None,
+        error: CorruptCheckpointError,
+        strict: bool,
     ) -> Checkpoint:
-        """The newest valid checkpoint of the run older than its corrupt head (any of the
-        run's, when the head is not one of them), by stored order: a corrupt record's parent
-        link cannot be trusted, so the walk goes by id (ids grow with time), never by links."""
+        """The newest valid checkpoint of the run's own branch older than its corrupt head.
+
+        Along the head's ancestry first, while the links can be trusted: a record whose
+        checksum holds (its values are what is damaged) names its parent truthfully, and on
+        a branched run (``resume --from``) the stored order alone would land on the newest
+        checkpoint of the branch the run left. Once a record's own checksum fails (or the
+        head is not one of the run's), its links cannot be trusted either: the walk goes on
+        by stored order (ids grow with time) below the last checkpoint it reached.
+        """
         skipped = [f"{bad_id}: {error.detail}"]
-        below: str | None = bad_id if own else None
+        below: str | None = bad.id if bad is not None else None
+        link = bad.parent_id if bad is not None and _checksum_holds(bad) else None
+        while link is not None:
+            record, values = self._tx(partial(
+                self._load, where="WHERE id = ? AND run_id = ?", params=(link, run_id)
+            ))
+            if record is None:  # pruned, or another run's (a fork's source): stored order
+                break
+            try:
+                found = self._value_codec.decode_checkpoint(record, values, strict=strict)
+            except CorruptCheckpointError as exc:
+                skipped.append(f"{record.id}: {exc.detail}")
+                below = record.id
+                link = record.parent_id if _checksum_holds(record) else None
+                continue
+            return self._fell_back(run_id, found, skipped)
         while True:
             params: tuple[str, ...] = (run_id,) if below is None else (run_id, below)
             where = "WHERE run_id = ? " + ("" if below is None else "AND id < ? ")
@@ -779,19 +809,23 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
                 skipped.append(f"{record.id}: {exc.detail}")
                 below = record.id
                 continue
-            found.skipped = tuple(skipped)
-            log.warning(
-                "run %r: head is corrupt, fell back to checkpoint %s (skipped %s)",
-                run_id,
-                found.id,
-                "; ".join(skipped),
-            )
-            return found
+            return self._fell_back(run_id, found, skipped)
         raise CorruptCheckpointError(
             "no valid checkpoint in the run (" + "; ".join(skipped) + ")",
             run_id=run_id,
             checkpoint_id=bad_id,
         )
+
+    @staticmethod
+    def _fell_back(run_id: str, found: Checkpoint, skipped: list[str]) -> Checkpoint:
+        found.skipped = tuple(skipped)
+        log.warning(
+            "run %r: head is corrupt, fell back to checkpoint %s (skipped %s)",
+            run_id,
+            found.id,
+            "; ".join(skipped),
+        )
+        return found
 
     def summary(self, checkpoint_id: str) -> CheckpointSummary:
         row = self._tx(lambda tx: tx.one(SELECT_SUMMARY + " WHERE id = ?", (checkpoint_id,)))
