@@ -678,3 +678,46 @@ def test_a_woken_parent_reads_its_childrens_final_states_together(tmp_path: Path
     assert len(heads) == 1, heads  # the 40 final checkpoints
     assert len([s for s in reads if "parent_run = " in s]) == 1  # the 40 runs
     assert len(reads) < 20, reads  # not one per child
+
+
+def test_an_exported_family_keeps_its_links_in_the_store_it_is_imported_into(
+    tmp_path: Path,
+) -> None:
+    from clitools import pitstop_exe
+
+    source, target = (f"sqlite:///{tmp_path / name}" for name in ("a.db", "b.db"))
+    parent, _ = _fan_parent("family-moved", n=2)
+    with pitstop.open_store(source) as store:
+        assert parent.start(store, {}, run_id="fam").status is RunStatus.COMPLETED
+        ids = ["fam", *(c.id for c in store.children("fam"))]
+    for run_id in ids:
+        archive = str(tmp_path / f"{run_id}.pitstop")
+        out = pitstop_exe("export", run_id, "-o", archive, store=source)
+        assert out.code == 0, out.err
+        back = pitstop_exe("import", archive, store=target)
+        assert back.code == 0, back.err
+    copy = pitstop_exe("import", str(tmp_path / "fam.0-0.pitstop"), "--run-id", "lone-copy",
+                       store=target)
+    assert copy.code == 0, copy.err
+    with pitstop.open_store(target) as store:
+        assert [c.id for c in store.children("fam")] == ["fam.0-0", "fam.0-1"]
+        assert store.get_run("fam.0-1").parent_run == "fam"
+        assert store.get_run("fam").parent_run is None
+        assert store.count_runs(parent_run="fam") == {"completed": 2}
+        assert store.get_run("lone-copy").parent_run is None  # a copy is nobody's child
+    listed = pitstop_exe("runs", "--parent", "fam", "--json", store=target)
+    assert {(r["id"], r["parent_run"]) for r in listed.json["runs"]} == {
+        ("fam.0-0", "fam"), ("fam.0-1", "fam")}
+
+
+def test_an_archive_without_parent_links_imports_as_runs_without_parents(
+    tmp_path: Path,
+) -> None:
+    """Archives an older pitstop wrote have no ``parent_run`` in their run frame."""
+    from pitstop import archive as archives
+
+    with pitstop.open_store(f"sqlite:///{tmp_path / 'a.db'}") as store:
+        double.start(store, {"x": 1}, run_id="solo")
+        data = store.export_run("solo")
+    frame = {k: v for k, v in archives.asdict(data.run).items() if k != "parent_run"}
+    assert archives._known(archives.RunRecord, frame)["parent_run"] is None

@@ -37,7 +37,7 @@ def test_sql_is_built_from_the_row_classes() -> None:
     assert schema.INSERT_CHECKPOINT.count("?") == len(schema.CHECKPOINTS.columns)
     # A lease belongs to a process, a parent link to the store the parent lives in.
     assert set(schema.EXPORTED_RUN_COLUMNS) == set(schema.RUNS.columns) - {
-        "lease_owner", "lease_expires", "fence", "parent_run"
+        "lease_owner", "lease_expires", "fence"
     }
 
 

@@ -415,9 +415,15 @@ def _check_counts(name: str, declared: Any, data: RunExport) -> None:
             )
 
 
+_ADDED = frozenset({"parent_run"})
+"""Fields added in a minor addition: an archive an older pitstop wrote lacks them (None)."""
+
+
 def _known(cls: type, frame: Mapping[str, Any]) -> dict[str, Any]:
-    """The frame's values for ``cls``'s fields (extra keys from a later minor version skipped)."""
-    return {f.name: frame[f.name] for f in fields(cls)}
+    """The frame's values for ``cls``'s fields (extra keys from a later minor version skipped;
+    fields added since, absent from an older archive, None)."""
+    return {f.name: frame[f.name] if f.name in frame or f.name not in _ADDED else None
+            for f in fields(cls)}
 
 
 def _memory_bytes() -> int | None:
@@ -621,6 +627,7 @@ def renamed(data: RunExport, run_id: str) -> RunExport:
         **{
             **asdict(data.run),
             "run_id": run_id,
+            "parent_run": None,  # a copy is not one of the parent's children
             "head_id": ids.get(data.run.head_id or "", data.run.head_id),
             "metadata": encode_metadata(run_meta, run_id),
         }

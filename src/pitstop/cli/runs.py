@@ -90,6 +90,7 @@ def run_json(run: Run, lease: Ownership | None = None,
         "owner": run.owner,
         "lease_expires_at": run.lease_expires_at,
         "priority": run.priority,
+        "parent_run": run.parent_run,
         "metadata": dict(run.metadata),
     }
     if lease is not None:

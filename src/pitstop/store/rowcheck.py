@@ -127,6 +127,7 @@ def run_problem(run: RunRecord) -> str | None:
         _integer("checkpoints", run.checkpoints, INT32, minimum=0),
         _integer("bytes", run.bytes, INT64, minimum=0),
         _integer("priority", run.priority, INT32),
+        _text("parent_run", run.parent_run, optional=True),
     ))
 
 

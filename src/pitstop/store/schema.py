@@ -190,6 +190,9 @@ class RunRecord:
     checkpoints: int
     bytes: int
     priority: int
+    parent_run: str | None
+    """The run whose step started this one (``ctx.run_child``), or None. Exported with the
+    run, so a family moved between stores keeps its links."""
 
 
 @dataclass(slots=True)
@@ -200,9 +203,6 @@ class RunRow(RunRecord):
     lease_expires: float | None
     fence: int
     """The fencing token: grows each time the run changes hands (see :class:`~pitstop.Lease`)."""
-    parent_run: str | None
-    """The run whose step started this one (``ctx.run_child``), or None. Not exported with
-    the run: an imported run stands alone."""
 
     def to_run(self) -> Run:
         """The row as a :class:`Run`; a damaged row (no checksum covers it: it changes on
