@@ -718,6 +718,75 @@ def test_verify_reports_sqlite_index_damage(tmp_path: Path) -> None:
                    for p in problems), problems
 
 
+needs_postgres = pytest.mark.skipif("postgres" not in BACKENDS, reason="no PostgreSQL backend")
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    schema = f"v_{uuid.uuid4().hex[:12]}"
+    yield pg_schema_url(schema)
+    drop_pg_schema(schema)
+
+
+@needs_postgres
+def test_verify_reports_postgres_index_damage_through_amcheck(pg_url: str, cli: Cli) -> None:
+    """Checkpoints written while the id index was not maintained (rows the index lacks,
+    what a lost index page leaves): lookups by id find nothing, every row and checksum is
+    intact, and only the server's index check (amcheck, installed by verify as the
+    superuser the tests run as) can tell."""
+    schema = pg_url.rsplit("schema=", 1)[1]
+    index = f'"{schema}".pitstop_checkpoints_id'
+    with pitstop.open_store(pg_url) as store:
+        store.save("a", {"n": 0})
+        clean = store.verify()
+        assert clean == [] and clean.notes == []
+    tamper(pg_url, f"UPDATE pg_index SET indisready = false WHERE indexrelid = '{index}'::regclass")
+    with pitstop.open_store(pg_url) as store:
+        lost = store.save("a", {"n": 1}).id
+    tamper(pg_url, f"UPDATE pg_index SET indisready = true WHERE indexrelid = '{index}'::regclass")
+    with pitstop.open_store(pg_url) as store:
+        with pytest.raises(pitstop.CheckpointNotFoundError):
+            store.get(lost)  # by id, through the damaged index
+        problems = store.verify()
+        assert [p.kind for p in problems] == ["store"], problems
+        assert "pitstop_checkpoints_id" in problems[0].message
+        assert "lacks matching index tuple" in problems[0].message
+        assert "REINDEX" in problems[0].message
+    code, out, _ = cli("verify", store=pg_url)
+    assert code == 1 and "pitstop_checkpoints_id" in out
+
+
+@needs_postgres
+def test_verify_says_when_it_cannot_check_postgres_indexes(pg_url: str, cli: Cli) -> None:
+    """A role that may not run amcheck: verify checks everything else and says, as a note,
+    that the indexes went unchecked and what to grant."""
+    import psycopg
+
+    schema = pg_url.rsplit("schema=", 1)[1]
+    role = f"r_{schema}"
+    with pitstop.open_store(pg_url) as store:
+        store.save("a", {"n": 0})
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE ROLE "{role}" LOGIN')
+        conn.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"')
+        conn.execute(f'GRANT ALL ON ALL TABLES IN SCHEMA "{schema}" TO "{role}"')
+    plain = pg_url.replace("://postgres@", f"://{role}@", 1)
+    assert plain != pg_url
+    try:
+        with pitstop.open_store(plain) as store:
+            problems = store.verify()
+            assert problems == [] and len(problems.notes) == 1, problems.notes
+            assert "index check skipped" in problems.notes[0]
+        code, out, _ = cli("verify", store=plain)
+        assert code == 0 and "note: index check skipped" in out and "ok:" in out
+        code, out, _ = cli("verify", "--json", store=plain)
+        assert code == 0 and "index check skipped" in json.loads(out)["notes"][0]
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f'DROP OWNED BY "{role}"')
+            conn.execute(f'DROP ROLE "{role}"')
+
+
 def test_a_blob_file_replaced_by_a_directory_is_corruption_with_fallback(tmp_path: Path) -> None:
     blobs = tmp_path / "blobs"
     url = f"sqlite:///{tmp_path / 'store.db'}?blobs={blobs}&blob_threshold=1000"

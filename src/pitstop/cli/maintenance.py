@@ -60,18 +60,22 @@ def _tracking(progress: Progress | None, seen: list[int]) -> Progress:
 
 @command("verify", examples=["pitstop verify", "pitstop verify --json"])
 def verify(s: Session) -> int:
-    """Check every record's checksum and every reference, every run row and head, and (SQLite)
-    the database file's own integrity check; exit 1 and list each problem."""
+    """Check every record's checksum and every reference, every run row and head, and the
+    database's own check of its indexes (SQLite's integrity check, PostgreSQL's amcheck);
+    exit 1 and list each problem."""
     store = s.store()
     checked: list[int] = [0]
     with s.out.progress("verifying") as bar:
         problems = store.verify(progress=_tracking(bar, checked))
+    notes = list(getattr(problems, "notes", ()))
     if s.as_json:
         s.out.json({"ok": not problems, "checked": checked[0], "problems": [
             {"kind": p.kind, "id": p.id, "run_id": p.run_id, "message": p.message}
             for p in problems
-        ]})
+        ], "notes": notes})
     else:
+        for note in notes:
+            s.out.line(f"note: {note}", "yellow")
         for p in problems:
             s.out.line(f"problem: {p}", "red")
         if problems:

@@ -328,11 +328,11 @@ class SqlBackend(Store):
         Default: None."""
         return None
 
-    def _integrity_problems(self) -> list[str]:
+    def _integrity_problems(self, notes: list[str]) -> list[str]:
         """Backend hook, optional: damage the database engine itself finds in its files
         (indexes that disagree with their tables, broken pages), one line each, for
-        ``verify``: a damaged index can hide rows from every query pitstop makes.
-        Default: none found."""
+        ``verify``: a damaged index can hide rows from every query pitstop makes. What it
+        could not check goes to ``notes``. Default: none found."""
         return []
 
     # -- transactions ----------------------------------------------------------------------

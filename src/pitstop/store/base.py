@@ -165,6 +165,15 @@ class Problem:
         return f"{self.kind} {self.id}{run}: {self.message}"
 
 
+class Problems(list[Problem]):
+    """What :meth:`Store.verify` returns: the problems found, and :attr:`notes` on what it
+    could not check (PostgreSQL's index check without the ``amcheck`` extension)."""
+
+    def __init__(self, problems: Iterable[Problem] = (), notes: Iterable[str] = ()) -> None:
+        super().__init__(problems)
+        self.notes: list[str] = list(notes)
+
+
 class RunList(list[Run]):
     """What :meth:`Store.runs` returns: the runs, and the rows it could not read.
 
@@ -564,11 +573,12 @@ class Store(ABC):
         """Counts and bytes held."""
 
     @abstractmethod
-    def verify(self, *, progress: Progress | None = None) -> list[Problem]:
+    def verify(self, *, progress: Progress | None = None) -> Problems:
         """Check every record's checksum and every reference, every run row (its fields, and
-        that its head is one of its own checkpoints) and, where the database has one, its
-        own integrity check (SQLite's ``PRAGMA integrity_check``: index damage); return what
-        is wrong."""
+        that its head is one of its own checkpoints) and the database's own check of its
+        indexes (SQLite's ``PRAGMA integrity_check``; on PostgreSQL ``amcheck``'s
+        ``bt_index_check``, installed if this role may: where it cannot run, the returned
+        list's ``notes`` say so); return what is wrong."""
 
     @abstractmethod
     def migrate(self) -> int:

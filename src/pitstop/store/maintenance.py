@@ -17,7 +17,7 @@ from typing import Any, Literal, NamedTuple
 from ..errors import CorruptCheckpointError, RunNotFoundError
 from ..model import RunStatus
 from .backend import CHUNK, Tx, placeholders
-from .base import Problem, Progress, PruneReport, RetentionPolicy, StoreStats
+from .base import Problem, Problems, Progress, PruneReport, RetentionPolicy, StoreStats
 from .records import CheckpointRecord, FieldRef, decode_field_map, is_chunk_key
 from .rowcheck import run_problem
 from .schema import SELECT_CHECKPOINT, SELECT_RUN, RunRow
@@ -306,11 +306,12 @@ class Maintenance(StoredValues):
 
         return self._tx(read)
 
-    def verify(self, *, progress: Progress | None = None) -> list[Problem]:
+    def verify(self, *, progress: Progress | None = None) -> Problems:
         # The engine's own check first: a damaged index hides rows from the reads below.
-        problems = [
-            Problem("store", self.url, line) for line in self._integrity_problems()
-        ]
+        problems = Problems()
+        problems.extend(
+            Problem("store", self.url, line) for line in self._integrity_problems(problems.notes)
+        )
         try:
             self._verify_records(problems, progress)
         except CorruptCheckpointError as exc:

@@ -78,6 +78,7 @@ from pitstop.store.base import UNSET, Durability, PreparedSave, Unset
 from pitstop.store.blobs import BlobStore
 from pitstop.store.options import OPTIONS, parse_option
 from pitstop.store.options import check as check_options
+from pitstop.store.pgcheck import index_problems
 from pitstop.store.pgconn import GuardedConnection, flush_all
 from pitstop.store.records import is_chunk_key
 from pitstop.store.schema import CHECKPOINTS
@@ -838,6 +839,18 @@ class PostgresStore(SqlStore):
                 conn.close()
 
     # -- maintenance -----------------------------------------------------------------------------
+
+    def _integrity_problems(self, notes: list[str]) -> list[str]:
+        # Its own connection, autocommitted (one damaged index must not abort the checks of
+        # the others) and without the statement timeout: checking every row of a large
+        # table against its index takes as long as reading it.
+        try:
+            with self._connect() as conn:
+                conn.autocommit = True
+                conn.execute("SET statement_timeout TO 0")
+                return index_problems(conn, self.schema, notes)
+        except psycopg.Error as exc:
+            raise StoreError(f"{self.url}: index check: {self._clean(exc)}") from exc
 
     def _file_bytes(self) -> int | None:
         """Disk used by pitstop's tables in this schema, with their indexes and TOAST."""

@@ -397,7 +397,7 @@ class SQLiteStore(SqlStore):
             if os.path.exists(p)
         )
 
-    def _integrity_problems(self) -> list[str]:
+    def _integrity_problems(self, notes: list[str]) -> list[str]:
         # integrity_check, not quick_check: only it compares each index with its table.
         try:
             rows = self._query(f"PRAGMA integrity_check({_INTEGRITY_LINES})")
