@@ -255,7 +255,7 @@ def children_bench(kids: int, workers: int) -> None:
          fmt_time(statistics.median(inside)), ""],
         ["  the same for a run without children (a child)",
          fmt_time(statistics.median(alone)), ""],
-        ["  of which the children summary (2 queries)", fmt_time(family), ""],
+        ["  of which the children summary (1 statement)", fmt_time(family), ""],
     ]
     markdown = (f"A parent with {kids} children on PostgreSQL, {workers} workers:\n\n"
                 + table(["measure", "value", "target"], rows))

@@ -85,6 +85,23 @@ def test_children_finishing_at_once_continue_the_step_with_their_states(store: S
     assert store.inputs("p") == {}  # every child's outcome was consumed
 
 
+def test_a_family_summary_counts_every_child_and_lists_the_first(store: Store) -> None:
+    parent = pitstop.Workflow("summarised")
+
+    @parent.step
+    def fan(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
+        ctx.run_children([(double, {"x": i}) for i in range(24)] + [(approve, {})])
+        return {}
+
+    assert parent.start(store, {}, run_id="p").status is RunStatus.WAITING
+    counts, first = store.children_summary("p", first=5)
+    assert counts == {"completed": 24, "waiting": 1}
+    assert [c.id for c in first] == [f"p.0-{i}" for i in range(5)]
+    assert first == store.children("p", limit=5)
+    assert store.children_summary("p.0-0") == ({}, [])
+    assert asyncio.run(store.aio.children_summary("p", first=1))[1] == first[:1]
+
+
 def test_waiting_child_parks_the_parent_holding_nothing_until_it_finishes(store: Store) -> None:
     parent = pitstop.Workflow("asker")
     executions = []

@@ -1,20 +1,21 @@
 """A run's family in the CLI: the parent that started it, the children it started.
 
 ``show`` lists a run's children (the first :data:`SHOWN`, with counts by status for all:
-two indexed queries however many there are); ``history`` notes the checkpoints whose step
-started children.
+one statement over the parent index however many there are, ``Store.children_summary``);
+``history`` notes the checkpoints whose step started children.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-from pitstop.model import CheckpointSummary, Run
-from pitstop.store import Store
+from typing import TYPE_CHECKING, Any
 
 from .common import short
 from .render import Cell, Column, Output, status_cell
+
+if TYPE_CHECKING:
+    from pitstop.model import CheckpointSummary, Run
+    from pitstop.store import Store
 
 SHOWN = 20
 """Children ``show`` lists by name (the counts cover them all)."""
@@ -36,8 +37,7 @@ class Family:
 
     @classmethod
     def of(cls, store: Store, run: Run) -> Family:
-        counts = store.count_runs(parent_run=run.id)
-        children = store.children(run.id, limit=SHOWN) if counts else []
+        counts, children = store.children_summary(run.id, first=SHOWN)
         return cls(run, counts, children)
 
     @property

@@ -57,6 +57,7 @@ class AsyncStore:
     get_run = _offload(Store.get_run)
     runs = _offload(Store.runs)
     children = _offload(Store.children)
+    children_summary = _offload(Store.children_summary)
     start_children = _offload(Store.start_children)
     start_run = _offload(Store.start_run)
     count_runs = _offload(Store.count_runs)

@@ -477,6 +477,14 @@ class Store(ABC):
         run of such an id exists, and :class:`~pitstop.LeaseLostError` if ``lease`` (the
         parent's) no longer holds it: a cancelled parent starts no children."""
 
+    def children_summary(self, run_id: str, *, first: int = 20) -> tuple[dict[str, int],
+                                                                         list[Run]]:
+        """``run_id``'s children counted by status, and the ``first`` oldest of them: what a
+        view of a family shows, at a cost that does not grow with the family (SQL backends:
+        one statement over the parent index)."""
+        counts = self.count_runs(parent_run=run_id)
+        return counts, self.children(run_id, limit=first) if counts else []
+
     @abstractmethod
     def children(self, run_id: str, *, limit: int | None = None) -> list[Run]:
         """The child runs ``run_id``'s steps started (``ctx.run_child``), oldest first."""

@@ -19,12 +19,21 @@ from typing import Any
 from ..ids import new_id
 from ..model import Run, RunStatus
 from .backend import SqlBackend, Tx
-from .schema import SELECT_RUN, RunRow
+from .schema import RUNS, SELECT_RUN, RunRow
 
 CHILD_INPUT = "child:"
 """The prefix of the input a finished child delivers to its parent (then its run id)."""
 
 _FINISHED = tuple(s.value for s in RunStatus if s.finished)
+
+_SUMMARY = (
+    # The first children (whole rows, a NULL count), then one row per status (NULL columns
+    # but the status, and the count): one statement, one round trip.
+    f"SELECT {RUNS.column_list()}, NULL FROM ({SELECT_RUN} WHERE parent_run = ? "
+    "ORDER BY created_at, run_id LIMIT ?) first_children UNION ALL SELECT "
+    + ", ".join("status" if c == "status" else "NULL" for c in RUNS.columns)
+    + ", COUNT(*) FROM pitstop_runs WHERE parent_run = ? GROUP BY status"
+)
 
 
 def child_input(child_id: str) -> str:
@@ -43,6 +52,15 @@ class Children(SqlBackend):
             sql += " LIMIT ?"
             params.append(limit)
         return [RunRow(*row).to_run() for row in self._query(sql, params)]
+
+    def children_summary(self, run_id: str, *, first: int = 20) -> tuple[dict[str, int],
+                                                                         list[Run]]:
+        rows = self._query(_SUMMARY, (run_id, first, run_id))
+        width = len(RUNS.columns)
+        counts = {str(row[RUNS.columns.index("status")]): int(row[width])
+                  for row in rows if row[width] is not None}
+        children = [RunRow(*row[:width]).to_run() for row in rows if row[width] is None]
+        return counts, children
 
     def _lock_parent(self, tx: Tx, parent_id: str) -> None:
         """Lock a parent's row before its child's (PostgreSQL; SQLite writes one at a time).
