@@ -251,6 +251,8 @@ def children_bench(kids: int, workers: int) -> None:
         ["  CPU time of that process (user + sys)", fmt_time(statistics.median(cpu)), ""],
         ["  CPU time of `pitstop show CHILD` (no children)",
          fmt_time(statistics.median(cpu_alone)), ""],
+        ["  what the 1,000 children add (PARENT - CHILD, in-process)",
+         fmt_time(statistics.median(inside) - statistics.median(alone)), ""],
         ["  the command in-process (opening the store included)",
          fmt_time(statistics.median(inside)), ""],
         ["  the same for a run without children (a child)",
