@@ -516,8 +516,14 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
         if plan.refs:
             self._lock_values(tx)
             self._check_reused(tx, plan)
-            self._check_chunk_collisions(tx, run_id, plan.new, plan.fields)
-            self._insert_values(tx, plan.new, now)
+            present = self._check_chunk_collisions(tx, run_id, plan.new, plan.fields)
+            new, aliases = plan.new, plan.aliases
+            if aliases and self.rewrites_in_place:
+                grown = self._extend_in_place(tx, aliases, new, present, now)
+                if grown:
+                    new = {k: b for k, b in new.items() if k not in grown}
+                    aliases = [a for a in aliases if a.target not in grown]
+            self._insert_values(tx, new, now)
             tx.many(
                 "INSERT INTO pitstop_blob_refs (run_id, hash) VALUES (?, ?) "
                 "ON CONFLICT (run_id, hash) DO NOTHING",
@@ -525,8 +531,8 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
             )
             if not plan.follow_head or any(h not in plan.new for h in plan.refs):
                 self._ref_alias_targets(tx, run_id, [h for h in plan.refs if h not in plan.new])
-            if plan.aliases:
-                self._make_aliases(tx, plan.aliases)
+            if aliases:
+                self._make_aliases(tx, aliases)
         tx.run(INSERT_CHECKPOINT, record.row())
         if plan.effects:
             self._insert_effects(tx, plan.effects, replace=False)
