@@ -247,6 +247,56 @@ def test_an_archive_inflating_to_2_gib_is_refused_in_little_memory(
     assert not (tmp_path / "t.db").exists()
 
 
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="measures through /proc")
+def test_export_streams_a_run_larger_than_its_memory_bound(tmp_path: Path, cli: Cli) -> None:
+    """``pitstop export`` of a run of 96 MiB of values (24 checkpoints, a new random 4 MiB
+    value each) in a fresh process: the values are read one at a time, so neither the
+    Python heap (tracemalloc) nor the process (VmHWM) grows by anything near the run's
+    size (it held the whole run before). The archive imports back bit for bit."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    source = f"sqlite:///{tmp_path / 'big.db'}"
+    with pitstop.open_store(source) as store:
+        for n in range(24):
+            store.save("big", {"n": n, "blob": os.urandom(4 << 20)})
+        head = store.latest("big")
+        assert head is not None
+    probe = (
+        "import re, sys, tracemalloc\n"
+        "import pitstop\n"
+        "from pitstop.archive import write_archive\n"
+        "def hwm():\n"
+        "    return int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read())[1])\n"
+        "store = pitstop.open_store(sys.argv[1])\n"
+        "store.get_run('big')\n"
+        "before = hwm()\n"
+        "tracemalloc.start()\n"
+        "write_archive(store, 'big', sys.argv[2])\n"
+        "peak = tracemalloc.get_traced_memory()[1]\n"
+        "print(peak >> 20, (hwm() - before) >> 10)\n"
+    )
+    archive = tmp_path / "big.pitstop"
+    done = subprocess.run(
+        [sys.executable, "-c", probe, source, str(archive)],
+        capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )
+    assert done.returncode == 0, done.stderr
+    heap_mib, grown_mib = map(int, done.stdout.split())
+    assert heap_mib < 32, heap_mib  # a value and its frame at a time, not 96 MiB
+    assert grown_mib < 48, grown_mib
+    target = f"sqlite:///{tmp_path / 'copy.db'}"
+    code, _, err = cli("import", str(archive), store=target)
+    assert code == 0, err
+    with pitstop.open_store(target) as store:
+        copy = store.latest("big")
+        assert copy is not None and copy.id == head.id and copy.state == head.state
+        assert store.verify() == []
+
+
 def test_declared_sizes_and_counts_must_match_the_frames(tmp_path: Path, cli: Cli) -> None:
     frames = _victim_frames(tmp_path)
     url = f"sqlite:///{tmp_path / 'target.db'}"

@@ -141,8 +141,11 @@ def write_archive(
 
     The run is read in one snapshot and verified before a byte is written; a file target is
     written to a temporary name and renamed into place, so a failed export leaves nothing.
+    Values are read from the store one at a time (twice: once to measure the frames the
+    header declares, once to write them), so memory holds the run's records and its largest
+    value, never all its values.
     """
-    data = store.export_run(run_id)
+    data = store.export_run(run_id, stream=True)
     data.verify()
     if isinstance(dest, str | os.PathLike):
         path = Path(dest)

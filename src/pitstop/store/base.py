@@ -705,13 +705,17 @@ class Store(ABC):
 
     # -- moving runs between stores ------------------------------------------------------------
 
-    def export_run(self, run_id: str) -> RunExport:
+    def export_run(self, run_id: str, *, stream: bool = False) -> RunExport:
         """The run with everything it owns, as raw stored records, read in one snapshot.
 
         Checkpoint records, values, inputs and effect records come out exactly as stored
         (nothing is deserialised), so :meth:`import_run` on another store recreates the run
         bit for bit: same ids, same checksums. Raises :class:`~pitstop.RunNotFoundError`.
-        The run is held in memory; ``pitstop export`` writes it to an archive file.
+        The run is held in memory; with ``stream=True`` its values are not: ``blobs`` then
+        reads each from this store (which must stay open) when it is used, checked against
+        its hash, so a run larger than memory exports in the memory of its largest value
+        (values never change once stored; one pruned meanwhile raises
+        :class:`~pitstop.CorruptCheckpointError` saying so). ``pitstop export`` streams.
         """
         raise NotImplementedError(f"{type(self).__name__} cannot export runs")
 

@@ -12,7 +12,7 @@ them; :class:`RunTransfer` is the part of ``SqlStore`` that reads one from a sto
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,10 +133,10 @@ def missing_chunks(manifest: bytes, blobs: Mapping[bytes, bytes]) -> bytes | Non
         return b"\x00" * chunking.KEY_SIZE
     while pending:
         entry = pending.pop()
-        data = blobs.get(entry.key)
-        if data is None:
+        if entry.key not in blobs:
             return entry.key
-        if entry.flags & chunking.NODE:
+        if entry.flags & chunking.NODE:  # (only a node's bytes are read: its children)
+            data = blobs[entry.key]
             try:
                 pending.extend(chunking.unpack_entries(unframe(bytes(data))[1]))
             except ValueError:
@@ -179,10 +179,42 @@ def _values(record: Any, columns: tuple[str, ...], **override: Any) -> tuple[Any
     return tuple(override[c] if c in override else getattr(record, c) for c in columns)
 
 
+class LazyValues(CheckedValues):
+    """An export's values, read from the store one at a time as they are used and checked
+    against their hashes as they are read (:meth:`Store.export_run` with ``stream=True``).
+    Its keys are the values present when the run was read."""
+
+    def __init__(self, store: StoredValues, run_id: str, keys: list[bytes]) -> None:
+        self._store = store
+        self._run_id = run_id
+        self._keys = dict.fromkeys(keys)
+
+    def __getitem__(self, key: bytes) -> bytes:
+        if key not in self._keys:
+            raise KeyError(key)
+        found = self._store._read_values_alone([key]).get(key)
+        what = f"value {key.hex()[:16]}"
+        if found is None:
+            raise CorruptCheckpointError(
+                f"{what} was deleted while the run was exported (pruned meanwhile?); export "
+                "it again", run_id=self._run_id)
+        check_value(found, key, run_id=self._run_id, what=what)
+        return found
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys
+
+
 class RunTransfer(StoredValues):
     """``export_run`` and ``import_run`` (a part of ``SqlStore``)."""
 
-    def export_run(self, run_id: str) -> RunExport:
+    def export_run(self, run_id: str, *, stream: bool = False) -> RunExport:
         def read(tx: Tx) -> RunExport:
             row = tx.one(_SELECT_EXPORTED_RUN, (run_id,))
             if row is None:
@@ -192,6 +224,8 @@ class RunTransfer(StoredValues):
                 CheckpointRecord(*r)
                 for r in tx.all(SELECT_CHECKPOINT + " WHERE run_id = ? ORDER BY id", (run_id,))
             ]
+            if stream:
+                return self._stream_values(tx, data)
             blobs = self._read_values(tx, data.referenced)
             for record in data.checkpoints:  # chunks under the nodes of chunked values
                 fields = record.field_map()
@@ -212,6 +246,29 @@ class RunTransfer(StoredValues):
 
         # One read transaction: a snapshot, so a concurrent prune cannot tear the export.
         return self._tx(read)
+
+    def _stream_values(self, tx: Tx, data: RunExport) -> RunExport:
+        """``data`` with :class:`LazyValues`: the keys every checkpoint references (chunks
+        under nodes found by reading the nodes alone, never the chunks) that are present."""
+        keys: dict[bytes, None] = {}
+        for record in data.checkpoints:
+            try:
+                fields = record.field_map()
+            except CorruptCheckpointError:
+                continue  # verify names the record
+            keys.update(dict.fromkeys(self._value_codec.referenced(
+                fields, lambda wanted: self._read_values(tx, wanted))))
+        present = [bytes(h) for (h,) in tx.in_chunks(
+            "SELECT hash FROM pitstop_blobs WHERE hash IN ({in})", list(keys))]
+        data.blobs = LazyValues(self, data.run.run_id, present)
+        data.prefixes = {
+            key: (target, size)
+            for key, (target, size) in self._prefix_rows(tx, present).items()
+            if target in data.blobs
+        }
+        data.inputs = [InputRecord(*r) for r in tx.all(_SELECT_INPUTS, (data.run.run_id,))]
+        data.effects = [EffectRecord(*r) for r in tx.all(_SELECT_EFFECTS, (data.run.run_id,))]
+        return data
 
     def import_run(self, data: RunExport, *, progress: Progress | None = None) -> Run:
         data.verify()
