@@ -14,13 +14,15 @@
    Five interleaved rounds (1, 2, 4 processes, then again); the "x of 1" ratios are medians
    of each round's ratios.
 
-4. ``--depth``: queue depth (issue #18 item 13). 300 runs enqueued through the API at the
-   head of a queue filled up to 1k, 100k and 1M queued runs (the rest inserted in bulk by
-   SQL, of another workflow, queued behind them), autovacuum off for the table so it is
-   never analyzed: one in-process worker's throughput draining the 300 (runs/s, target flat
-   within 1.5x of 1k), and at that depth ``store.runs(status="queued")`` (the listing
-   ``pitstop runs --status queued`` makes), ``store.stats()``, and both CLI commands as
-   processes (interpreter start included); target under 0.5 s.
+4. ``--depth [--rounds N]``: queue depth (issue #18 item 13). A queue of 1k, 100k and 1M
+   queued runs per schema, built once by one bulk INSERT (runs of another workflow, queued
+   behind the benchmark's), autovacuum off for the table so it is never analyzed. Then N
+   interleaved rounds (default 5; each depth in turn, the order rotating): 300 runs enqueued
+   through the API at the head of the queue, one in-process worker's throughput draining
+   them (runs/s, target flat within 1.5x of 1k: the median of per-round ratios), and at that
+   depth ``store.runs(status="queued")`` (the listing ``pitstop runs --status queued``
+   makes), ``store.stats()``, and both CLI commands as processes (interpreter start
+   included); target under 0.5 s. Run it under ``nice`` on a shared machine.
 
 Each measurement uses a fresh schema, dropped afterwards. Medians; ratios within this run.
 """
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import os
 import statistics
 import subprocess
@@ -192,44 +195,49 @@ def throughput(url: str, processes: int, runs: int, tmp: Path) -> float:
     return written / elapsed
 
 
-def queue_depth(url: str, depth: int, runs: int = 300) -> dict[str, float]:
-    """Worker throughput and listing times with ``depth`` runs queued (see the docstring)."""
+def fill_queue(store_url: str, name: str, depth: int, runs: int) -> None:
+    """Fill the schema's queue up to ``depth`` queued runs behind the benchmark's own, in one
+    bulk INSERT (runs of another workflow, created in the future: queued behind every run
+    the rounds enqueue), with autovacuum off for the table so it is never analyzed: the
+    claim must not depend on statistics being there."""
     import psycopg
 
+    with pitstop.open_store(store_url):
+        pass  # the tables
+    with psycopg.connect(store_url.split("?", 1)[0], autocommit=True) as conn:
+        conn.execute(f'SET search_path TO "{name}"')
+        conn.execute("ALTER TABLE pitstop_runs SET (autovacuum_enabled = false)")
+        conn.execute(
+            "INSERT INTO pitstop_runs (run_id, workflow, status, created_at, updated_at) "
+            "SELECT 'filler-' || i, 'filler', 'queued', %s + i, %s + i "
+            "FROM generate_series(1, %s) i",
+            (time.time() + 1e6, time.time() + 1e6, max(0, depth - runs)),
+        )
+
+
+def depth_round(store_url: str, runs: int) -> dict[str, float]:
+    """One round at one depth: ``runs`` enqueued through the API at the head of the queue,
+    drained by one in-process worker (runs/s); then the listings, in process and as CLI
+    processes (interpreter start included)."""
     wf = throughput_workflow()
-    with schema(url) as (store_url, name):
-        with pitstop.open_store(store_url) as store:
-            for n in range(runs):
-                wf.enqueue(store, {"n": n})
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(f'SET search_path TO "{name}"')
-            # Never analyzed: the claim must not depend on statistics being there.
-            conn.execute("ALTER TABLE pitstop_runs SET (autovacuum_enabled = false)")
-            conn.execute(
-                "INSERT INTO pitstop_runs (run_id, workflow, status, created_at, updated_at) "
-                "SELECT 'filler-' || i, 'filler', 'queued', %s + i, %s + i "
-                "FROM generate_series(1, %s) i",
-                (time.time() + 1e6, time.time() + 1e6, max(0, depth - runs)),
-            )
-        out: dict[str, float] = {}
-        with pitstop.open_store(store_url) as store:
-            worker = pitstop.Worker(store, [wf], poll_interval=0.01)
-            t0 = time.perf_counter()
-            executed = worker.run(until_idle=True, handle_signals=False).executed
-            out["runs_per_s"] = executed / (time.perf_counter() - t0)
-            assert executed == runs, (executed, runs)
-            out["list_queued"] = min(
-                time_call(lambda: store.runs(status="queued", limit=51)) for _ in range(3)
-            )
-            out["stats"] = min(time_call(store.stats) for _ in range(3))
-        for key, argv in (("cli_runs", ["runs", "--status", "queued"]), ("cli_stats", ["stats"]),
-                          ("cli_start", ["runs", "--limit", "1", "--status", "cancelled"])):
-            out[key] = min(
-                time_call(lambda argv=argv: subprocess.run(  # type: ignore[misc]
-                    [sys.executable, "-m", "pitstop", *argv, "--store", store_url],
-                    check=True, capture_output=True, cwd=ROOT))
-                for _ in range(3)
-            )
+    out: dict[str, float] = {}
+    with pitstop.open_store(store_url) as store:
+        for n in range(runs):
+            wf.enqueue(store, {"n": n})
+        worker = pitstop.Worker(store, [wf], poll_interval=0.01)
+        t0 = time.perf_counter()
+        executed = worker.run(until_idle=True, handle_signals=False).executed
+        out["runs_per_s"] = executed / (time.perf_counter() - t0)
+        assert executed == runs, (executed, runs)
+        out["list_queued"] = min(
+            time_call(lambda: store.runs(status="queued", limit=51)) for _ in range(3)
+        )
+        out["stats"] = min(time_call(store.stats) for _ in range(3))
+    for key, argv in (("cli_runs", ["runs", "--status", "queued"]), ("cli_stats", ["stats"]),
+                      ("cli_start", ["runs", "--limit", "1", "--status", "cancelled"])):
+        out[key] = time_call(lambda argv=argv: subprocess.run(  # type: ignore[misc]
+            ["nice", sys.executable, "-m", "pitstop", *argv, "--store", store_url],
+            check=True, capture_output=True, cwd=ROOT))
     return out
 
 
@@ -239,21 +247,45 @@ def time_call(fn: Any) -> float:
     return time.perf_counter() - t0
 
 
-def depth_main(url: str, depths: list[int]) -> None:
-    results = {d: queue_depth(url, d) for d in depths}
-    base = results[depths[0]]["runs_per_s"]
-    rows = [
-        [f"{d:,} queued", f"{r['runs_per_s']:.0f} runs/s",
-         f"{base / r['runs_per_s']:.2f}x slower than {depths[0]:,}",
-         fmt_time(r["list_queued"]), fmt_time(r["stats"]),
-         fmt_time(r["cli_runs"]), fmt_time(r["cli_stats"]), fmt_time(r["cli_start"])]
-        for d, r in results.items()
-    ]
-    markdown = table(["queue depth", "worker", "vs smallest (<= 1.5x)", "runs(queued)",
-                      "stats()", "CLI runs --status queued", "CLI stats",
+def depth_main(url: str, depths: list[int], rounds: int, runs: int = 300) -> None:
+    """Every depth's queue is built once; then ``rounds`` interleaved rounds (each depth in
+    turn, the order rotating every round) so a slow spell of this shared machine falls on
+    every depth alike. Medians over rounds; the throughput ratios are medians of per-round
+    ratios to the smallest depth."""
+    samples: dict[int, list[dict[str, float]]] = {d: [] for d in depths}
+    with contextlib.ExitStack() as stack:
+        urls = {}
+        for d in depths:
+            store_url, name = stack.enter_context(schema(url))
+            t0 = time.perf_counter()
+            fill_queue(store_url, name, d, runs)
+            print(f"queue of {d:,} built in {time.perf_counter() - t0:.1f} s", flush=True)
+            urls[d] = store_url
+        for r in range(rounds):
+            order = depths[r % len(depths):] + depths[:r % len(depths)]
+            for d in order:
+                samples[d].append(depth_round(urls[d], runs))
+            print(f"round {r + 1}/{rounds}: " + ", ".join(
+                f"{d:,}: {samples[d][-1]['runs_per_s']:.0f} runs/s" for d in depths), flush=True)
+    base = depths[0]
+    results: dict[str, Any] = {"rounds": rounds, "runs": runs, "samples": samples}
+    rows = []
+    for d in depths:
+        med = {k: statistics.median(s[k] for s in samples[d]) for k in samples[d][0]}
+        ratio = median_ratio([s["runs_per_s"] for s in samples[base]],
+                             [s["runs_per_s"] for s in samples[d]])
+        results[str(d)] = {**med, "slower_than_smallest": ratio}
+        rows.append([f"{d:,} queued", f"{med['runs_per_s']:.0f} runs/s",
+                     f"{ratio:.2f}x", fmt_time(med["list_queued"]), fmt_time(med["stats"]),
+                     fmt_time(med["cli_runs"]), fmt_time(med["cli_stats"]),
+                     fmt_time(med["cli_start"])])
+    markdown = table([f"queue depth (median of {rounds})", "worker",
+                      f"time per run vs {base:,} (<= 1.5x)", "runs(queued)", "stats()",
+                      "CLI runs --status queued", "CLI stats",
                       "CLI listing nothing (start-up)"], rows)
     print(markdown)
-    command = "python bench/postgres.py --depth " + " ".join(str(d) for d in depths)
+    command = (f"nice python bench/postgres.py --rounds {rounds} --depth "
+               + " ".join(str(d) for d in depths))
     print(f"\n(results written to {save_results('postgres-depth', command, results, markdown)})")
 
 
@@ -264,9 +296,11 @@ def main() -> None:
     parser.add_argument("--depth", type=int, nargs="*",
                         help="only the queue-depth benchmark, at these depths "
                              "(default 1000 100000 1000000)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="interleaved rounds of the queue-depth benchmark (default 5)")
     args = parser.parse_args()
     if args.depth is not None:
-        depth_main(args.url, args.depth or [1000, 100_000, 1_000_000])
+        depth_main(args.url, args.depth or [1000, 100_000, 1_000_000], args.rounds)
         return
     steps, rounds = (100, 3) if args.quick else (200, 5)
     runs = 120 if args.quick else 400
