@@ -156,6 +156,27 @@ def test_a_start_whose_commit_is_cut_converges_on_one_run(
 
 
 @needs_postgres
+@pytest.mark.parametrize("deliver", [True, False], ids=["committed", "not-committed"])
+def test_an_enqueue_whose_commit_is_cut_converges_on_one_queued_run(
+    proxy: FaultProxy, schema: str, deliver: bool
+) -> None:
+    """``enqueue``'s one COMMIT (the run's row with its input) is cut, after the server got
+    it or before: the call converges on one queued run either way, which a worker runs."""
+    wf = pitstop.Workflow("orders")
+    wf.step(name="ship")(lambda state: {"shipped": state["order"]})
+    with pitstop.open_store(proxied_url(proxy, schema)) as store:
+        store.runs()
+        proxy.cut_on(b"COMMIT", deliver=deliver)
+        queued = wf.enqueue(store, {"order": 3}, run_id="order-3")
+        assert proxy.triggered.is_set()
+        assert queued.status is RunStatus.QUEUED and queued.head_id is not None
+        assert pitstop.Worker(store, [wf]).run(until_idle=True, handle_signals=False).executed == 1
+        assert store.latest("order-3").state["shipped"] == 3  # type: ignore[union-attr]
+        assert sum(h.source == "input" for h in store.history("order-3", limit=None)) == 1
+        assert store.verify() == []
+
+
+@needs_postgres
 def test_a_start_cut_while_the_store_stays_away_converges_when_repeated(
     proxy: FaultProxy, schema: str
 ) -> None:
