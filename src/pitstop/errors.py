@@ -129,15 +129,17 @@ class RunNotFoundError(NotFoundError):
 
 
 class RunNotStartedError(RunNotFoundError):
-    """The run exists but has no checkpoint: it was created and its input was never saved."""
+    """The run exists but has no checkpoint: it was registered without its input
+    (``store.create_run``; ``Workflow.start``/``enqueue`` write the two in one transaction),
+    so the store has nothing to restart it from."""
 
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
         NotFoundError.__init__(
             self,
-            f"run {run_id!r} has no checkpoint to continue from (it was created, but its "
-            f"first checkpoint was never written); start it again with its input and "
-            f"run_id={run_id!r}",
+            f"run {run_id!r} has no checkpoint to continue from (it was registered, but its "
+            f"input was never written, so the store cannot restart it); start it again with "
+            f"its input and run_id={run_id!r}",
         )
 
 
