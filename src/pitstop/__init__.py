@@ -39,7 +39,6 @@ from .errors import (
 )
 from .model import Checkpoint, CheckpointSummary, Run, RunStatus
 from .rng import rng_state, set_rng_state
-from .serde import MsgpackSerializer, PickleSerializer, TypeRegistry, register
 from .store import (
     Input,
     Lease,
@@ -53,12 +52,17 @@ from .store import (
 
 __version__ = "0.1.0"
 
-# The runtime (and asyncio with it) is imported on first use, so tools that only read a store,
-# like `pitstop runs`, start fast.
-_RUNTIME = frozenset(
-    {"CheckpointPolicy", "Checkpointer", "ChildResult", "Retry", "RunResult", "StepContext",
-     "Worker", "Workflow", "finish", "goto", "send"}
-)
+# The runtime (and asyncio with it) and the serialisers are imported on first use, so tools
+# that only read run rows, like `pitstop runs`, start fast: `import pitstop` loads neither.
+_LAZY = {
+    **dict.fromkeys(
+        ("CheckpointPolicy", "Checkpointer", "ChildResult", "Retry", "RunResult", "StepContext",
+         "Worker", "Workflow", "finish", "goto", "send"),
+        "runtime",
+    ),
+    **dict.fromkeys(("MsgpackSerializer", "PickleSerializer", "TypeRegistry", "register"),
+                    "serde"),
+}
 
 if TYPE_CHECKING:
     from .runtime import (
@@ -74,16 +78,31 @@ if TYPE_CHECKING:
         goto,
         send,
     )
+    from .serde import MsgpackSerializer, PickleSerializer, TypeRegistry, register
 
 
 def __getattr__(name: str) -> Any:
-    if name in _RUNTIME:
-        from . import runtime
+    import importlib
 
-        value = getattr(runtime, name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'pitstop' has no attribute {name!r}")
+    home = _LAZY.get(name)
+    if home is None:
+        return _submodule(name)
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
+
+
+def _submodule(name: str) -> Any:
+    """``pkg.sub`` without ``import pkg.sub`` first, as when this package imported them all."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.{name}":
+            raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "Append",

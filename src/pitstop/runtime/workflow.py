@@ -21,12 +21,20 @@ from ..errors import (
 )
 from ..ids import new_id
 from ..model import Checkpoint, Run, RunStatus
-from ..serde import default_registry
+from ..serde import (
+    codec,  # noqa: F401  # see below
+    default_registry,
+)
 from ..store import Input, Lease, RetentionPolicy, Store
 from .engine import Execution, RunResult, drive_async, drive_sync
 from .leases import abandon, acquire, owner_id
 from .policies import CheckpointPolicy, Retry, StepOptions, WorkflowDurability
 from .state import adapter_for
+
+# The codec is imported with the runtime (above), not by the store at a run's first save: a
+# store that only lists runs does without it, but a run is created and then its first
+# checkpoint saved, and half a second of importing between the two (on a loaded machine)
+# would widen the window in which a crash leaves a run without a checkpoint (#18 item 1).
 
 F = TypeVar("F", bound=Callable[..., Any])
 log = logging.getLogger("pitstop.runtime")

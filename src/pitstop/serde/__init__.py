@@ -8,13 +8,52 @@ See docs/serialization.md for the wire format.
 
 from __future__ import annotations
 
-from .base import Serializer, UnknownObject
-from .buffers import BUFFER_MIN, Parts
-from .codec import MsgpackSerializer
-from .display import to_jsonable
-from .framing import digest, frame, unframe
-from .pickling import PickleSerializer
-from .registry import TypeRegistry, default_registry, register
+from typing import TYPE_CHECKING, Any
+
+# Each name is imported from its module on first use: a store that only lists runs (the
+# ``pitstop runs`` command) must not pay for the codec and its type tables.
+_HOMES = {
+    "Serializer": "base", "UnknownObject": "base",
+    "BUFFER_MIN": "buffers", "Parts": "buffers",
+    "MsgpackSerializer": "codec",
+    "to_jsonable": "display",
+    "digest": "framing", "frame": "framing", "unframe": "framing",
+    "PickleSerializer": "pickling",
+    "TypeRegistry": "registry", "default_registry": "registry", "register": "registry",
+}
+
+if TYPE_CHECKING:
+    from .base import Serializer, UnknownObject
+    from .buffers import BUFFER_MIN, Parts
+    from .codec import MsgpackSerializer
+    from .display import to_jsonable
+    from .framing import digest, frame, unframe
+    from .pickling import PickleSerializer
+    from .registry import TypeRegistry, default_registry, register
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    home = _HOMES.get(name)
+    if home is None:
+        return _submodule(name)
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
+
+
+def _submodule(name: str) -> Any:
+    """``pkg.sub`` without ``import pkg.sub`` first, as when this package imported them all."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.{name}":
+            raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "BUFFER_MIN",

@@ -62,6 +62,7 @@ run on every backend; a new one is added to their fixture and must pass them all
 
 from __future__ import annotations
 
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -76,7 +77,7 @@ from ..serde import Serializer
 from . import schema
 from .base import Durability, Store
 from .blobs import BlobStore, open_blob_store
-from .records import Parent, ValueCodec
+from .records import Parent, ValueCodec, check_chunk_hash
 
 T = TypeVar("T")
 
@@ -239,9 +240,12 @@ class SqlBackend(Store):
         chunk_hash: str = "xxh3",
     ) -> None:
         self.url = url
-        self._value_codec = ValueCodec(serializer, compress_threshold, chunk_hash)
-        self._value_codec.seal_chunks = not self.rewrites_in_place
-        self.serializer = self._value_codec.serializer
+        # The codec is built on first use (checked here, so a bad option fails at open):
+        # listing runs or counting them never decodes a value, and importing the codec and
+        # its type tables would be most of what such a command costs.
+        self._codec_options = (serializer, compress_threshold, check_chunk_hash(chunk_hash))
+        self._codec: ValueCodec | None = None
+        self._codec_lock = threading.Lock()
         # (SQLite resolves its default, a directory beside the file, before this.)
         self.blobs = open_blob_store(blobs) if isinstance(blobs, BlobStore | str) else None
         """Where values of at least ``blob_threshold`` stored bytes go (None: the table)."""
@@ -254,6 +258,28 @@ class SqlBackend(Store):
         # the last checkpoints this process wrote: bounded by entries x fields x RAW_KEEP_MAX.
         self._raws: BoundedCache[dict[str, bytes]] = BoundedCache(256)
         self._aio: Any = None
+
+    @property
+    def _value_codec(self) -> ValueCodec:
+        codec = self._codec
+        if codec is None:
+            with self._codec_lock:
+                if self._codec is None:
+                    made = ValueCodec(*self._codec_options)
+                    made.seal_chunks = not self.rewrites_in_place
+                    self._codec = made
+                codec = self._codec
+        return codec
+
+    @property
+    def serializer(self) -> Serializer:
+        """What new values are serialised with (``serializer=`` at open; msgpack if none)."""
+        return self._value_codec.serializer
+
+    @serializer.setter
+    def serializer(self, value: Serializer) -> None:
+        raise AttributeError("a store's serializer is chosen when it is opened: pass "
+                             "serializer= to open_store")
 
     # -- backend hooks: required -----------------------------------------------------------
 

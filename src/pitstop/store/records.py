@@ -29,7 +29,7 @@ import xxhash
 from ..delta import Applied, dirty_positions
 from ..errors import CorruptCheckpointError, SerializationError
 from ..model import Checkpoint, CheckpointSummary
-from ..serde import MsgpackSerializer, Serializer, digest, frame, partchunks, unframe
+from ..serde import Serializer, digest, frame, partchunks, unframe
 from ..serde import chunks as chunking
 from ..serde.framing import is_compressed, unframe_view
 from .blobs import Deferred
@@ -174,6 +174,13 @@ class Alias(NamedTuple):
 
 
 CHUNK_HASHES = ("xxh3", "sha256")
+
+
+def check_chunk_hash(chunk_hash: str) -> str:
+    """``chunk_hash`` if it names a hash new chunks can be keyed by, else ValueError."""
+    if chunk_hash not in CHUNK_HASHES:
+        raise ValueError(f"chunk_hash must be one of {CHUNK_HASHES}, not {chunk_hash!r}")
+    return chunk_hash
 """What keys (and so verifies) new chunks: xxh3-128 (the default: ~10 GB/s, detects any
 accidental damage) or SHA-256 cut to 128 bits (~1 GB/s; no one can craft two chunks with
 one key, for stores that hold content from untrusted sources)."""
@@ -357,11 +364,13 @@ class ValueCodec:
         compress_threshold: int | None,
         chunk_hash: str = "xxh3",
     ) -> None:
+        # Here rather than at the top: a store that only reads run rows never builds a
+        # ValueCodec, so it never imports the codec (see SqlBackend._value_codec).
+        from ..serde.codec import MsgpackSerializer
+
         self.serializer: Serializer = serializer or MsgpackSerializer()
         self.compress_threshold = compress_threshold
-        if chunk_hash not in CHUNK_HASHES:
-            raise ValueError(f"chunk_hash must be one of {CHUNK_HASHES}, not {chunk_hash!r}")
-        self.chunk_hash = chunk_hash
+        self.chunk_hash = check_chunk_hash(chunk_hash)
         # The format id as the chunker takes it: it also says which hash keys new chunks.
         self._chunk_format = self.serializer.format_id | (
             chunking.SHA256_KEYS if chunk_hash == "sha256" else 0
