@@ -103,6 +103,17 @@ class Dialect(ABC):
     """Table option for tables clustered on their primary key (SQLite: WITHOUT ROWID)."""
     null_safe_eq: str = "IS NOT DISTINCT FROM"
     """Null-safe equality (SQLite spells it IS, which older SQLite versions require)."""
+    table_sample: str = ""
+    """A clause after a table name reading about ``?`` percent of its pages, picked at random
+    (PostgreSQL: TABLESAMPLE SYSTEM); empty where the database has none."""
+    index_ranges: str = ""
+    """A statement making the rest of the transaction read index ranges in order, so a
+    ``LIMIT`` stops the scan early whatever the planner's statistics (PostgreSQL: bitmap
+    scans off; unanalyzed, it reads a status's whole range into a bitmap first)."""
+    table_size: str = ""
+    """SQL selecting, for a table named by a ``?`` parameter, the rows and pages its last
+    VACUUM or ANALYZE counted (rows < 0: never) and the pages it occupies now: with
+    ``table_sample``, what ``stats(exact=False)`` estimates large counts from."""
 
     def for_driver(self, sql: str) -> str:
         """``sql`` with its ``?`` placeholders in this driver's style."""

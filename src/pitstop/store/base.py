@@ -147,6 +147,9 @@ class StoreStats:
     runs_by_status: Mapping[str, int]
     file_bytes: int | None = None
     """Size of the store on disk where that is one number (SQLite), else None."""
+    estimated: frozenset[str] = frozenset()
+    """Which of the numbers are estimates (only ever with ``stats(exact=False)``): field names
+    (``runs``, ``checkpoints``, ``blobs``, ``bytes``) and ``runs_by_status.STATUS``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -577,8 +580,14 @@ class Store(ABC):
         raise NotImplementedError(f"{type(self).__name__} cannot delete single checkpoints")
 
     @abstractmethod
-    def stats(self) -> StoreStats:
-        """Counts and bytes held."""
+    def stats(self, *, exact: bool = True) -> StoreStats:
+        """Counts and bytes held.
+
+        Exact counts read every row. ``exact=False`` bounds the work whatever the store's
+        size: a count that stays small is still exact, a larger one may be estimated from a
+        random sample of the table's pages (on databases that can sample: PostgreSQL), and
+        :attr:`StoreStats.estimated` says which numbers are estimates.
+        """
 
     @abstractmethod
     def verify(self, *, progress: Progress | None = None) -> Problems:

@@ -112,6 +112,10 @@ POSTGRES = PostgresDialect(
     placeholder="%s",
     lock_row=" FOR UPDATE",
     skip_locked=" FOR UPDATE SKIP LOCKED",
+    table_sample=" TABLESAMPLE SYSTEM (?)",
+    index_ranges="SET LOCAL enable_bitmapscan TO off",
+    table_size="SELECT reltuples, relpages, pg_relation_size(oid) / "
+               "current_setting('block_size')::bigint FROM pg_class WHERE oid = ?::regclass",
 )
 
 # pitstop's own URL query options (parsed and checked by options.py); anything else is libpq's.

@@ -101,6 +101,13 @@ def free_space(store: Store) -> Space:
     return Space("other", None, None)
 
 
+def free_bytes(store: Store) -> int | None:
+    """Bytes free inside the store's file where the database says so cheaply (SQLite's
+    freelist), else None: PostgreSQL cannot say without reading the tables, and asking
+    would cost a connection of its own."""
+    return free_space(store).free if _backend(store) == "sqlite" else None
+
+
 def vacuum(store: Store, *, full: bool = False) -> VacuumReport:
     """Give the store's free space back to the file system.
 
@@ -164,4 +171,4 @@ def _postgres_size(conn: psycopg.Connection[Any], store: Store) -> int:
     return sum(_postgres_tables(conn, store).values())
 
 
-__all__ = ["Space", "VacuumReport", "free_space", "vacuum"]
+__all__ = ["Space", "VacuumReport", "free_bytes", "free_space", "vacuum"]
