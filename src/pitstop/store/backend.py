@@ -114,6 +114,10 @@ class Dialect(ABC):
     """SQL selecting, for a table named by a ``?`` parameter, the rows and pages its last
     VACUUM or ANALYZE counted (rows < 0: never) and the pages it occupies now: with
     ``table_sample``, what ``stats(exact=False)`` estimates large counts from."""
+    array_in: bool = False
+    """``x IN ({in})`` over many values may be sent as ``x = ANY(?)`` with one array
+    parameter: one statement of constant text (prepared once by the driver) instead of one
+    per :data:`CHUNK` values, each a new text of hundreds of placeholders to parse."""
 
     def for_driver(self, sql: str) -> str:
         """``sql`` with its ``?`` placeholders in this driver's style."""
@@ -136,6 +140,14 @@ class Dialect(ABC):
 @lru_cache(maxsize=512)
 def _convert_placeholders(sql: str, placeholder: str) -> str:
     return sql.replace("?", placeholder)
+
+
+@lru_cache(maxsize=256)
+def _as_any(sql: str) -> str:
+    if sql.count("IN ({in})") != 1:
+        raise ValueError(f"expected one 'IN ({{in}})' in {sql!r}")
+    # %b: the array goes in binary (psycopg); as text each bytea would be escaped in Python.
+    return sql.replace("IN ({in})", "= ANY(%b)")
 
 
 def placeholders(n: int) -> str:
@@ -193,7 +205,12 @@ class Tx:
         return [value for (value,) in self.all(sql, params)]
 
     def in_chunks(self, sql: str, values: Sequence[Any], *prefix: Any) -> list[Any]:
-        """Run ``sql`` (containing ``({in})``) over ``values`` in chunks; gather the rows."""
+        """Run ``sql`` (containing ``IN ({in})``) over ``values`` in chunks (or, where the
+        dialect takes arrays, in one statement); gather the rows."""
+        if self.dialect.array_in and len(values) > 1:
+            # Rows in binary too: a bytea column comes as its bytes, not hex to decode.
+            query = self.dialect.for_driver(_as_any(sql))
+            return list(self.cur.execute(query, [*prefix, list(values)], binary=True).fetchall())
         out: list[Any] = []
         for i in range(0, len(values), CHUNK):
             part = list(values[i : i + CHUNK])
@@ -201,7 +218,11 @@ class Tx:
         return out
 
     def run_chunks(self, sql: str, values: Sequence[Any], *prefix: Any) -> None:
-        """Execute ``sql`` (containing ``({in})``) over ``values`` in chunks."""
+        """Execute ``sql`` (containing ``IN ({in})``) over ``values`` in chunks (or in one
+        statement, as :meth:`in_chunks`)."""
+        if self.dialect.array_in and len(values) > 1:
+            self.run(_as_any(sql), [*prefix, list(values)])
+            return
         for i in range(0, len(values), CHUNK):
             part = list(values[i : i + CHUNK])
             self.run(sql.format(**{"in": placeholders(len(part))}), [*prefix, *part])

@@ -116,6 +116,7 @@ POSTGRES = PostgresDialect(
     index_ranges="SET LOCAL enable_bitmapscan TO off",
     table_size="SELECT reltuples, relpages, pg_relation_size(oid) / "
                "current_setting('block_size')::bigint FROM pg_class WHERE oid = ?::regclass",
+    array_in=True,
 )
 
 # pitstop's own URL query options (parsed and checked by options.py); anything else is libpq's.
@@ -200,8 +201,8 @@ class _PipelinedCursor:
         flush_all(self._conn, self._stall_timeout)
         self._pipeline.sync()
 
-    def execute(self, query: str, params: Any = ()) -> _PipelinedCursor:
-        self._cur.execute(query, params)
+    def execute(self, query: str, params: Any = (), *, binary: bool = False) -> _PipelinedCursor:
+        self._cur.execute(query, params, binary=binary)
         return self
 
     def executemany(self, query: str, rows: Any) -> None:
