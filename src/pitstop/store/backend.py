@@ -62,6 +62,7 @@ run on every backend; a new one is added to their fixture and must pass them all
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -124,7 +125,13 @@ class Dialect(ABC):
         return sql if self.placeholder == "?" else _convert_placeholders(sql, self.placeholder)
 
     def ddl(self, statement: str) -> str:
-        """A migration statement with this dialect's column types and table options."""
+        """A migration statement with this dialect's column types and table options; ""
+        for a statement marked for another dialect only (``/* postgresql only */ ...``)."""
+        only = _ONLY.match(statement)
+        if only is not None:
+            if only.group(1) != self.name:
+                return ""
+            statement = statement[only.end() :]
         return statement.format(
             blob=self.blob,
             real=self.real,
@@ -135,6 +142,9 @@ class Dialect(ABC):
     @abstractmethod
     def json_equals(self, column: str, key: str, value: Any) -> tuple[str, list[Any]]:
         """SQL (and params) true when ``column``'s JSON has ``key`` equal to ``value``."""
+
+
+_ONLY = re.compile(r"/\* (\w+) only \*/ ")
 
 
 @lru_cache(maxsize=512)
@@ -475,7 +485,8 @@ class SqlBackend(Store):
             for version, description, statements in schema.MIGRATIONS:
                 if current < version <= target:
                     for statement in statements:
-                        tx.run(self.dialect.ddl(statement))
+                        if sql := self.dialect.ddl(statement):
+                            tx.run(sql)
                     tx.run(
                         "INSERT INTO pitstop_schema (version, description, applied_at) "
                         "VALUES (?, ?, ?)",
