@@ -124,9 +124,9 @@ def test_an_existing_run_id_is_refused(cwd: Path) -> None:
 
 
 def test_every_command_takes_the_logging_options(cwd: Path) -> None:
-    from pitstop.cli.app import cli
+    from pitstop.cli.app import all_commands
 
-    for name in cli.commands:
+    for name in all_commands():
         text = pitstop_exe(name, "--help").out
         for option in ("--log-level", "-v, --verbose", "-q, --quiet"):
             assert option in text, (name, option)

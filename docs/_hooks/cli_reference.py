@@ -14,9 +14,9 @@ MARKER = "<!-- pitstop-cli-reference -->"
 def _help(name: str | None) -> str:
     import click
 
-    from pitstop.cli.app import cli
+    from pitstop.cli.app import all_commands, cli
 
-    command = cli if name is None else cli.commands[name]
+    command = cli if name is None else all_commands()[name]
     parent = click.Context(cli, info_name="pitstop", terminal_width=100, max_content_width=100)
     ctx = parent if name is None else click.Context(command, info_name=name, parent=parent,
                                                    terminal_width=100, max_content_width=100)
@@ -26,9 +26,9 @@ def _help(name: str | None) -> str:
 def on_page_markdown(markdown: str, page: Any, **kwargs: Any) -> str:
     if MARKER not in markdown:
         return markdown
-    from pitstop.cli.app import cli
+    from pitstop.cli.app import all_commands
 
     parts = ["## pitstop\n", "```text", _help(None), "```\n"]
-    for name in cli.commands:
+    for name in all_commands():
         parts += [f"## pitstop {name}\n", "```text", _help(name), "```\n"]
     return markdown.replace(MARKER, "\n".join(parts))

@@ -1,8 +1,8 @@
 """The ``pitstop`` command line's entry point: every command, and every failure turned into one
 line on stderr and an exit status.
 
-The commands live in one module per area; importing them here registers them on the group
-(:mod:`pitstop.cli.group`) in the order ``pitstop --help`` lists them.
+The commands live in one module per area, imported when their command is run (see
+:class:`pitstop.cli.group._Commands`); :func:`all_commands` imports them all.
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ import click
 
 from pitstop.errors import CorruptCheckpointError, PitstopError
 
-from . import checkpoints, control, inspector, maintenance, runs  # noqa: F401  # registers them
 from .common import EXIT_INTERNAL, EXIT_PROBLEMS, EXIT_USAGE, CliError
-from .group import cli
+from .group import all_commands, cli
 from .render import error_line
 
 
@@ -68,4 +67,4 @@ def _message(exc: BaseException) -> str:
     return str(exc)
 
 
-__all__ = ["cli", "run"]
+__all__ = ["all_commands", "cli", "run"]

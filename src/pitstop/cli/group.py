@@ -10,6 +10,7 @@ themselves live in one module per area (runs, checkpoints, control, maintenance,
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -47,19 +48,30 @@ Exit status:
   3  internal error (a bug: PITSTOP_DEBUG=1 shows the traceback)
 """
 
-ORDER = ["runs", "show", "history", "diff", "send", "start", "enqueue", "resume", "fork",
-         "worker", "cancel", "stats", "verify", "migrate", "prune", "vacuum", "export", "import",
-         "ui"]
-"""The order an operator meets the commands in, which ``pitstop --help`` lists them in."""
+MODULES = {
+    "runs": "runs",
+    **dict.fromkeys(["show", "history", "diff"], "checkpoints"),
+    **dict.fromkeys(["send", "start", "enqueue", "resume", "fork", "worker", "cancel"], "control"),
+    **dict.fromkeys(["stats", "verify", "migrate", "prune", "vacuum", "export", "import"],
+                    "maintenance"),
+    "ui": "inspector",
+}
+"""Each command's module, in the order an operator meets them (``pitstop --help``'s)."""
+ORDER = list(MODULES)
 
 
-class _Ordered(click.Group):
-    """Lists commands in :data:`ORDER`, not alphabetically (and not in the order their
-    modules happen to be imported); a command missing from it comes last."""
+class _Commands(click.Group):
+    """Lists the commands in :data:`ORDER`, and imports a command's module only when that
+    command is asked for: ``pitstop runs`` loads neither ``show``'s state machinery nor the
+    runtime's, which start-up would otherwise pay for on every call."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        rank = {name: i for i, name in enumerate(ORDER)}
-        return sorted(self.commands, key=lambda name: rank.get(name, len(ORDER)))
+        return [*ORDER, *(name for name in self.commands if name not in MODULES)]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in MODULES:
+            importlib.import_module(f"{__package__}.{MODULES[cmd_name]}")
+        return super().get_command(ctx, cmd_name)
 
 
 def _version() -> str:
@@ -81,7 +93,7 @@ def logging_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @click.group(
-    cls=_Ordered,
+    cls=_Commands,
     help=HELP,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
     epilog="\b\nExample:\n  PITSTOP_STORE=sqlite:///runs.db pitstop runs --status waiting",
@@ -93,6 +105,13 @@ def logging_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 def cli(ctx: click.Context, store_url: str | None, verbose: int, quiet: bool,
         log_level: str | None) -> None:
     ctx.obj = {"store": store_url, "verbose": verbose, "quiet": quiet, "log_level": log_level}
+
+
+def all_commands() -> dict[str, click.Command]:
+    """Every command by name, in :data:`ORDER` (their modules imported)."""
+    for module in dict.fromkeys(MODULES.values()):
+        importlib.import_module(f"{__package__}.{module}")
+    return {name: cli.commands[name] for name in ORDER}
 
 
 def command(
@@ -152,4 +171,5 @@ DURATION = _ParsedType("duration", parse_duration)
 STATUSES = [s.value for s in RunStatus]
 
 
-__all__ = ["DURATION", "SINCE", "STATUSES", "STORE_HELP", "cli", "command", "logging_options"]
+__all__ = ["DURATION", "SINCE", "STATUSES", "STORE_HELP", "all_commands", "cli", "command",
+           "logging_options"]
