@@ -58,12 +58,10 @@ PostgreSQL stores. How LangGraph's model maps onto pitstop's:
 write a child of it -- two diverging histories, one of them invisible (LangGraph issue 8796).
 Here a checkpoint that *continues* a thread is written only if its parent is still the run's
 head (pitstop's compare-and-set ``expected_head``; ``None``: the run must still be empty);
-the loser gets :class:`ThreadConflictError` and nothing is written. Configs carry nothing
-for this -- they are exactly what LangGraph's savers return -- so the saver remembers, for
-each of the last ``_READS_KEPT`` checkpoints it read (``get_tuple``, ``list``) or wrote,
-whether it was its run's head at that moment, and per run the reads of its latest
-checkpoint that found none. :meth:`PitstopSaver._expected_head` has the rules;
-docs/langgraph.md lists which races they catch and which they cannot.
+the loser gets :class:`ThreadConflictError` and nothing is written. Configs carry nothing for
+this (they are exactly what LangGraph's savers return): the saver remembers what it read
+and wrote (:mod:`pitstop.integrations.langgraph_forks` has the rules); docs/langgraph.md lists
+which races they catch and which they cannot.
 
 Differences from ``SqliteSaver``/``PostgresSaver``: latest means the run's head, the last
 checkpoint written, which is the newest one unless ids were made out of order by hand;
@@ -81,7 +79,6 @@ import contextlib
 import hashlib
 import heapq
 import json
-import threading
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from functools import lru_cache
 from typing import Any, Final, NamedTuple, TypeVar, cast
@@ -113,6 +110,7 @@ from ..model import Checkpoint as StoredCheckpoint
 from ..model import CheckpointSummary, Run, RunStatus
 from ..store import RetentionPolicy, Store, open_store
 from ..store.base import UNSET, Unset
+from .langgraph_forks import ForkGuard
 from .langgraph_values import due_nodes, pack_typed, pack_write, unpack_typed, unpack_write
 from .langgraph_writes import DELAY, HeldWrites
 
@@ -125,9 +123,6 @@ _NS_SEP: Final = "::"
 _ID_SEP: Final = "~"
 _TYPED: Final = "__pitstop_typed__"
 _PAGE: Final = 64
-_READS_KEPT: Final = 16384
-"""Checkpoints whose read (or write) the saver remembers to tell continuations from branches:
-each entry is a short id and a bool, so this costs ~2 MiB at most."""
 _NOT_FRAME: Final = frozenset({"id", "channel_values"})
 """Checkpoint keys not kept in the frame (metadata): the id is the pitstop id's, the values
 are the state fields."""
@@ -267,16 +262,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         # the writes made on it concurrently, so its put may land after the interrupt: it
         # must not mark the run running again.
         self._interrupted: BoundedCache[bool] = BoundedCache(2048)
-        # What a child of a checkpoint is (see "No silent forks" in the module docs): stored
-        # id -> True if the checkpoint was the run's head when this saver last read or wrote
-        # it (a child continues the thread: compare-and-set), False if it was read as an
-        # earlier one (a child is a deliberate branch). The last read or write wins.
-        self._continues: BoundedCache[bool] = BoundedCache(_READS_KEPT)
-        # run id -> reads of the run's latest checkpoint that found none, not yet followed
-        # by a parentless put (each such put is the thread's first and takes one). A read
-        # that finds a head clears it. A lock: two readers of an empty thread both count.
-        self._empty_reads: dict[str, int] = {}
-        self._empty_lock = threading.Lock()
+        self._forks = ForkGuard()  # see "No silent forks" in the module docs
         # (run id, channel) -> the list channel as last written there (_Items).
         self._items: BoundedCache[_Items] = BoundedCache(1024)
         # Pending writes held for the next checkpoint's transaction (None: not grouped).
@@ -305,7 +291,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         wanted = get_checkpoint_id(config)
         if not wanted:
             found = self.store.latest(run_id)
-            self._note_latest_read(run_id, empty=found is None)
+            self._forks.latest_read(run_id, empty=found is None)
             if found is None:
                 return None
             return self._tuple(found, thread_id, ns, True, self._writes(found))
@@ -464,7 +450,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
             parent = lg["parent"]
         else:
             parent = langgraph_id(stored.parent_id) if stored.parent_id else None
-        self._continues.put(stored.id, was_head)
+        self._forks.seen(stored.id, was_head)
         return CheckpointTuple(
             config=_config(thread_id, ns, checkpoint_id),
             checkpoint=checkpoint,
@@ -501,24 +487,6 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
             else [loads(unpack_typed(item)) for item in value]
             for name, value in state.items()
         }
-
-    def _note_latest_read(self, run_id: str, *, empty: bool) -> None:
-        """Count a read of the run's latest checkpoint that found none (or forget the count)."""
-        with self._empty_lock:
-            if empty:
-                self._empty_reads[run_id] = self._empty_reads.get(run_id, 0) + 1
-                if len(self._empty_reads) > _READS_KEPT:
-                    del self._empty_reads[next(iter(self._empty_reads))]
-            else:
-                self._empty_reads.pop(run_id, None)
-
-    def _take_empty_read(self, run_id: str) -> bool:
-        """Whether a read found the run empty that no parentless put has answered yet."""
-        with self._empty_lock:
-            count = self._empty_reads.pop(run_id, 0)
-            if count > 1:
-                self._empty_reads[run_id] = count - 1
-            return count > 0
 
     def _remember(
         self, stored: str, fields: Iterable[str], frame: Mapping[str, Any], *, running: bool
@@ -600,7 +568,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
             state = self._encode_values(values, changed, run_id, parent_id)
         if parent is None:
             self._create_run(run_id, thread_id, ns)
-        expected = self._expected_head(run_id, parent_id, source)
+        expected = self._forks.expected_head(run_id, parent_id, source)
         # The run's status is written only when it may not say "running" already. Not when
         # this continues the head from a checkpoint this saver wrote as running, with no
         # interrupt recorded on it: naming the status in every save would rewrite the runs
@@ -646,7 +614,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
                 self._held.commit(run_id, held)
         if written:
             self._wrote.put(run_id, stored)
-            self._continues.put(stored, True)
+            self._forks.seen(stored, True)
             for name, value in state.items():
                 if type(value) is Applied or type(value) is list:
                     encoded = value.value if type(value) is Applied else value
@@ -689,31 +657,6 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
             metadata={"thread_id": thread_id, "checkpoint_ns": ns},
             exist_ok=True,
         )
-
-    def _expected_head(
-        self, run_id: str, parent_id: str | None, source: Any
-    ) -> str | Unset | None:
-        """The head the run must have for this checkpoint to be written (UNSET: any).
-
-        A checkpoint that continues the thread needs its parent to still be the head (None:
-        the thread to still be empty); one that deliberately branches does not (see "No
-        silent forks" in the module docs, and docs/langgraph.md).
-        """
-        if source == "fork":
-            # Time travel without new input, update_state(..., as_node="__copy__"): a branch
-            # by definition (and __copy__'s parent is not what its writer read).
-            return UNSET
-        if parent_id is None:
-            # The thread's first checkpoint after a read that found it empty; otherwise a
-            # new root in a namespace that has checkpoints (LangGraph replaying a subgraph
-            # from before its first run) or a put made by hand.
-            return None if self._take_empty_read(run_id) else UNSET
-        continues = self._continues.get(parent_id)
-        if continues is None:
-            # Neither read nor written here lately: a loop step continues the thread; an
-            # input or update on a config made by hand is an explicit branch.
-            return parent_id if source == "loop" else UNSET
-        return parent_id if continues else UNSET
 
     def _save(
         self,
