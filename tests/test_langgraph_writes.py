@@ -77,9 +77,10 @@ def test_a_steps_writes_commit_with_the_next_checkpoint(store: Store) -> None:
     times = dict(_times(store, "t-next"))
     at = {t for kind, t in _times(store, "t-next") if kind == "checkpoint"}
     # One transaction per step: each record carries the time of the checkpoint it came with.
-    assert times[f"{root}/task-a/0"] == times[f"{root}/task-a/1"] in at
-    assert times[f"{late['id']}/task-b/0"] in at
-    assert times[f"{root}/task-a/0"] != times[f"{late['id']}/task-b/0"]
+    # A task's regular writes are one record.
+    assert times[f"{root}/task-a"] in at
+    assert times[f"{late['id']}/task-b"] in at
+    assert times[f"{root}/task-a"] != times[f"{late['id']}/task-b"]
     assert saver.get_tuple(_cfg("t-next", root)).pending_writes == [  # type: ignore[union-attr]
         ("task-a", "counter", 1), ("task-a", "other", 2)
     ]
@@ -112,7 +113,7 @@ def test_writes_without_a_next_checkpoint_commit_within_the_delay(
     deadline = time.monotonic() + 5
     while not _stored_writes(reader, "t-late", root) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert _stored_writes(reader, "t-late", root) == {f"{root}/task-a/0"}
+    assert _stored_writes(reader, "t-late", root) == {f"{root}/task-a"}
 
 
 @pytest.mark.parametrize("store_url", SHARED, indirect=True)
@@ -126,17 +127,17 @@ def test_special_writes_commit_before_put_writes_returns(
     saver.put_writes(_cfg("t-int", step), [("counter", 2)], "task-a")  # held...
     saver.put_writes(_cfg("t-int", step), [("__interrupt__", "why?")], "task-b")
     # ...until an interrupt on the same checkpoint: no child will follow it.
-    assert _stored_writes(reader, "t-int", step) == {f"{step}/task-a/0", f"{step}/task-b/-3"}
+    assert _stored_writes(reader, "t-int", step) == {f"{step}/task-a", f"{step}/task-b/-3"}
     # Writes on a checkpoint that is not a loop or input step's (update_state's) are never
     # held either.
     update = _put(saver, "t-int", step, "update")
     saver.put_writes(_cfg("t-int", update), [("counter", 3)], "task-c")
-    assert _stored_writes(reader, "t-int", update) == {f"{update}/task-c/0"}
+    assert _stored_writes(reader, "t-int", update) == {f"{update}/task-c"}
     # A saver that does not group commits every call before it returns.
     plain = PitstopSaver(store, writes_delay=None)
     loop = _put(plain, "t-plain", None, "input")
     plain.put_writes(_cfg("t-plain", loop), [("counter", 1)], "task-a")
-    assert _stored_writes(reader, "t-plain", loop) == {f"{loop}/task-a/0"}
+    assert _stored_writes(reader, "t-plain", loop) == {f"{loop}/task-a"}
 
 
 def test_reads_see_held_writes_and_a_refused_put_still_commits_them(store: Store) -> None:
@@ -153,7 +154,7 @@ def test_reads_see_held_writes_and_a_refused_put_still_commits_them(store: Store
     _put(PitstopSaver(store), "t-read", step, "loop")  # another writer moves the thread on
     with pytest.raises(ThreadConflictError):
         _put(saver, "t-read", step, "loop")
-    assert _stored_writes(store, "t-read", step) == {f"{step}/task-b/0"}
+    assert _stored_writes(store, "t-read", step) == {f"{step}/task-b"}
 
 
 @pytest.mark.parametrize("store_url", SHARED, indirect=True)
@@ -173,4 +174,15 @@ print(checkpoint["id"])
     done = run_python(code)
     assert done.returncode == 0, done.stderr
     root = done.stdout.strip()
-    assert _stored_writes(store, "t-exit", root) == {f"{root}/task-a/0"}
+    assert _stored_writes(store, "t-exit", root) == {f"{root}/task-a"}
+
+
+def test_write_records_of_every_stored_form_read_back() -> None:
+    from pitstop.integrations.langgraph_values import pack_write, pack_writes, unpack_writes
+
+    one = ("task-a", "a", "msgpack", b"\x01", "", 0)
+    two = ("task-a", "b", "msgpack", b"\x02", "", 1)
+    assert unpack_writes(pack_writes([one, two])) == [one, two]  # a task's regular writes
+    assert unpack_writes(pack_write("task-a", "a", ("msgpack", b"\x01"), "", 0)) == [one]
+    assert unpack_writes(one) == [one]  # the tuple earlier versions stored
+    assert unpack_writes(b"\x01") == [] and unpack_writes({"not": "a write"}) == []

@@ -36,9 +36,10 @@ PostgreSQL stores. How LangGraph's model maps onto pitstop's:
   ``SqliteSaver``, metadata goes through JSON (a tuple comes back as a list); a part that is
   not JSON at all is stored with LangGraph's serializer instead, base64-encoded.
 * **Pending writes** are pitstop effect records of the run, attached to the checkpoint (so
-  pruning it drops them), keyed ``"<checkpoint id>/<task id>/<idx>"`` and holding the
-  msgpack array ``[task_id, channel, type, bytes, task_path, idx]``. Regular writes are
-  kept once and wait for the transaction of the run's next checkpoint (at most
+  pruning it drops them): a task's regular writes are one record keyed ``"<checkpoint
+  id>/<task id>"``, the msgpack array of their ``[task_id, channel, type, bytes, task_path,
+  idx]`` arrays; each special write is one keyed ``"<checkpoint id>/<task id>/<idx>"``.
+  Regular writes are kept once and wait for the transaction of the run's next checkpoint (at most
   ``writes_delay``; :mod:`~pitstop.integrations.langgraph_writes`); special writes (errors,
   interrupts, resumes...) overwrite and commit before ``put_writes`` returns, as in
   LangGraph's savers; ``get_tuple`` returns them in ``(task_path, task_id, idx)`` order.
@@ -111,7 +112,14 @@ from ..model import CheckpointSummary, Run, RunStatus
 from ..store import RetentionPolicy, Store, open_store
 from ..store.base import UNSET, Unset
 from .langgraph_forks import ForkGuard
-from .langgraph_values import due_nodes, pack_typed, pack_write, unpack_typed, unpack_write
+from .langgraph_values import (
+    due_nodes,
+    pack_typed,
+    pack_write,
+    pack_writes,
+    unpack_typed,
+    unpack_writes,
+)
 from .langgraph_writes import DELAY, HeldWrites
 
 T = TypeVar("T")
@@ -415,7 +423,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
     def _writes(self, stored: CheckpointSummary) -> builtins.list[tuple[str, str, Any]]:
         records = self.store.effects(stored.run_id, checkpoint_id=stored.id)
         rows = sorted(
-            (row for r in records.values() if (row := unpack_write(r)) is not None),
+            (row for r in records.values() for row in unpack_writes(r)),
             key=lambda r: (r[4], r[0], r[5]),
         )
         return [
@@ -736,20 +744,28 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         checkpoint_id = conf["checkpoint_id"]
         dumps = self.serde.dumps_typed
         records: dict[str, bytes] = {}
-        interrupted = False
-        replace = True
-        regular = True
-        for idx, (channel, value) in enumerate(writes):
-            special = WRITES_IDX_MAP.get(channel)
-            index = idx if special is None else special
-            replace = replace and special is not None
-            regular = regular and special is None
-            interrupted = interrupted or channel == INTERRUPT
-            records[f"{checkpoint_id}/{task_id}/{index}"] = pack_write(
-                task_id, channel, dumps(value), task_path, index
+        if not any(channel in WRITES_IDX_MAP for channel, _ in writes):
+            # Regular writes only (a task's result): one record, kept once.
+            if not writes:
+                return
+            interrupted = replace = False
+            regular = True
+            records[f"{checkpoint_id}/{task_id}"] = pack_writes(
+                [(task_id, channel, *dumps(value), task_path, idx)
+                 for idx, (channel, value) in enumerate(writes)]
             )
-        if not records:
-            return
+        else:
+            interrupted = False
+            replace = True
+            regular = False
+            for idx, (channel, value) in enumerate(writes):
+                special = WRITES_IDX_MAP.get(channel)
+                index = idx if special is None else special
+                replace = replace and special is not None
+                interrupted = interrupted or channel == INTERRUPT
+                records[f"{checkpoint_id}/{task_id}/{index}"] = pack_write(
+                    task_id, channel, dumps(value), task_path, index
+                )
         stored = stored_id(checkpoint_id, run_id)
         if interrupted:
             self._interrupted.put(stored, True)  # before the put of `stored` may look

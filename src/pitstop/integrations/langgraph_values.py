@@ -9,7 +9,9 @@ CLI and inspector show LangGraph threads without LangGraph installed.
   a tuple would take its extension path (and a scan for buffers) at several times the cost.
   Earlier versions stored the pair itself; both are read.
 * A pending write is the msgpack array ``[task_id, channel, type, bytes, task_path, idx]``
-  (earlier versions: the tuple).
+  (earlier versions: the tuple). The regular writes of one ``put_writes`` call are one record,
+  the array of their arrays: a step's writes then cost one row (and one index entry per
+  index) instead of one per write.
 
 :func:`display_state` turns a LangGraph checkpoint's state into plain data for people:
 messages show as ``{"$type": "langchain_core.messages.ai.AIMessage", "content": ...}``. It
@@ -64,6 +66,29 @@ def unpack_typed(stored: Any) -> TypedValue:
 def pack_write(task_id: str, channel: str, typed: TypedValue, task_path: str, idx: int) -> bytes:
     """A pending write as stored."""
     return ormsgpack.packb((task_id, channel, typed[0], typed[1], task_path, idx))
+
+
+def pack_writes(writes: list[tuple[str, str, str, bytes, str, int]]) -> bytes:
+    """Several pending writes (of one task) as one stored record."""
+    return ormsgpack.packb(writes)
+
+
+def unpack_writes(record: Any) -> list[tuple[Any, ...]]:
+    """The pending writes in one effect record, each as (task_id, channel, type, bytes,
+    task_path, idx): one for a record of one write, several for a record of a task's writes
+    (:func:`pack_writes`), none for an effect record that is not a LangGraph write."""
+    if isinstance(record, bytes):
+        try:
+            record = ormsgpack.unpackb(record)
+        except ormsgpack.MsgpackDecodeError:
+            return []
+        if not isinstance(record, list):
+            return []
+        if record and isinstance(record[0], list):
+            return [tuple(w) for w in record if isinstance(w, list) and len(w) == 6]
+        return [tuple(record)] if len(record) == 6 else []
+    one = unpack_write(record)
+    return [one] if one is not None else []
 
 
 def unpack_write(record: Any) -> tuple[Any, ...] | None:
@@ -160,8 +185,10 @@ __all__ = [
     "is_langgraph",
     "pack_typed",
     "pack_write",
+    "pack_writes",
     "unpack_typed",
     "unpack_write",
+    "unpack_writes",
 ]
 
 
