@@ -29,8 +29,8 @@ def test_the_wal_is_checkpointed_by_the_stores_thread_and_stays_bounded(tmp_path
             time.sleep(0.01)
         assert store._wal.runs >= 1
         # Three to five WAL pages per save: without any checkpoint the WAL would pass
-        # SQLite's bound (8,192 pages) here; with them it never goes beyond it.
-        assert os.path.getsize(f"{path}-wal") <= 8200 * (4096 + 24) + 32
+        # the bound (4,096 pages) here; with them it never goes beyond it.
+        assert os.path.getsize(f"{path}-wal") <= 4100 * (4096 + 24) + 32
         assert store.latest("r").state["i"] == 2999  # type: ignore[union-attr]
     finally:
         store.close()

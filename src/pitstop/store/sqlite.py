@@ -80,15 +80,15 @@ _CHECKPOINT_EVERY: Final = 128
 """Write transactions of a store between two WAL checkpoints on its checkpointing thread (a
 small checkpoint is 3-8 WAL pages: about SQLite's default of one per 1,000 pages)."""
 
-_WAL_BOUND: Final = 8192
+_WAL_BOUND: Final = 4096
 """WAL pages after which a commit checkpoints by itself after all (SQLite's
-``wal_autocheckpoint``): bounds the WAL (32 MiB of 4 KiB pages). SQLite starts the WAL over
+``wal_autocheckpoint``): bounds the WAL (16 MiB of 4 KiB pages). SQLite starts the WAL over
 from its beginning only at a write that finds every page of it checkpointed; a writer that
 never pauses keeps the thread's checkpoints one step behind, so the WAL grows up to this
-bound, where the commit's own checkpoint finds nearly everything copied already."""
-
-_WAL_KEPT: Final = 4 << 20
-"""Bytes the WAL file is cut back to when it starts over (``journal_size_limit``)."""
+bound, where the commit's own checkpoint finds nearly everything copied already. The file is
+not cut back when it starts over: commits then overwrite it in place, where appending would
+make every ``full`` commit's fsync write the file's new size to the file system's journal
+too (twice the time of the sync here)."""
 
 log = logging.getLogger("pitstop.store")
 
@@ -430,7 +430,6 @@ class SQLiteStore(SqlStore):
             conn.execute("PRAGMA cache_size=-16000")
             if self.path != ":memory:":
                 conn.execute(f"PRAGMA wal_autocheckpoint={_WAL_BOUND}")  # see _WalCheckpointer
-                conn.execute(f"PRAGMA journal_size_limit={_WAL_KEPT}")
         except sqlite3.Error as exc:
             conn.close()
             raise self._store_error(exc) from exc
