@@ -193,7 +193,9 @@ __all__ = [
 
 
 _BRANCH: Final = "branch:to:"
+_BRANCH_LEN: Final = len(_BRANCH)
 _START: Final = "__start__"
+_TASKS: Final = "__pregel_tasks"
 
 
 def due_nodes(channels: Iterable[str], versions: Any, versions_seen: Any) -> list[str] | None:
@@ -208,21 +210,26 @@ def due_nodes(channels: Iterable[str], versions: Any, versions_seen: Any) -> lis
     """
     if not isinstance(versions, Mapping) or not isinstance(versions_seen, Mapping):
         return None
-    names = set(channels)
-    if "__pregel_tasks" in names or not any(
-            str(k) == _START or str(k).startswith(_BRANCH) for k in versions):
-        return None
+    # One pass over the channels (this runs on every put): only triggers are looked at.
     due = []
-    for name in names:
-        node = _START if name == _START else name[len(_BRANCH):] \
-            if name.startswith(_BRANCH) else None
-        if node is None:
+    for name in channels:
+        if name == _START:
+            node = _START
+        elif name.startswith(_BRANCH):
+            node = name[_BRANCH_LEN:]
+        elif name == _TASKS:
+            return None
+        else:
             continue
         node_seen = versions_seen.get(node)
         before = node_seen.get(name) if isinstance(node_seen, Mapping) else None
         if _newer(versions.get(name), before):
             due.append(node)
-    return sorted(due)
+    if not due and not any(
+            str(k) == _START or str(k).startswith(_BRANCH) for k in versions):
+        return None  # not a StateGraph's layout
+    due.sort()
+    return due
 
 
 def _newer(version: Any, seen: Any) -> bool:
