@@ -116,6 +116,8 @@ class _WalCheckpointer:
         if self._thread is None or self._pid != pid:
             if self._stopped:
                 return
+            if self._pid:  # a forked child: the parent's Event may be mid-use by its thread
+                self._wake = threading.Event()
             self._pid = pid
             self._thread = threading.Thread(
                 target=self._run, name="pitstop-wal-checkpoint", daemon=True
