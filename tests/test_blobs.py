@@ -102,6 +102,31 @@ def test_damaged_or_missing_files_are_detected(opener: Callable[..., pitstop.Sto
     assert any("missing" in p.message for p in store.verify())
 
 
+@pytest.mark.parametrize("durability", ["normal", "full"])
+def test_a_short_file_is_written_again_not_reused(
+    opener: Callable[..., pitstop.Store], blob_dir: Path, durability: str
+) -> None:
+    """What power loss can leave of an unsynced file (``normal``): the right name, too few
+    bytes. Detected on load; the next save of the same bytes rewrites it instead of trusting
+    the name; array chunks read into place say so too."""
+    np = pytest.importorskip("numpy")
+    store = opener(durability=durability)
+    weights = np.arange(300_000, dtype=np.float64)  # 2.4 MB: chunks of 1 MiB in files
+    first = store.save("r", {"doc": BIG, "w": weights})
+    for path in files(blob_dir):
+        path.write_bytes(path.read_bytes()[: 1000])
+    with pytest.raises(CorruptCheckpointError):
+        store.get(first.id)
+    with opener() as fresh:
+        with pytest.raises(CorruptCheckpointError):
+            fresh.get(first.id)
+        fresh.save("other", {"doc": BIG, "w": weights.copy()})  # a new run: every value new
+        assert all(p.stat().st_size > 1000 for p in files(blob_dir))
+        assert fresh.get(first.id).state["doc"] == BIG  # the old checkpoint is whole again
+        np.testing.assert_array_equal(fresh.get(first.id).state["w"], weights)
+    assert store.verify() == []
+
+
 def test_orphaned_files_are_reported_and_swept(opener: Callable[..., pitstop.Store],
                                                blob_dir: Path) -> None:
     store = opener()

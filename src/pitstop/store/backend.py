@@ -265,6 +265,9 @@ class SqlBackend(Store):
 
     dialect: Dialect
     busy_timeout: float = 60.0
+    durability: Durability = "normal"
+    """The store's default durability (a backend sets it from its options)."""
+
     rewrites_in_place: bool = True
     """Whether an UPDATE that shrinks a row gives its space back at once (SQLite: freed pages
     are reused by the next write). If so a growing list's superseded last chunk becomes an

@@ -466,7 +466,7 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
         """
         plan: WritePlan = prepared.payload
         if plan.new:
-            self._externalize(plan.new.values())
+            self._externalize(plan.new.values(), plan.durability)
         try:
             self._tx(
                 lambda tx: self._write_checkpoint(tx, plan), write=True, durability=plan.durability
@@ -958,7 +958,7 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
             plans: list[WritePlan] = [prepared.payload for prepared, _ in batch]
             for plan in plans:
                 if plan.new:
-                    self._externalize(plan.new.values())
+                    self._externalize(plan.new.values(), plan.durability)
 
             def write(tx: Tx, batch: Sequence[tuple[PreparedSave, Mapping[str, Any]]] = batch,
                       plans: list[WritePlan] = plans) -> None:

@@ -4,9 +4,13 @@ Durability (WAL journal; one transaction per checkpoint):
 
 * ``normal`` (default): ``synchronous=NORMAL``. A committed checkpoint survives the process
   being killed at any instant. On power loss or an OS crash, the last commits before the
-  failure may be lost (never torn: the store stays consistent, it just ends earlier).
+  failure may be lost (never torn: the store stays consistent, it just ends earlier). Large
+  values in the blob directory are complete files before the commit but not synced, so after
+  power loss one of the last checkpoints may also be left with a damaged file, which every
+  load detects (see :mod:`pitstop.store.blobs`).
 * ``full``: ``synchronous=FULL``. Every commit is fsynced before ``save`` returns, so a
-  checkpoint that was saved survives power loss too. Costs one fsync per checkpoint.
+  checkpoint that was saved survives power loss too. Costs one fsync per checkpoint (and
+  one per blob-directory file it adds, issued together).
 
 Several processes may use one file: writes take SQLite's write lock with ``BEGIN IMMEDIATE``
 (so a transaction never has to upgrade a read lock and fail), wait on a busy timeout, and the

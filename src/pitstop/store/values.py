@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from ..errors import StoreError
 from ..serde import unframe
 from .backend import SqlBackend, Tx
+from .base import Durability
 from .blobs import Deferred
 from .records import Alias, FieldMap, NewBlob, Stored, is_chunk_key
 
@@ -38,10 +39,16 @@ class StoredValues(SqlBackend):
         """Whether ``blob`` goes to the blob store rather than the table."""
         return self.blobs is not None and blob.size >= self.blob_threshold
 
-    def _externalize(self, blobs: Iterable[NewBlob]) -> None:
-        """Write large values to the blob store, synced, before any row references them."""
+    def _externalize(self, blobs: Iterable[NewBlob], durability: Durability | None = None) -> None:
+        """Write large values to the blob store before any row references them: synced with
+        durability ``full``; with ``normal`` (the store's default, or this save's) complete
+        and renamed into place but left to the OS to write back, as the commit that follows
+        is (see :mod:`pitstop.store.blobs`)."""
         if self.blobs is not None:
-            self.blobs.put_many([(b.hash, b.pieces) for b in blobs if self._external(b)])
+            level = durability or self.durability
+            self.blobs.put_many(
+                [(b.hash, b.pieces) for b in blobs if self._external(b)], sync=level == "full"
+            )
 
     def _insert_values(self, tx: Tx, new: Mapping[bytes, NewBlob], now: float) -> None:
         """Insert the rows of new values (existing ones are kept: same hash, same bytes)."""
