@@ -44,6 +44,8 @@ from typing import Any, Final, NamedTuple
 import ormsgpack
 import xxhash
 
+from . import parallel
+
 MANIFEST_VERSION: Final = 1
 CHUNKED_MIN: Final = 16 * 1024
 """Values serialising to fewer bytes are stored whole, as before. Low enough that a growing
@@ -107,7 +109,21 @@ def chunk_key(format_id: int, raw: bytes | memoryview) -> bytes:
         hasher = hashlib.sha256(bytes((format_id & 0xFF,)))
         hasher.update(raw)
         return b"\x02" + hasher.digest()[:16]
+    if len(raw) >= _UNLOCKED_MIN:  # the hasher object hashes with the GIL released
+        return b"\x01" + xxhash.xxh3_128(raw, seed=format_id).digest()
     return b"\x01" + xxhash.xxh3_128_digest(raw, seed=format_id)
+
+
+_UNLOCKED_MIN: Final = 64 * 1024
+"""Chunks from this size are hashed with the GIL released (by threads, in parallel: see
+:mod:`pitstop.serde.parallel`); smaller ones by the one-call function, which is cheaper."""
+
+
+def chunk_keys(format_id: int, pieces: Sequence[memoryview]) -> list[bytes]:
+    """:func:`chunk_key` of each piece of a buffer, by several threads for a large one."""
+    return parallel.each(
+        lambda piece: chunk_key(format_id, piece), pieces, sum(p.nbytes for p in pieces)
+    )
 
 
 class Entry(NamedTuple):
@@ -560,9 +576,8 @@ def split(value: Any, dumps: Dumps, format_id: int, parent: Layout | None = None
     buffer, meta = _buffer_of(kind, value)
     known = parent.keys() if parent is not None else set()
     total = len(buffer)
-    for offset in range(0, total, BUFFER_CHUNK):
-        piece = buffer[offset : offset + BUFFER_CHUNK]
-        key = chunk_key(format_id, piece)
+    pieces = [buffer[offset : offset + BUFFER_CHUNK] for offset in range(0, total, BUFFER_CHUNK)]
+    for piece, key in zip(pieces, chunk_keys(format_id, pieces), strict=True):
         if key not in known and key not in raws:
             raws[key] = piece  # a view: the store frames (copies) only the new ones
         leaves.append(Entry(key, len(piece), len(piece), CUT))
@@ -872,6 +887,7 @@ __all__ = [
     "build_tree",
     "check_chunk",
     "chunk_key",
+    "chunk_keys",
     "decode_manifest",
     "encode_manifest",
     "expand",

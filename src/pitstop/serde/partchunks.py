@@ -26,8 +26,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from . import buffers
-from .chunks import BUFFER_CHUNK, CUT, Entry, Layout, Split, build_tree, chunk_key
+from . import buffers, parallel
+from .chunks import BUFFER_CHUNK, CUT, Entry, Layout, Split, build_tree, chunk_keys
 
 KIND: Final = "parts"
 
@@ -68,18 +68,6 @@ def holds_buffers(value: Any, min_size: int = buffers.BUFFER_MIN) -> bool:
     return False
 
 
-def _cut(
-    segment: memoryview, format_id: int, known: set[bytes], raws: dict[bytes, Any],
-    leaves: list[Entry],
-) -> None:
-    for offset in range(0, len(segment), BUFFER_CHUNK):
-        piece = segment[offset : offset + BUFFER_CHUNK]
-        key = chunk_key(format_id, piece)
-        if key not in known and key not in raws:
-            raws[key] = piece  # a view of the array: the store frames (copies) it once
-        leaves.append(Entry(key, len(piece), len(piece), CUT))
-
-
 def split_parts(
     skeleton: bytes, views: Sequence[memoryview], format_id: int, parent: Layout | None
 ) -> Split:
@@ -91,9 +79,15 @@ def split_parts(
     known = parent.keys() if parent is not None else set()
     raws: dict[bytes, Any] = {}
     leaves: list[Entry] = []
-    _cut(memoryview(skeleton), format_id, known, raws, leaves)
-    for view in views:
-        _cut(view.cast("B") if view.format != "B" else view, format_id, known, raws, leaves)
+    pieces: list[memoryview] = []
+    for view in (memoryview(skeleton), *views):
+        segment = view.cast("B") if view.format != "B" else view
+        pieces.extend(segment[o : o + BUFFER_CHUNK] for o in range(0, len(segment), BUFFER_CHUNK))
+    # One hash pass over every array (several threads for large ones).
+    for piece, key in zip(pieces, chunk_keys(format_id, pieces), strict=True):
+        if key not in known and key not in raws:
+            raws[key] = piece  # a view of the array: the store frames (copies) it once
+        leaves.append(Entry(key, len(piece), len(piece), CUT))
     lengths = [len(skeleton), [v.nbytes for v in views]]
     total = len(skeleton) + sum(v.nbytes for v in views)
     same_kind = parent if parent is not None and parent.kind == KIND else None
@@ -138,25 +132,35 @@ def assemble_parts(
     ``memoryview``), each filled chunk by chunk by ``fill`` (which reads, or copies, a
     chunk straight into its place: no joining)."""
     skeleton_size, lengths = segments(meta, total)
-    targets = [bytearray(skeleton_size), *(_uninitialised(n) for n in lengths)]
-    index, offset = 0, 0
-    for leaf in leaves:
-        while index < len(targets) and offset == len(targets[index]):
-            index, offset = index + 1, 0
-        if index == len(targets) or offset + leaf.size > len(targets[index]):
-            raise ValueError("a chunk crosses the end of its buffer")
-        if leaf.size != leaf.items:
-            raise ValueError("a buffer chunk's size and length differ")
-        fill(leaf, memoryview(targets[index])[offset : offset + leaf.size])
-        offset += leaf.size
-    while index < len(targets) and offset == len(targets[index]):
-        index, offset = index + 1, 0
-    if index != len(targets):
-        raise ValueError("the chunks do not fill the buffers")
+    targets = [bytearray(skeleton_size), *(uninitialised(n) for n in lengths)]
+    fill_buffers(targets, leaves, fill)
     return bytes(targets[0]), targets[1:]
 
 
-def _uninitialised(size: int) -> Any:
+def fill_buffers(targets: Sequence[Any], leaves: Sequence[Entry], fill: Fill) -> None:
+    """Fill ``targets`` (writable buffers, one after the other) with the chunks ``leaves``
+    name, in their order: each chunk's place found first, then the chunks read (several
+    threads for a large value: each chunk has a place of its own)."""
+    jobs: list[tuple[Entry, memoryview]] = []
+    index, offset = 0, 0
+    views = [memoryview(t) for t in targets]
+    for leaf in leaves:
+        while index < len(views) and offset == views[index].nbytes:
+            index, offset = index + 1, 0
+        if index == len(views) or offset + leaf.size > views[index].nbytes:
+            raise ValueError("a chunk crosses the end of its buffer")
+        if leaf.size != leaf.items:
+            raise ValueError("a buffer chunk's size and length differ")
+        jobs.append((leaf, views[index][offset : offset + leaf.size]))
+        offset += leaf.size
+    while index < len(views) and offset == views[index].nbytes:
+        index, offset = index + 1, 0
+    if index != len(views):
+        raise ValueError("the chunks do not fill the buffers")
+    parallel.each(lambda job: fill(*job), jobs, sum(v.nbytes for v in views))
+
+
+def uninitialised(size: int) -> Any:
     """A writable buffer of ``size`` bytes, not zeroed first (``bytearray(n)`` writes every
     byte once before the chunks do: a third of a 256 MiB load, measured)."""
     try:
@@ -183,8 +187,10 @@ __all__ = [
     "Fill",
     "assemble_parts",
     "copy_fill",
+    "fill_buffers",
     "holds_buffers",
     "may_hold_buffers",
     "segments",
     "split_parts",
+    "uninitialised",
 ]

@@ -661,6 +661,11 @@ class ValueCodec:
                 strict=strict, corrupt=corrupt, run_id=run_id, field=field,
                 checkpoint_id=checkpoint_id,
             )
+        if kind == "ndarray":
+            return self._decode_array(
+                manifest, (meta, items, root, leaves, nodes), blobs, raw_of, formats,
+                corrupt=corrupt,
+            )
         raws: Mapping[bytes, bytes | memoryview] | None = _plain_chunks(leaves, blobs, formats)
         if raws is None:  # not all plain xxh3 chunks of one format: one by one, named
             raws = {leaf.key: raw_of(leaf.key) for leaf in leaves}
@@ -699,24 +704,7 @@ class ValueCodec:
         """A ``parts`` value: each chunk checked and copied straight into the buffer of its
         array (one copy; no joined intermediate), the arrays built on those buffers."""
         meta, items, root, leaves, nodes = tree
-
-        def fill(entry: chunking.Entry, target: memoryview) -> None:
-            data = blobs.get(entry.key)
-            if isinstance(data, Deferred):
-                header = data.read_into(target)  # from the file into place: no other copy
-                if header is not None and not header & ~0x0F:
-                    if not chunking.check_chunk(entry.key, header, target):
-                        raise corrupt(
-                            f"chunk {entry.key.hex()[2:18]}: checksum mismatch (truncated or "
-                            "altered)"
-                        )
-                    formats.add(header)
-                    return
-            raw = raw_of(entry.key)  # in the table, or not a plain chunk: read, checked
-            if len(raw) != len(target):
-                raise ValueError(f"chunk {entry.key.hex()[2:18]} has the wrong size")
-            target[:] = raw
-
+        fill = _chunk_filler(blobs, raw_of, formats, corrupt)
         try:
             skeleton, buffers = partchunks.assemble_parts(meta, items, leaves, fill)
         except ValueError as exc:
@@ -742,6 +730,46 @@ class ValueCodec:
                 f"undecodable value ({type(exc).__name__}: {exc})",
                 checkpoint_id=checkpoint_id, run_id=run_id, field=field,
             ) from exc
+
+    def _decode_array(
+        self,
+        manifest: bytes,
+        tree: tuple[Any, int, list[chunking.Entry], list[chunking.Entry], dict[bytes, Any]],
+        blobs: Mapping[bytes, Stored],
+        raw_of: Callable[[bytes], bytes | memoryview],
+        formats: set[int],
+        *,
+        corrupt: Callable[[str], CorruptCheckpointError],
+    ) -> Any:
+        """A numpy array stored whole (the ``ndarray`` kind): one uninitialised buffer, each
+        chunk read from its file into its place and checked there, as ``np.load`` reads a
+        file into the array it allocates (no chunk read into bytes, no join)."""
+        meta, items, root, leaves, nodes = tree
+        kind = "ndarray"
+        try:
+            import numpy
+            from numpy.lib import format as npy_format
+
+            descr, shape = meta
+            dtype = npy_format.descr_to_dtype(descr)
+            shape = tuple(shape)
+        except Exception as exc:
+            raise corrupt(f"chunks do not make a {kind} ({type(exc).__name__}: {exc})") from None
+        buffer = partchunks.uninitialised(items)
+        fill = _chunk_filler(blobs, raw_of, formats, corrupt)
+        try:
+            partchunks.fill_buffers([buffer], leaves, fill)
+            if not shape or 0 in shape:
+                array = numpy.zeros(shape, dtype=dtype)  # as chunks.assemble builds it
+            else:
+                array = numpy.frombuffer(buffer, dtype=dtype).reshape(shape)
+        except (ValueError, TypeError) as exc:
+            raise corrupt(f"chunks do not make a {kind} ({type(exc).__name__}: {exc})") from None
+        fmt = formats.pop() if len(formats) == 1 else self.serializer.format_id
+        keyed = fmt | (self._chunk_format & chunking.SHA256_KEYS)
+        layout = chunking.Layout(kind, meta, items, root, leaves, nodes, keyed)
+        self._remember(manifest, layout)
+        return array
 
     def check_stored(self, key: bytes, data: bytes) -> None:
         """Raise if a stored row is not what its key says (a whole value or a chunk)."""
@@ -989,6 +1017,35 @@ def _plain_chunks(
         return None
     formats.add(fmt)
     return dict(zip(keys, views, strict=True))
+
+
+def _chunk_filler(
+    blobs: Mapping[bytes, Stored],
+    raw_of: Callable[[bytes], bytes | memoryview],
+    formats: set[int],
+    corrupt: Callable[[str], CorruptCheckpointError],
+) -> partchunks.Fill:
+    """What writes a chunk's raw bytes into its place in an array's buffer: a blob-store file
+    read straight into it and checked there; a chunk in the table copied after ``raw_of``
+    checked it. Safe to call from several threads at once (one place each)."""
+
+    def fill(entry: chunking.Entry, target: memoryview) -> None:
+        data = blobs.get(entry.key)
+        if isinstance(data, Deferred):
+            header = data.read_into(target)  # from the file into place: no other copy
+            if header is not None and not header & ~0x0F:
+                if not chunking.check_chunk(entry.key, header, target):
+                    raise corrupt(
+                        f"chunk {entry.key.hex()[2:18]}: checksum mismatch (truncated or altered)"
+                    )
+                formats.add(header)
+                return
+        raw = raw_of(entry.key)  # in the table, or not a plain chunk: read, checked
+        if len(raw) != len(target):
+            raise ValueError(f"chunk {entry.key.hex()[2:18]} has the wrong size")
+        target[:] = raw
+
+    return fill
 
 
 def _bytes_of(data: Stored | None) -> bytes | None:
