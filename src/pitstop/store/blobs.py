@@ -252,18 +252,20 @@ def _size_of(path: str) -> int:
 
 def _read_framed(fd: int, target: memoryview) -> int | None:
     """Read a file of one header byte and exactly ``target.nbytes`` bytes: the body into
-    ``target``, the header returned (None: the file's size differs). Two calls for a whole
-    file: one ``readv`` (header, body, a spare byte that fills only if the file is longer)
-    and the one that finds its end."""
+    ``target``, the header returned (None: the file's size differs). One ``readv`` for a
+    whole file: header, body, and a spare byte that fills only if the file is longer (a
+    regular file reads short only at its end, or when interrupted: then the rest is read)."""
     header, spare = bytearray(1), bytearray(1)
     views = [memoryview(header), target, memoryview(spare)]
     expected = target.nbytes + 1
     done = 0
-    while views and done <= expected:
+    while views:
         n = _readv(fd, views)
         if not n:
             break
         done += n
+        if done >= expected:  # all of it (and, if the spare filled, more than it)
+            break
         while views and n >= views[0].nbytes:  # a short read: go on from there
             n -= views[0].nbytes
             views.pop(0)
