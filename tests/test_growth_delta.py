@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from pitstop import Append, Merge
 from pitstop.delta import dirty_positions
 from pitstop.serde import MsgpackSerializer
-from pitstop.serde.chunks import Layout, Split, assemble, split, split_delta
+from pitstop.serde.chunks import Layout, Split, assemble, sealed, split, split_delta
 
 SER = MsgpackSerializer()
 
@@ -120,3 +120,25 @@ def test_a_long_append_run_keeps_offsets_and_chunks_exact() -> None:
         store.update(result.new)
         layout = result.layout
     _check(layout, split_delta(layout, value, [], SER.dumps), value, store)
+
+
+def test_a_sealed_parent_keeps_its_offsets() -> None:
+    """PostgreSQL seals the parent's open chunk before each save: the offsets it had are
+    kept (not added up again over every leaf), and the next save cuts as a full pass would."""
+    rng = random.Random(8)
+    value: list[Any] = [_text(rng, 2048) for _ in range(300)]
+    first = split(value, SER.dumps, 0)
+    assert first is not None
+    layout = first.layout
+    starts = list(layout.leaf_starts())
+    parent = sealed(layout)
+    assert parent.starts is layout.starts and parent.leaf_starts() == starts
+    value = [*value, _text(rng, 2048)]
+    result = split(value, SER.dumps, 0, parent)
+    assert result is not None
+    assert result.layout.keys() <= parent.keys() | set(result.new)
+    acc, expected = 0, []
+    for leaf in result.layout.leaves:
+        expected.append(acc)
+        acc += leaf.items
+    assert result.layout.leaf_starts() == expected and acc == len(value)

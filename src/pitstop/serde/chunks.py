@@ -535,6 +535,7 @@ def sealed(parent: Layout, min_size: int = SEAL_MIN) -> Layout:
         [*leaves[:-1], last._replace(flags=last.flags | CUT)],
         parent.nodes,
         parent.format_id,
+        starts=parent.starts,  # the same leaves: their offsets are not added up again
         prefix=parent.prefix,
         index=parent.index,
         levels=parent.levels,
