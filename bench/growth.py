@@ -24,7 +24,8 @@ Workloads (random text, so that compression hides nothing: zstd keeps ~3/4 of it
   both ``synchronous=NORMAL``) and ``PostgresSaver`` and ``PitstopSaver`` (PostgreSQL):
   bytes and wall ms per step (median of ``--repeats`` invocations in turns).
 
-SQLite bytes are the file after ``wal_checkpoint(TRUNCATE)``; PostgreSQL bytes are
+SQLite bytes are the file after ``wal_checkpoint(TRUNCATE)`` plus its ``-blobs`` directory
+(large values, such as an array's 1 MiB chunks, are kept there); PostgreSQL bytes are
 ``pg_total_relation_size`` summed over the store's tables. Timings on a shared 2-core machine
 are noisy: compare the ratios, which are measured close together in time.
 """
@@ -93,6 +94,15 @@ def sqlite_file_size(path: str) -> int:
         conn.close()
 
 
+def directory_size(path: str) -> int:
+    """Bytes of the files under ``path`` (a SQLite store's ``<file>-blobs`` directory, where
+    values of a MiB and more are kept by default); 0 if there is none."""
+    total = 0
+    for folder, _, names in os.walk(path):
+        total += sum(os.path.getsize(os.path.join(folder, name)) for name in names)
+    return total
+
+
 def pg_schema_size(schema: str) -> int:
     import psycopg
 
@@ -116,7 +126,7 @@ def fresh_store(
             path = os.path.join(tmp, "growth.db")
             store = pitstop.open_store(f"sqlite:///{path}?durability={durability}")
             try:
-                yield store, lambda: sqlite_file_size(path)
+                yield store, lambda: sqlite_file_size(path) + directory_size(path + "-blobs")
             finally:
                 store.close()
         return
