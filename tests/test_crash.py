@@ -486,6 +486,8 @@ def birth(at):
     store = pitstop.open_store(url)
     if action == "start":
         workflows.approval.start(store, {"n": 1}, run_id=f"born-{at}")
+    elif action == "fork":
+        workflows.approval.fork(store, store.latest("base").id, run_id=f"born-{at}")
     else:
         workflows.approval.enqueue(store, {"n": 1}, run_id=f"born-{at}")
 
@@ -493,13 +495,14 @@ print(json.dumps(fork_each(points, birth, r"INSERT INTO pitstop_runs\\b")))
 """
 
 
-@pytest.mark.parametrize("action", ["start", "enqueue"])
+@pytest.mark.parametrize("action", ["start", "enqueue", "fork"])
 def test_killed_between_creating_a_run_and_its_first_checkpoint(
     shared_url: str, action: str
 ) -> None:
     """SIGKILL at every SQL statement from the run's row to the end of ``start``/``enqueue``
-    (a forked process per kill point). The run's row and its input checkpoint commit
-    together, so each kill left the whole run or nothing: ``resume`` continues a run that
+    (or ``fork``, whose new run is born the same way; a forked process per kill point).
+    The run's row and its input checkpoint commit together, so each kill left the whole
+    run or nothing: ``resume`` continues a run that
     exists (the input is there to restart from) and says there is no run otherwise (there
     is no input to start from: the caller's start again creates it). Whichever it hit, the
     same call again converges on one run, and workers then drain every run, the healthy
@@ -507,6 +510,8 @@ def test_killed_between_creating_a_run_and_its_first_checkpoint(
     with pitstop.open_store(shared_url) as store:
         for i in range(3):
             workflows.approval.enqueue(store, {"n": 1}, run_id=f"healthy-{i}")
+        base = workflows.approval.start(store, {"n": 1}, run_id="base").checkpoint_id
+        assert base is not None
     points = 24  # more statements than either call runs after the run's row
     proc = faults.run(faults.python(BIRTH, shared_url, action, str(points)), timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -532,10 +537,14 @@ def test_killed_between_creating_a_run_and_its_first_checkpoint(
             if action == "start":
                 again = workflows.approval.start(store, {"n": 1}, run_id=run_id)
                 assert again.status is RunStatus.WAITING, at
+            elif action == "fork":
+                if not written[-1]:  # (a fork is not idempotent: its run id is new)
+                    forked = workflows.approval.fork(store, base, run_id=run_id)
+                    assert forked.status is RunStatus.WAITING, at
             else:
                 assert workflows.approval.enqueue(store, {"n": 1}, run_id=run_id).id == run_id
             assert len([h for h in store.history(run_id, limit=None)
-                        if h.source == "input"]) == 1, at
+                        if h.source in ("input", "fork")]) == 1, at
         assert True in written and False in written, written  # kills before and after commit
         started = time.monotonic()
         stats = run_until_idle(store, workflows.approval)

@@ -412,13 +412,9 @@ class Store(ABC):
             {"source": "fork", "forked_from": {"run_id": source.run_id, "checkpoint_id": source.id}}
         )
         meta.update(metadata or {})
-        self.create_run(
-            run_id,
-            workflow=origin.workflow if workflow is UNSET else workflow,
-            status=status,
-            metadata={**origin.metadata, "forked_from": source.run_id},
-        )
-        return self.save(
+        # The new run's row and its first checkpoint in one transaction (start_run): a
+        # crash leaves the whole fork or nothing, never a run without a state to resume.
+        prepared = self.prepare(
             run_id,
             state,
             parent_id=source.id,
@@ -426,8 +422,14 @@ class Store(ABC):
             metadata=meta,
             changed=list(update or ()),
             schema_version=source.schema_version,
+            workflow=origin.workflow if workflow is UNSET else workflow,
+            status=status,
             expected_head=None,
         )
+        ckpt, _ = self.start_run(
+            prepared, metadata={**origin.metadata, "forked_from": source.run_id}
+        )
+        return ckpt
 
     # -- runs --------------------------------------------------------------------------------
 
