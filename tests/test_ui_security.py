@@ -256,7 +256,9 @@ def _ui(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "pitstop", "ui", *args],
         cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "tests"), **(env or {})},
+        # (This checkout's src first: in a worktree the child would run another's pitstop.)
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]),
+             **(env or {})},
     )
 
 
