@@ -8,7 +8,8 @@ checkpoint in one run.
 
 Every figure of a round is taken right after the others of that round, and ratios are
 medians of per-round ratios: on a shared 2-core machine absolute times swing widely, ratios
-much less. Loads are measured from a warm page cache on both sides (each file read once
+much less. Each timed write starts with no dirty pages (``os.sync()`` first, untimed). Loads
+are measured from a warm page cache on both sides (each file read once
 before the timed read): what decides a cold read is the disk, the same for everyone. torch
 parts are skipped (and said so) when torch is not installed.
 """
@@ -34,7 +35,12 @@ from pitstop.runtime.loop import host_copy
 MiB = 1 << 20
 
 
-def timed(fn: Callable[[], Any]) -> float:
+def timed(fn: Callable[[], Any], *, settle: bool = False) -> float:
+    """Seconds ``fn`` takes. ``settle``: write back every dirty page first (untimed), so each
+    timed write starts from the same state: the kernel throttles a writer once others'
+    unwritten pages pile up, and the later writes of a round would pay for the earlier."""
+    if settle:
+        os.sync()
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
@@ -82,15 +88,16 @@ def large_state_rounds(size: int, rounds: int, tmp: Path, torch: Any) -> dict[st
                 if sync:
                     os.fsync(f.fileno())
 
-        add("np.save + fsync", timed(lambda: np_save(True)))
-        add("np.save", timed(lambda: np_save(False, tmp / "b.npy")))
+        add("np.save + fsync", timed(lambda: np_save(True), settle=True))
+        add("np.save", timed(lambda: np_save(False, tmp / "b.npy"), settle=True))
         np.load(npy)  # warm page cache on both sides: each load reads its files once first
         add("np.load", timed(lambda path=npy: np.load(path)))
         for durability in ("full", "normal"):
             # The default layout: chunks of 1 MiB go to "<file>-blobs/" beside the database.
             url = f"sqlite:///{tmp / f'p{r}{durability}.db'}?durability={durability}"
             store = pitstop.open_store(url)
-            add(f"pitstop save ({durability})", timed(lambda s=store: s.save("r", {"w": array})))
+            add(f"pitstop save ({durability})",
+                timed(lambda s=store: s.save("r", {"w": array}), settle=True))
             add(f"pitstop re-save unchanged ({durability})",
                 timed(lambda s=store: s.save("r", {"w": array})))
             store.close()
@@ -106,13 +113,13 @@ def large_state_rounds(size: int, rounds: int, tmp: Path, torch: Any) -> dict[st
                 torch.save(state_dict, path)
                 fsync_file(path)
 
-            add("torch.save + fsync", timed(torch_save))
+            add("torch.save + fsync", timed(torch_save, settle=True))
             torch.load(pt)
             add("torch.load", timed(lambda path=pt: torch.load(path)))
             url = f"sqlite:///{tmp / f'sd{r}.db'}?durability=full"
             store = pitstop.open_store(url)
             add("pitstop save state_dict (full)",
-                timed(lambda s=store: s.save("r", {"model": state_dict})))
+                timed(lambda s=store: s.save("r", {"model": state_dict}), settle=True))
             add("pitstop re-save state_dict unchanged (full)",
                 timed(lambda s=store: s.save("r", {"model": state_dict})))
             store.close()
@@ -136,7 +143,7 @@ def dcp_save(torch: Any, state_dict: dict[str, Any], path: Path) -> float | None
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return timed(lambda: dcp.save(state_dict, checkpoint_id=str(path)))
+            return timed(lambda: dcp.save(state_dict, checkpoint_id=str(path)), settle=True)
     except Exception as exc:  # not every build has a usable torch.distributed
         print(f"(torch.distributed.checkpoint not measured: {type(exc).__name__}: {exc})")
         return None
