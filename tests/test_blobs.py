@@ -139,8 +139,15 @@ def test_orphaned_files_are_reported_and_swept(opener: Callable[..., pitstop.Sto
     orphan = blob_dir / "01" / "01" / f"{'01' * 32}.blob"
     os.utime(orphan, (hour_ago, hour_ago))
     assert [p.message.split()[0] for p in store.verify()] == ["file"]
+    # and what a save killed before its rename leaves: a temporary file
+    abandoned = orphan.parent / ".tmp-123-abcd-0"
+    abandoned.write_bytes(b"half a chunk")
+    fresh = orphan.parent / ".tmp-123-abcd-1"  # a save still writing it
+    fresh.write_bytes(b"half")
+    os.utime(abandoned, (hour_ago, hour_ago))
     store.prune(RetentionPolicy(keep_last=5))
     assert not orphan.exists()
+    assert not abandoned.exists() and fresh.exists()
     assert len(files(blob_dir)) == 1
 
 

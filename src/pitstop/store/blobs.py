@@ -7,9 +7,10 @@ that holds it, and deleted by the same garbage collection, once nothing referenc
 
 The order of writes keeps the database honest: a value is written to the blob store *before*
 the transaction that references it commits, and deleted only *after* the transaction that
-dropped its last reference commits. A crash in between leaves at worst an unreferenced file,
-which :meth:`~pitstop.Store.prune` removes once it is old enough to be certain no save is
-still about to reference it.
+dropped its last reference commits. A crash in between leaves at worst an unreferenced file
+(or the temporary file of a write killed before its rename), which
+:meth:`~pitstop.Store.prune` removes once it is old enough to be certain no save is still
+about to reference it.
 
 How durable a written file is follows the save's durability, as the database's commit does:
 
@@ -49,9 +50,6 @@ class BlobStore(ABC):
     """Where large values live, keyed by their content hash. Writes must be durable when
     :meth:`put` returns, and idempotent (the same key always carries the same bytes)."""
 
-    sync_optional = False
-    """Whether :meth:`put_many` honours ``sync=False`` (else every write is synced)."""
-
     url: str
 
     @abstractmethod
@@ -89,6 +87,11 @@ class BlobStore(ABC):
     def keys(self, *, older_than: float = 0.0) -> Iterator[bytes]:
         """Every key, or only those written more than ``older_than`` seconds ago."""
 
+    def remove_abandoned(self, *, older_than: float) -> int:
+        """Remove what writes killed half way left behind (never a value), if older than
+        ``older_than`` seconds; how many. Stores whose writes leave nothing do nothing."""
+        return 0
+
     def why_missing(self, key: bytes) -> str:
         """Why :meth:`get` found nothing under ``key`` (what ``verify`` reports)."""
         return f"file missing from {self}"
@@ -119,8 +122,6 @@ class DirectoryBlobStore(BlobStore):
     def _path(self, key: bytes) -> Path:
         name = key.hex()
         return self.root / name[:2] / name[2:4] / f"{name}.blob"
-
-    sync_optional = True
 
     def put(self, key: bytes, data: bytes) -> None:
         self.put_many([(key, (data,))])
@@ -228,6 +229,20 @@ class DirectoryBlobStore(BlobStore):
         for key in keys:
             with contextlib.suppress(FileNotFoundError, IsADirectoryError, NotADirectoryError):
                 self._path(key).unlink()
+
+    def remove_abandoned(self, *, older_than: float) -> int:
+        """Temporary files of writes that never reached their rename (a process killed in a
+        save): unreferenced, invisible to loads, only taking space."""
+        if not self.root.is_dir():
+            return 0
+        cutoff = time.time() - older_than
+        removed = 0
+        for path in self.root.glob(f"*/*/{_TEMPORARY}*"):
+            with contextlib.suppress(OSError):
+                if path.stat().st_mtime <= cutoff:
+                    path.unlink()
+                    removed += 1
+        return removed
 
     def keys(self, *, older_than: float = 0.0) -> Iterator[bytes]:
         if not self.root.is_dir():

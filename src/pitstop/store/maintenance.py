@@ -279,6 +279,7 @@ class Maintenance(StoredValues):
         a save that wrote its value and is about to commit is never robbed of it."""
         if self.blobs is None:
             return 0
+        self.blobs.remove_abandoned(older_than=_ORPHAN_AGE)  # files of killed writes
         candidates = list(self.blobs.keys(older_than=_ORPHAN_AGE))
         if not candidates:
             return 0
