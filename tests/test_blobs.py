@@ -127,6 +127,36 @@ def test_a_short_file_is_written_again_not_reused(
     assert store.verify() == []
 
 
+def test_large_arrays_hashed_and_read_by_threads_round_trip_and_detect_damage(
+    opener: Callable[..., pitstop.Store], blob_dir: Path
+) -> None:
+    """Values of 8 MiB and more are hashed on save, and read and checked on load, by several
+    threads (serde/parallel.py): the same bytes come back, and a damaged chunk in the middle
+    still fails the load, naming the field."""
+    np = pytest.importorskip("numpy")
+    from pitstop.serde import parallel
+
+    assert parallel.PARALLEL_MIN <= 12 << 20
+    store = opener()
+    rng = np.random.default_rng(7)
+    alone = rng.standard_normal(3 << 20, dtype=np.float32)  # 12 MiB: the ndarray kind
+    model = {"w": rng.standard_normal(3 << 20, dtype=np.float32), "step": 3}  # parts
+    saved = store.save("r", {"alone": alone, "model": model})
+    with opener() as fresh:
+        state = fresh.get(saved.id).state
+    np.testing.assert_array_equal(state["alone"], alone)
+    np.testing.assert_array_equal(state["model"]["w"], model["w"])
+    assert state["model"]["step"] == 3
+    middle = alone[5 << 18 : 6 << 18].tobytes()  # the sixth 1 MiB chunk of `alone`
+    path = next(p for p in files(blob_dir) if p.read_bytes()[1:] == middle)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    with opener() as fresh, pytest.raises(CorruptCheckpointError) as info:
+        fresh.get(saved.id)
+    assert info.value.field == "alone" and "checksum mismatch" in str(info.value)
+
+
 def test_orphaned_files_are_reported_and_swept(opener: Callable[..., pitstop.Store],
                                                blob_dir: Path) -> None:
     store = opener()
