@@ -29,6 +29,14 @@ NEVER_FOR_LISTING = [
     "numpy",
     "asyncio",
     "rich",
+    # What encodes and decodes values (pitstop.store.valuecodec): rows and counts need none.
+    "pitstop.store.valuecodec",
+    "pitstop.serde.chunks",
+    "pitstop.serde.partchunks",
+    "pitstop.serde.framing",
+    "zstandard",
+    "xxhash",
+    "concurrent.futures",  # the chunker's and the blob store's thread pools
 ]
 
 _LOADED = """
@@ -96,13 +104,24 @@ def test_on_postgresql_too(postgres_url: str) -> None:
     for argv in (["runs", "--status", "queued"], ["stats"]):
         loaded = packages(loaded_by(*argv, "--store", postgres_url))
         assert "psycopg_pool" in loaded  # the store's own driver is what it does need
-        never = set(NEVER_FOR_LISTING) - {"asyncio"}  # psycopg imports it itself
+        never = set(NEVER_FOR_LISTING) - {"asyncio", "concurrent.futures"}  # psycopg's own
         assert not loaded & never, sorted(loaded & never)
 
 
 def test_show_imports_the_codec_it_needs(sqlite_url: str) -> None:
     # The other side of the lazy imports: a command that decodes a state gets the codec.
-    assert "pitstop.serde.codec" in loaded_by("show", "done", "--store", sqlite_url)
+    loaded = loaded_by("show", "done", "--store", sqlite_url)
+    assert {"pitstop.serde.codec", "pitstop.store.valuecodec"} <= loaded
+
+
+def test_the_row_layer_knows_the_chunk_key_size() -> None:
+    # records.py keeps its own copy so that reading rows does not import the chunker.
+    from pitstop.serde.chunks import KEY_SIZE
+    from pitstop.store.records import CHUNK_KEY_SIZE, ValueCodec
+    from pitstop.store.valuecodec import ValueCodec as moved
+
+    assert CHUNK_KEY_SIZE == KEY_SIZE
+    assert ValueCodec is moved  # the old home still resolves
 
 
 def test_import_pitstop_is_cheap_and_its_names_all_resolve() -> None:

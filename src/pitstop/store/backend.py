@@ -70,7 +70,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..cache import BoundedCache
 from ..errors import StoreError, StoreSchemaError
@@ -78,7 +78,10 @@ from ..serde import Serializer
 from . import schema
 from .base import Durability, Store
 from .blobs import BlobStore, open_blob_store
-from .records import Parent, ValueCodec, check_chunk_hash
+from .records import Parent, check_chunk_hash
+
+if TYPE_CHECKING:
+    from .valuecodec import ValueCodec
 
 T = TypeVar("T")
 
@@ -310,6 +313,8 @@ class SqlBackend(Store):
         if codec is None:
             with self._codec_lock:
                 if self._codec is None:
+                    from .valuecodec import ValueCodec  # the chunker, zstd: see its docstring
+
                     made = ValueCodec(*self._codec_options)
                     made.seal_chunks = not self.rewrites_in_place
                     self._codec = made

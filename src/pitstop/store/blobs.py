@@ -36,7 +36,6 @@ import stat
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Final, NamedTuple
 
@@ -157,6 +156,9 @@ class DirectoryBlobStore(BlobStore):
                 for path, data in todo:
                     written.append(_write_file(path, data, sync))
             else:
+                # (Imported here: a store that only reads rows never starts a thread pool.)
+                from concurrent.futures import ThreadPoolExecutor
+
                 with ThreadPoolExecutor(min(_WRITE_THREADS, len(todo))) as pool:
                     futures = [pool.submit(_write_file, path, data, sync) for path, data in todo]
                 failed: BaseException | None = None
@@ -188,6 +190,8 @@ class DirectoryBlobStore(BlobStore):
         if len(dirs) == 1:
             _fsync_dir(dirs.pop())
         else:
+            from concurrent.futures import ThreadPoolExecutor
+
             with ThreadPoolExecutor(min(_WRITE_THREADS, len(dirs))) as pool:
                 list(pool.map(_fsync_dir, sorted(dirs, key=lambda d: -d.count(os.sep))))
 

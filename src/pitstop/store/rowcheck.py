@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..model import RunStatus
-from ..serde import chunks as chunking
+from .records import CHUNK_KEY_SIZE
 
 if TYPE_CHECKING:
     from .records import CheckpointRecord
@@ -34,7 +34,7 @@ INT32 = (-(2**31), 2**31 - 1)
 INT64 = (-(2**63), 2**63 - 1)
 """BIGINT columns (sizes, byte counts, the fence)."""
 _STATUSES = frozenset(s.value for s in RunStatus)
-_HASH_SIZES = (32, chunking.KEY_SIZE)
+_HASH_SIZES = (32, CHUNK_KEY_SIZE)
 
 
 def _integer(name: str, value: Any, bounds: tuple[int, int], *, minimum: int | None = None,

@@ -18,8 +18,6 @@ from typing import Any
 
 from ..errors import ConflictError, CorruptCheckpointError, RunExistsError, RunNotFoundError
 from ..model import Run, RunStatus
-from ..serde import chunks as chunking
-from ..serde import digest, unframe
 from .backend import CHUNK, Tx
 from .base import Progress
 from .records import CheckpointRecord, NewBlob, stored_hashes
@@ -127,6 +125,9 @@ class RunExport:
 
 def missing_chunks(manifest: bytes, blobs: Mapping[bytes, bytes]) -> bytes | None:
     """A chunk of a chunked value that ``blobs`` lacks (walking its nodes), or None."""
+    from ..serde import chunks as chunking  # (not at import: see pitstop.store.valuecodec)
+    from ..serde import unframe
+
     try:
         pending = list(chunking.decode_manifest(manifest).root)
     except ValueError:
@@ -146,6 +147,9 @@ def missing_chunks(manifest: bytes, blobs: Mapping[bytes, bytes]) -> bytes | Non
 
 def check_value(data: bytes, expected: bytes, *, run_id: str, what: str) -> None:
     """Raise unless ``data`` is a readable frame whose content hash is ``expected``."""
+    from ..serde import chunks as chunking
+    from ..serde import digest, unframe
+
     try:
         fmt, raw = unframe(bytes(data))
     except ValueError as exc:

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from ..errors import StoreError
-from ..serde import unframe
 from .backend import SqlBackend, Tx
 from .base import Durability
 from .blobs import Deferred
@@ -26,6 +25,8 @@ _PROBE_BEFORE_SEND = 64 * 1024
 
 def _body(stored: bytes) -> bytes | None:
     """A stored value's raw bytes (None: not a frame pitstop reads)."""
+    from ..serde import unframe  # (not at import: see pitstop.store.valuecodec)
+
     try:
         return unframe(stored)[1]
     except ValueError:

@@ -1,0 +1,751 @@
+"""ValueCodec: values to stored (framed, hashed, maybe chunked) bytes and back, verified.
+
+Split from :mod:`pitstop.store.records` so that what only reads rows and field maps (the
+``pitstop runs``/``stats`` commands) does not import the chunker, zstd, xxhash and the thread
+pools; a store imports this module when it first encodes or decodes a value.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Final
+
+import xxhash
+
+from ..delta import Applied, dirty_positions
+from ..errors import CorruptCheckpointError, SerializationError
+from ..model import Checkpoint
+from ..serde import Serializer, digest, frame, partchunks, unframe
+from ..serde import chunks as chunking
+from ..serde.framing import is_compressed, unframe_view
+from .blobs import Deferred
+from .records import (
+    _CHUNK_COMPRESS_MIN,
+    INLINE_MAX,
+    RAW_KEEP_MAX,
+    Alias,
+    CheckpointRecord,
+    FieldMap,
+    FieldRef,
+    NewBlob,
+    Stored,
+    _manifest_roots,
+    check_chunk_hash,
+    field_path,
+    is_chunk_key,
+    stored_hashes,
+)
+
+Reader = Callable[[list[bytes]], Mapping[bytes, bytes]]
+"""Stored rows by key (those found), for walking a chunked value's nodes."""
+
+
+class ValueCodec:
+    """Turns values into stored values and back, verified; a state into a field map.
+
+    A stored value is serialised by the store's :class:`~pitstop.serde.Serializer`, framed
+    (format byte, optional zstd) and content-hashed.
+
+    Writes use one serializer; reads accept the safe msgpack format always and other formats
+    (pickle) only if that serializer was chosen, so opening a store never runs code unless
+    the user opted in.
+    """
+
+    def __init__(
+        self,
+        serializer: Serializer | None,
+        compress_threshold: int | None,
+        chunk_hash: str = "xxh3",
+    ) -> None:
+        # Here rather than at the top: a store that only reads run rows never builds a
+        # ValueCodec, so it never imports the codec (see SqlBackend._value_codec).
+        from ..serde.codec import MsgpackSerializer
+
+        self.serializer: Serializer = serializer or MsgpackSerializer()
+        self.compress_threshold = compress_threshold
+        self.chunk_hash = check_chunk_hash(chunk_hash)
+        # The format id as the chunker takes it: it also says which hash keys new chunks.
+        self._chunk_format = self.serializer.format_id | (
+            chunking.SHA256_KEYS if chunk_hash == "sha256" else 0
+        )
+        self.seal_chunks = False
+        """Seal a grown field's open last chunk instead of extending it (and never make a
+        superseded chunk an alias): see :func:`pitstop.serde.chunks.sealed`."""
+        safe = MsgpackSerializer(getattr(self.serializer, "registry", None))
+        self._readers: dict[int, Serializer] = {safe.format_id: safe}
+        self._readers[self.serializer.format_id] = self.serializer
+        # Layouts of chunked values this process wrote or read, by manifest: the next save
+        # of the field compares against it (and a delta re-chunks from it) with no read.
+        self._layouts: OrderedDict[bytes, chunking.Layout] = OrderedDict()
+        # Arrays and tensors are written from their own memory when the serialiser can hand
+        # them over out of band (msgpack can; pickle keeps them in its own bytes).
+        self._dumps_parts = getattr(self.serializer, "dumps_parts", None)
+        self._loads_parts = getattr(self.serializer, "loads_parts", None)
+
+    # -- chunked values ----------------------------------------------------------------------
+
+    _LAYOUTS_KEPT = 256
+
+    def _remember(self, manifest: bytes, layout: chunking.Layout) -> None:
+        layouts = self._layouts
+        layouts[manifest] = layout
+        if len(layouts) > self._LAYOUTS_KEPT:
+            try:  # noqa: SIM105 - a racing eviction may have taken it
+                layouts.popitem(last=False)
+            except KeyError:
+                pass
+
+    def chunk_keys_of(self, ref: FieldRef) -> set[bytes]:
+        """The chunk keys of a chunked field this process knows the layout of (else its
+        root's)."""
+        layout = self.layout_of(ref)
+        if layout is not None:
+            return layout.keys()
+        return set(_manifest_roots(ref.manifest)) if ref.manifest is not None else set()
+
+    def layout_of(self, ref: FieldRef | None) -> chunking.Layout | None:
+        if ref is None or ref.manifest is None:
+            return None
+        return self._layouts.get(ref.manifest)
+
+    @staticmethod
+    def _worth_chunking(value: Any, kind: str, previous: FieldRef | None) -> bool:
+        """Whether to cut ``value`` into chunks, judged without serialising it: a field that
+        was chunked stays so; a large buffer is; a list or dict is when its previous version
+        was large, or (a new field) when it has many items."""
+        if previous is not None and previous.manifest is not None:
+            return True
+        if kind in ("bytes", "bytearray"):
+            return len(value) >= chunking.CHUNKED_MIN
+        if kind == "ndarray":
+            return int(value.nbytes) >= chunking.CHUNKED_MIN
+        if previous is not None:
+            return previous.size >= chunking.CHUNKED_MIN // 2
+        return len(value) >= 64
+
+    def _encode_chunked(
+        self,
+        run_id: str,
+        name: str,
+        value: Any,
+        previous: FieldRef | None,
+        applied: Applied | None,
+        views: bool = False,
+    ) -> tuple[FieldRef, dict[bytes, NewBlob], list[Alias]] | bytes:
+        """The field as chunks (with the parent's open chunks the new ones extend), or (too
+        small after all) its whole serialised bytes."""
+        fmt = self._chunk_format
+        parent = self.layout_of(previous)
+        if parent is not None and self.seal_chunks:
+            parent = chunking.sealed(parent)
+        result: chunking.Split | None = None
+        try:
+            kind = chunking.kind_of(value)
+            if applied is not None and parent is not None and parent.kind == kind:
+                dirty = dirty_positions(value, applied.delta, parent.items)
+                result = chunking.split_delta(parent, value, dirty, self.serializer.dumps)
+            else:
+                result = chunking.split(value, self.serializer.dumps, fmt, parent)
+        except Exception:
+            result = None
+        if result is None:  # not chunkable after all, or an item did not serialise: the
+            return self._dumps(value, run_id, "", name)  # whole value names the culprit
+        layout = result.layout
+        small = layout.size < chunking.CHUNKED_MIN
+        if parent is None and small and layout.kind in ("list", "dict"):
+            # Smaller than it looked: one ordinary value (the chunks joined are its bytes).
+            return bytes(
+                chunking.assemble(layout.kind, None, layout.items, layout.leaves, result.new)
+            )
+        manifest = layout.manifest()
+        self._remember(manifest, layout)
+        new = self._chunk_blobs(result.new, views, compress=layout.kind == "dict")
+        aliases = (
+            []
+            if self.seal_chunks  # a superseded open chunk (< SEAL_MIN) is kept as it is
+            else [
+                Alias(old, new_key, size + 1)
+                for old, new_key, size in result.extended
+                # A prefix of a compressed chunk's stored bytes is not a prefix of its bytes.
+                if not is_compressed(new[new_key].data)
+            ]
+        )
+        return FieldRef(b"", layout.size, None, manifest), new, aliases
+
+    def _encode_parts(
+        self, run_id: str, name: str, value: Any, previous: FieldRef | None, views: bool
+    ) -> tuple[FieldRef, dict[bytes, NewBlob]]:
+        """A value holding arrays or tensors as chunks of its skeleton and of the arrays'
+        own memory (:mod:`pitstop.serde.partchunks`): only chunks the parent lacks are
+        framed, and chunks are never compressed (float data does not shrink enough to pay)."""
+        assert self._dumps_parts is not None
+        try:
+            skeleton, arrays = self._dumps_parts(value)
+        except SerializationError as exc:
+            raise exc.located(run_id=run_id, path=field_path(name) + (exc.path or "")) from None
+        except Exception as exc:
+            raise SerializationError(
+                f"{type(exc).__name__}: {exc}", run_id=run_id, path=field_path(name)
+            ) from exc
+        result = partchunks.split_parts(
+            skeleton, arrays, self._chunk_format, self.layout_of(previous)
+        )
+        layout = result.layout
+        manifest = layout.manifest()
+        self._remember(manifest, layout)
+        return FieldRef(b"", layout.size, None, manifest), self._chunk_blobs(result.new, views)
+
+    def _chunk_blobs(
+        self, raws: Mapping[bytes, bytes | memoryview], views: bool, compress: bool = False
+    ) -> dict[bytes, NewBlob]:
+        """New chunks as blobs, not compressed (a chunk's stored bytes are its raw bytes
+        after the header, so a prefix alias and a read into place work) unless ``compress``.
+        With ``views``, a chunk that is a view of an array stays one (see :class:`NewBlob`).
+
+        A dict's chunks are compressed: they are small (~512 B), so a dict of thousands of
+        keys is thousands of rows, and zstd takes ~15% off random text even at that size
+        (the issue's 10,000-key dict: 2.46 MiB on disk after 200 saves, 2.2 compressed). A
+        list's are not: a restore decompressing a conversation's chunks would cost several
+        times its ``unpackb``, and its open last chunk is kept as a prefix alias."""
+        fmt = self.serializer.format_id
+        threshold = _CHUNK_COMPRESS_MIN if compress else None
+        if not views:
+            return {
+                k: NewBlob(k, frame(raw, fmt, compress_threshold=threshold))
+                for k, raw in raws.items()
+            }
+        header = frame(b"", fmt, compress_threshold=None)
+        return {
+            k: NewBlob(k, header, raw) if type(raw) is memoryview else
+            NewBlob(k, frame(raw, fmt, compress_threshold=threshold))
+            for k, raw in raws.items()
+        }
+
+    def chunks_below(self, ref: FieldRef, read: Reader) -> set[bytes]:
+        """Every chunk key a chunked field references, its nodes' children included: from
+        the layout if this process knows it, else by reading the nodes (``read`` returns
+        stored rows by key)."""
+        assert ref.manifest is not None
+        layout = self._layouts.get(ref.manifest)
+        if layout is not None:
+            return layout.keys()
+        try:
+            root = chunking.decode_manifest(ref.manifest).root
+        except ValueError:
+            return set()
+        keys = {e.key for e in root}
+        pending = [e.key for e in root if e.flags & chunking.NODE]
+        while pending:
+            found = read(pending)
+            pending = []
+            for data in found.values():
+                try:
+                    raw = unframe(bytes(data))[1]
+                    entries = chunking.unpack_entries(raw)
+                except ValueError:
+                    continue  # verify and loads report a bad node
+                for entry in entries:
+                    if entry.key not in keys:
+                        keys.add(entry.key)
+                        if entry.flags & chunking.NODE:
+                            pending.append(entry.key)
+        return keys
+
+    def referenced(self, fields: FieldMap, read: Reader) -> set[bytes]:
+        """Every value-table key a field map references, chunks under nodes included."""
+        out = stored_hashes(fields)
+        for ref in fields.values():
+            if ref.manifest is not None:
+                out |= self.chunks_below(ref, read)
+        return out
+
+    def missing_below(self, fields: FieldMap, blobs: Mapping[bytes, Stored]) -> list[bytes]:
+        """Keys under the nodes already in ``blobs`` that ``blobs`` does not hold yet: what a
+        load reads next (a level of the tree per query)."""
+        out: list[bytes] = []
+        for ref in fields.values():
+            if ref.manifest is None:
+                continue
+            layout = self._layouts.get(ref.manifest)
+            if layout is not None:  # known here: every key at once, no node decoded
+                out.extend(key for key in layout.keys() if key not in blobs)  # noqa: SIM118 - Layout.keys()
+                continue
+            try:
+                root = chunking.decode_manifest(ref.manifest).root
+            except ValueError:
+                continue
+            pending = [e for e in root if e.flags & chunking.NODE]
+            while pending:
+                node = pending.pop()
+                data = _bytes_of(blobs.get(node.key))
+                if data is None:
+                    continue
+                try:
+                    entries = chunking.unpack_entries(unframe(bytes(data))[1])
+                except ValueError:
+                    continue
+                for entry in entries:
+                    if entry.key not in blobs:
+                        out.append(entry.key)
+                    elif entry.flags & chunking.NODE:
+                        pending.append(entry)
+        return out
+
+    def decode_chunked(
+        self,
+        manifest: bytes,
+        blobs: Mapping[bytes, Stored],
+        *,
+        strict: bool = True,
+        checkpoint_id: str | None = None,
+        run_id: str | None = None,
+        field: str | None = None,
+    ) -> Any:
+        def corrupt(message: str) -> CorruptCheckpointError:
+            return CorruptCheckpointError(
+                message, checkpoint_id=checkpoint_id, run_id=run_id, field=field
+            )
+
+        try:
+            kind, items, meta, root = chunking.decode_manifest(manifest)
+        except ValueError as exc:
+            raise corrupt(str(exc)) from None
+        formats: set[int] = set()
+
+        def raw_of(key: bytes) -> bytes | memoryview:
+            data = _bytes_of(blobs.get(key))
+            if data is None:
+                raise corrupt(f"chunk {key.hex()[2:18]} is missing from the store")
+            try:
+                fmt, raw = unframe_view(data if type(data) is bytes else bytes(data))
+            except ValueError as exc:
+                raise corrupt(f"chunk {key.hex()[2:18]}: {exc}") from None
+            if not chunking.check_chunk(key, fmt, raw):
+                raise corrupt(f"chunk {key.hex()[2:18]}: checksum mismatch (truncated or altered)")
+            formats.add(fmt)
+            return raw
+
+        nodes: dict[bytes, list[chunking.Entry]] = {}
+        leaves: list[chunking.Entry] = []
+        known = self._layouts.get(manifest)
+
+        def walk(entries: Iterable[chunking.Entry]) -> None:
+            for entry in entries:
+                if entry.flags & chunking.NODE:
+                    try:
+                        children = chunking.unpack_entries(bytes(raw_of(entry.key)))
+                    except ValueError as exc:
+                        raise corrupt(f"unreadable chunk node ({exc})") from None
+                    nodes[entry.key] = children
+                    walk(children)
+                else:
+                    leaves.append(entry)
+
+        if known is not None and known.kind == kind:
+            # Written or read by this process: the manifest names its nodes by their content,
+            # so their entries are the ones held here, and only the leaves need checking.
+            leaves, nodes = known.leaves, known.nodes
+        else:
+            known = None
+            walk(root)
+        if kind == partchunks.KIND:
+            return self._decode_parts(
+                manifest, (meta, items, root, leaves, nodes), blobs, raw_of, formats,
+                strict=strict, corrupt=corrupt, run_id=run_id, field=field,
+                checkpoint_id=checkpoint_id,
+            )
+        if kind == "ndarray":
+            return self._decode_array(
+                manifest, (meta, items, root, leaves, nodes), blobs, raw_of, formats,
+                corrupt=corrupt,
+            )
+        raws: Mapping[bytes, bytes | memoryview] | None = _plain_chunks(leaves, blobs, formats)
+        if raws is None:  # not all plain xxh3 chunks of one format: one by one, named
+            raws = {leaf.key: raw_of(leaf.key) for leaf in leaves}
+        if known is None and sum(leaf.items for leaf in leaves) != items:
+            raise corrupt("chunk manifest does not add up (altered?)")
+        fmt = formats.pop() if len(formats) == 1 else self.serializer.format_id
+        if known is None:
+            keyed = fmt | (self._chunk_format & chunking.SHA256_KEYS)  # the next save's keys
+            layout = chunking.Layout(kind, meta, items, root, leaves, nodes, keyed)
+            self._remember(manifest, layout)
+        try:
+            assembled = chunking.assemble(kind, meta, items, leaves, raws)
+        except Exception as exc:
+            raise corrupt(f"chunks do not make a {kind} ({type(exc).__name__}: {exc})") from None
+        if kind not in ("list", "dict"):
+            return assembled
+        # The reassembled bytes are one ordinary serialised value: decoded in one call.
+        return self._load_raw(
+            fmt, assembled, strict=strict, checkpoint_id=checkpoint_id, run_id=run_id, field=field
+        )
+
+    def _decode_parts(
+        self,
+        manifest: bytes,
+        tree: tuple[Any, int, list[chunking.Entry], list[chunking.Entry], dict[bytes, Any]],
+        blobs: Mapping[bytes, Stored],
+        raw_of: Callable[[bytes], bytes | memoryview],
+        formats: set[int],
+        *,
+        strict: bool,
+        corrupt: Callable[[str], CorruptCheckpointError],
+        checkpoint_id: str | None,
+        run_id: str | None,
+        field: str | None,
+    ) -> Any:
+        """A ``parts`` value: each chunk checked and copied straight into the buffer of its
+        array (one copy; no joined intermediate), the arrays built on those buffers."""
+        meta, items, root, leaves, nodes = tree
+        fill = _chunk_filler(blobs, raw_of, formats, corrupt)
+        try:
+            skeleton, buffers = partchunks.assemble_parts(meta, items, leaves, fill)
+        except ValueError as exc:
+            raise corrupt(f"chunks do not make the stored arrays ({exc})") from None
+        fmt = formats.pop() if len(formats) == 1 else self.serializer.format_id
+        keyed = fmt | (self._chunk_format & chunking.SHA256_KEYS)
+        self._remember(
+            manifest, chunking.Layout(partchunks.KIND, meta, items, root, leaves, nodes, keyed)
+        )
+        reader = self._readers.get(fmt)
+        loads_parts = getattr(reader, "loads_parts", None)
+        if loads_parts is None:
+            raise corrupt(f"chunked arrays written with serializer format {fmt}, unreadable here")
+        try:
+            return loads_parts(skeleton, buffers, strict=strict)
+        except SerializationError as exc:
+            raise exc.located(
+                run_id=run_id, path=(field_path(field) if field else "") + (exc.path or ""),
+                action="load",
+            ) from None
+        except Exception as exc:
+            raise CorruptCheckpointError(
+                f"undecodable value ({type(exc).__name__}: {exc})",
+                checkpoint_id=checkpoint_id, run_id=run_id, field=field,
+            ) from exc
+
+    def _decode_array(
+        self,
+        manifest: bytes,
+        tree: tuple[Any, int, list[chunking.Entry], list[chunking.Entry], dict[bytes, Any]],
+        blobs: Mapping[bytes, Stored],
+        raw_of: Callable[[bytes], bytes | memoryview],
+        formats: set[int],
+        *,
+        corrupt: Callable[[str], CorruptCheckpointError],
+    ) -> Any:
+        """A numpy array stored whole (the ``ndarray`` kind): one uninitialised buffer, each
+        chunk read from its file into its place and checked there, as ``np.load`` reads a
+        file into the array it allocates (no chunk read into bytes, no join)."""
+        meta, items, root, leaves, nodes = tree
+        kind = "ndarray"
+        try:
+            import numpy
+            from numpy.lib import format as npy_format
+
+            descr, shape = meta
+            dtype = npy_format.descr_to_dtype(descr)
+            shape = tuple(shape)
+        except Exception as exc:
+            raise corrupt(f"chunks do not make a {kind} ({type(exc).__name__}: {exc})") from None
+        buffer = partchunks.uninitialised(items)
+        fill = _chunk_filler(blobs, raw_of, formats, corrupt)
+        try:
+            partchunks.fill_buffers([buffer], leaves, fill)
+            if not shape or 0 in shape:
+                array = numpy.zeros(shape, dtype=dtype)  # as chunks.assemble builds it
+            else:
+                array = numpy.frombuffer(buffer, dtype=dtype).reshape(shape)
+        except (ValueError, TypeError) as exc:
+            raise corrupt(f"chunks do not make a {kind} ({type(exc).__name__}: {exc})") from None
+        fmt = formats.pop() if len(formats) == 1 else self.serializer.format_id
+        keyed = fmt | (self._chunk_format & chunking.SHA256_KEYS)
+        layout = chunking.Layout(kind, meta, items, root, leaves, nodes, keyed)
+        self._remember(manifest, layout)
+        return array
+
+    def check_stored(self, key: bytes, data: bytes) -> None:
+        """Raise if a stored row is not what its key says (a whole value or a chunk)."""
+        if not is_chunk_key(key):
+            self.decode_value(data, key, strict=False)
+            return
+        fmt, raw = unframe(bytes(data))
+        if not chunking.check_chunk(key, fmt, raw):
+            raise CorruptCheckpointError("chunk checksum mismatch (truncated or altered)")
+
+    def _dumps(self, value: Any, run_id: str, path: str, field: str | None = None) -> bytes:
+        """Serialise; errors name ``path`` (or the state field ``field``, built only then)."""
+        try:
+            return self.serializer.dumps(value)
+        except SerializationError as exc:
+            where = field_path(field) if field is not None else path
+            raise exc.located(run_id=run_id, path=where + (exc.path or "")) from None
+        except Exception as exc:  # a user encode hook failed: still name where
+            where = field_path(field) if field is not None else path
+            raise SerializationError(
+                f"{type(exc).__name__}: {exc}", run_id=run_id, path=where
+            ) from exc
+
+    def encode_value(self, value: Any, *, run_id: str, path: str) -> NewBlob:
+        """A value as a separately stored, content-addressed blob (inputs, effects)."""
+        raw = self._dumps(value, run_id, path)
+        fmt = self.serializer.format_id
+        return NewBlob(
+            digest(fmt, raw), frame(raw, fmt, compress_threshold=self.compress_threshold)
+        )
+
+    def encode_state(
+        self,
+        run_id: str,
+        state: Mapping[str, Any],
+        parent: FieldMap | None,
+        changed: Iterable[str] | None,
+        parent_raw: Mapping[str, bytes] | None = None,
+        *,
+        views: bool = False,
+    ) -> tuple[FieldMap, dict[bytes, NewBlob], dict[str, bytes], list[Alias]]:
+        """The new field map, the values not already referenced by the parent, and the
+        serialised bytes of the small fields (see :data:`RAW_KEEP_MAX`).
+
+        ``parent_raw`` is what this returned for the parent, if known: a field serialising to
+        the same bytes is the parent's value, known without hashing it again. ``views``: the
+        blobs are written before the state can change (``store.save``), so array chunks may
+        stay views of the arrays' memory (:class:`NewBlob`) instead of copies.
+        """
+        if type(state) is not dict and not isinstance(state, Mapping):
+            raise TypeError(
+                f"run {run_id!r}: state must be a mapping of field names to values, "
+                f"not {type(state).__name__}"
+            )
+        parent = parent or {}
+        # A caller naming what changed needs no byte comparison, so nothing is kept for it.
+        keep = changed is None
+        parent_raw = (parent_raw or {}) if keep else {}
+        reuse = set() if changed is None else set(parent).difference(changed)
+        fields: FieldMap = {}
+        new: dict[bytes, NewBlob] = {}
+        raws: dict[str, bytes] = {}
+        aliases: list[Alias] = []
+        fmt = self.serializer.format_id
+        inline_head = frame(b"", fmt, compress_threshold=None)  # the format byte, checked once
+        for name, value in state.items():
+            if name in reuse:
+                fields[name] = parent[name]
+                continue
+            if type(name) is not str:
+                raise SerializationError(
+                    "state field names must be str", run_id=run_id, path=f"state[{name!r}]"
+                )
+            previous = parent.get(name)
+            applied: Applied | None = value if type(value) is Applied else None
+            full = value if applied is None else applied.value
+            kind = chunking.kind_of(full)
+            if (
+                kind != "ndarray"
+                and self._dumps_parts is not None
+                and partchunks.may_hold_buffers()
+                and partchunks.holds_buffers(full)
+            ):
+                ref, blobs = self._encode_parts(run_id, name, full, previous, views)
+                if previous is not None and ref.same_as(previous):
+                    fields[name] = previous
+                else:
+                    fields[name] = ref
+                    new.update(blobs)
+                continue
+            if kind is not None and self._worth_chunking(full, kind, previous):
+                chunked = self._encode_chunked(run_id, name, full, previous, applied, views)
+                if not isinstance(chunked, bytes):
+                    ref, blobs, extended = chunked
+                    if previous is not None and ref.same_as(previous):
+                        fields[name] = previous
+                    else:
+                        fields[name] = ref
+                        new.update(blobs)
+                        aliases.extend(extended)
+                    continue
+                raw = chunked
+            else:
+                raw = self._dumps(full, run_id, "", name)
+            if keep and len(raw) <= RAW_KEEP_MAX:
+                known = parent_raw.get(name)
+                if known is not None and known == raw and name in parent:
+                    fields[name] = parent[name]
+                    raws[name] = known
+                    continue
+                raws[name] = raw
+            if len(raw) < INLINE_MAX:
+                ref = FieldRef(b"", len(raw) + 1, inline_head + raw)  # = frame(raw, fmt)
+            else:
+                blob = NewBlob(
+                    digest(fmt, raw), frame(raw, fmt, compress_threshold=self.compress_threshold)
+                )
+                ref = FieldRef(blob.hash, blob.size)
+            if previous is not None and ref.same_as(previous):
+                fields[name] = previous
+            else:
+                fields[name] = ref
+                if ref.inline is None:
+                    new[blob.hash] = blob
+        return fields, new, raws, aliases
+
+    def decode_value(
+        self,
+        data: bytes | None,
+        expected_hash: bytes | None,
+        *,
+        strict: bool = True,
+        checkpoint_id: str | None = None,
+        run_id: str | None = None,
+        field: str | None = None,
+    ) -> Any:
+        def corrupt(message: str) -> CorruptCheckpointError:
+            return CorruptCheckpointError(
+                message, checkpoint_id=checkpoint_id, run_id=run_id, field=field
+            )
+
+        if data is None:
+            missing = expected_hash.hex()[:16] if expected_hash else "?"
+            raise corrupt(f"value {missing} is missing from the store")
+        try:
+            fmt, raw = unframe(bytes(data))
+        except ValueError as exc:
+            raise corrupt(str(exc)) from None
+        # Inline values (no hash) are covered by their record's checksum instead.
+        if expected_hash is not None and digest(fmt, raw) != expected_hash:
+            raise corrupt("value checksum mismatch (truncated or altered)")
+        return self._load_raw(
+            fmt, raw, strict=strict, checkpoint_id=checkpoint_id, run_id=run_id, field=field
+        )
+
+    def _load_raw(
+        self,
+        fmt: int,
+        raw: bytes,
+        *,
+        strict: bool,
+        checkpoint_id: str | None,
+        run_id: str | None,
+        field: str | None,
+    ) -> Any:
+        reader = self._readers.get(fmt)
+        if reader is None:
+            raise SerializationError(
+                f"value was written with serializer format {fmt} (pickle?) and this store "
+                "was opened with the safe default; pass serializer=pitstop.PickleSerializer() "
+                "to read it, knowing that loading pickle runs code",
+                run_id=run_id,
+                path=field_path(field) if field else None,
+                action="load",
+            )
+        try:
+            return reader.loads(raw, strict=strict)
+        except SerializationError as exc:
+            raise exc.located(
+                run_id=run_id,
+                path=(field_path(field) if field else "") + (exc.path or ""),
+                action="load",
+            ) from None
+        except Exception as exc:
+            raise CorruptCheckpointError(
+                f"undecodable value ({type(exc).__name__}: {exc})",
+                checkpoint_id=checkpoint_id,
+                run_id=run_id,
+                field=field,
+            ) from exc
+
+    def decode_checkpoint(
+        self, record: CheckpointRecord, blobs: Mapping[bytes, Stored], *, strict: bool = True
+    ) -> Checkpoint:
+        record.verify()
+        state = {
+            name: self.decode_value(
+                ref.inline if ref.inline is not None else _bytes_of(blobs.get(ref.hash)),
+                None if ref.inline is not None else ref.hash,
+                strict=strict,
+                checkpoint_id=record.id,
+                run_id=record.run_id,
+                field=name,
+            )
+            if ref.manifest is None
+            else self.decode_chunked(
+                ref.manifest,
+                blobs,
+                strict=strict,
+                checkpoint_id=record.id,
+                run_id=record.run_id,
+                field=name,
+            )
+            for name, ref in record.field_map().items()
+        }
+        return record.checkpoint(state)
+
+
+_FIRST: Final = operator.itemgetter(0)
+
+
+def _plain_chunks(
+    leaves: Sequence[chunking.Entry], blobs: Mapping[bytes, Stored], formats: set[int]
+) -> dict[bytes, memoryview] | None:
+    """The leaves' bytes (views after the header), checked against their keys, when all are
+    uncompressed table rows of one format keyed by xxh3: what a restore of a conversation
+    reads, checked in a few tight loops instead of a call per chunk (hundreds of them).
+    None for anything else, which the per-chunk path reads, checks and names."""
+    keys = list(map(_FIRST, leaves))
+    found = list(map(blobs.get, keys))
+    try:
+        if set(map(type, found)) != {bytes} or set(map(_FIRST, keys)) != {chunking.KEY_XXH3}:
+            return None
+        heads = set(map(_FIRST, found))  # type: ignore[arg-type]
+    except IndexError:  # an empty row
+        return None
+    if len(heads) != 1:
+        return None
+    (fmt,) = heads
+    if fmt & ~0x0F:  # compressed
+        return None
+    digest = xxhash.xxh3_128_digest
+    views = [memoryview(data)[1:] for data in found]  # type: ignore[arg-type]
+    if [b"\x01" + digest(view, seed=fmt) for view in views] != keys:
+        return None
+    formats.add(fmt)
+    return dict(zip(keys, views, strict=True))
+
+
+def _chunk_filler(
+    blobs: Mapping[bytes, Stored],
+    raw_of: Callable[[bytes], bytes | memoryview],
+    formats: set[int],
+    corrupt: Callable[[str], CorruptCheckpointError],
+) -> partchunks.Fill:
+    """What writes a chunk's raw bytes into its place in an array's buffer: a blob-store file
+    read straight into it and checked there; a chunk in the table copied after ``raw_of``
+    checked it. Safe to call from several threads at once (one place each)."""
+
+    def fill(entry: chunking.Entry, target: memoryview) -> None:
+        data = blobs.get(entry.key)
+        if isinstance(data, Deferred):
+            header = data.read_into(target)  # from the file into place: no other copy
+            if header is not None and not header & ~0x0F:
+                if not chunking.check_chunk(entry.key, header, target):
+                    raise corrupt(
+                        f"chunk {entry.key.hex()[2:18]}: checksum mismatch (truncated or altered)"
+                    )
+                formats.add(header)
+                return
+        raw = raw_of(entry.key)  # in the table, or not a plain chunk: read, checked
+        if len(raw) != len(target):
+            raise ValueError(f"chunk {entry.key.hex()[2:18]} has the wrong size")
+        target[:] = raw
+
+    return fill
+
+
+def _bytes_of(data: Stored | None) -> bytes | None:
+    """A stored value's bytes, read now if it was left in the blob store."""
+    return data.read() if isinstance(data, Deferred) else data
+
+
+__all__ = ["Reader", "ValueCodec"]
