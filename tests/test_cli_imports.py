@@ -37,6 +37,8 @@ NEVER_FOR_LISTING = [
     "zstandard",
     "xxhash",
     "concurrent.futures",  # the chunker's and the blob store's thread pools
+    "socket",  # pitstop.owners reads the host name from os.uname()
+    "secrets",  # only a worker naming itself draws a token
 ]
 
 _LOADED = """
@@ -104,7 +106,7 @@ def test_on_postgresql_too(postgres_url: str) -> None:
     for argv in (["runs", "--status", "queued"], ["stats"]):
         loaded = packages(loaded_by(*argv, "--store", postgres_url))
         assert "psycopg_pool" in loaded  # the store's own driver is what it does need
-        never = set(NEVER_FOR_LISTING) - {"asyncio", "concurrent.futures"}  # psycopg's own
+        never = set(NEVER_FOR_LISTING) - {"asyncio", "concurrent.futures", "socket"}  # psycopg's
         assert not loaded & never, sorted(loaded & never)
 
 
@@ -137,3 +139,13 @@ def test_import_pitstop_is_cheap_and_its_names_all_resolve() -> None:
     assert not loaded & {*NEVER_FOR_LISTING, "click", "pitstop.store.sqlite",
                          "pitstop.serde.chunks"}, sorted(loaded)
     assert result["missing"] == []  # every public name still there, loaded on first use
+
+
+def test_the_owner_host_name_is_the_socket_one() -> None:
+    # pitstop.owners avoids importing socket; the name it compares must still be this one.
+    import socket
+
+    from pitstop.owners import owner_alive, owner_id
+
+    assert owner_id().startswith(socket.gethostname() + ":")
+    assert owner_alive(owner_id()) is True
