@@ -9,6 +9,8 @@ A checkpoint is stored as one small record plus one content-addressed value per 
   JSON, and a checksum over everything in it, so a torn or edited record is detected on load.
 
 Every backend writes and reads through this module: what is verified, and how, lives here once.
+Turning values into those framed, hashed (maybe chunked) bytes and back is
+:class:`pitstop.store.valuecodec.ValueCodec`, kept apart so that reading rows imports no codec.
 """
 
 from __future__ import annotations
