@@ -66,8 +66,45 @@ def test_a_forked_child_checkpoints_on_a_thread_of_its_own(tmp_path: Path) -> No
                 code = 0 if store._wal.runs > runs and _checkpoint_threads() else 2
             finally:
                 os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
+        assert _wait_or_kill(pid, 120) == 0  # -1: the child hung (was killed)
         assert store.latest("child").state["i"] == 299  # type: ignore[union-attr]
+    finally:
+        store.close()
+
+
+def _wait_or_kill(pid: int, seconds: float) -> int:
+    """The child's exit code, or -1 after killing a child that is still running (hung)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    return -1
+
+
+def test_fork_while_the_thread_checkpoints_never_hangs_the_child(tmp_path: Path) -> None:
+    # A fork while the thread held one of SQLite's mutexes left the child blocked forever in
+    # its first connect; fork() now waits until the thread is outside SQLite. Each fork
+    # follows a burst of saves, so the thread is likely mid-checkpoint when it happens.
+    store = pitstop.open_store(f"sqlite:///{tmp_path / 'runs.db'}")
+    assert isinstance(store, SQLiteStore) and store._wal is not None
+    try:
+        codes = []
+        for n in range(20):
+            for i in range(150):
+                store.save("parent", {"i": i, "pad": "x" * 4000})
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - the child reports through its exit status
+                code = 1
+                try:
+                    store.save(f"child-{n}", {"n": n})
+                    code = 0
+                finally:
+                    os._exit(code)
+            codes.append(_wait_or_kill(pid, 30))
+        assert codes == [0] * 20  # -1: that child hung and was killed
     finally:
         store.close()

@@ -31,6 +31,7 @@ import logging
 import os
 import sqlite3
 import threading
+import weakref
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Final
@@ -108,6 +109,11 @@ class _WalCheckpointer:
 
     def __init__(self, path: str) -> None:
         self._path = path
+        # Held while the thread is inside SQLite, and by fork() (see _hold_for_fork): a child
+        # forked while this thread held one of SQLite's own mutexes (the unix VFS's inode
+        # lock, say) would block forever on its first connect.
+        self._busy = threading.Lock()
+        _CHECKPOINTERS.add(self)
         self._wake = threading.Event()
         self._stopped = False
         self._thread: threading.Thread | None = None
@@ -151,11 +157,33 @@ class _WalCheckpointer:
                 if self._stopped:
                     return
                 # Busy, or the file went away: the next poke tries again.
-                with contextlib.suppress(sqlite3.Error):
+                with self._busy, contextlib.suppress(sqlite3.Error):
                     conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
                 self.runs += 1
         finally:
             conn.close()
+
+
+_CHECKPOINTERS: weakref.WeakSet[_WalCheckpointer] = weakref.WeakSet()
+_HELD_FOR_FORK: list[_WalCheckpointer] = []
+
+
+def _hold_for_fork() -> None:
+    """Before fork(): wait until no checkpointer thread is inside SQLite, and keep it out."""
+    for checkpointer in list(_CHECKPOINTERS):
+        checkpointer._busy.acquire()
+        _HELD_FOR_FORK.append(checkpointer)
+
+
+def _release_after_fork() -> None:
+    # Both sides: the forking thread took the locks, and in the child it is that same thread.
+    while _HELD_FOR_FORK:
+        _HELD_FOR_FORK.pop()._busy.release()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_hold_for_fork, after_in_parent=_release_after_fork,
+                        after_in_child=_release_after_fork)
 
 
 class QmarkTx(Tx):
