@@ -9,7 +9,7 @@ The public API is what this module exports; everything else may change between r
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .delta import Append, Merge
 from .errors import (
@@ -37,6 +37,7 @@ from .errors import (
     UnregisteredTypeError,
     UnsupportedStoreError,
 )
+from .lazy import lazy_getattr
 from .model import Checkpoint, CheckpointSummary, Run, RunStatus
 from .rng import rng_state, set_rng_state
 from .store import (
@@ -81,27 +82,7 @@ if TYPE_CHECKING:
     from .serde import MsgpackSerializer, PickleSerializer, TypeRegistry, register
 
 
-def __getattr__(name: str) -> Any:
-    import importlib
-
-    home = _LAZY.get(name)
-    if home is None:
-        return _submodule(name)
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value
-    return value
-
-
-def _submodule(name: str) -> Any:
-    """``pkg.sub`` without ``import pkg.sub`` first, as when this package imported them all."""
-    import importlib
-
-    try:
-        return importlib.import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{__name__}.{name}":
-            raise
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, globals(), _LAZY)
 
 
 __all__ = [

@@ -8,7 +8,9 @@ See docs/serialization.md for the wire format.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..lazy import lazy_getattr
 
 # Each name is imported from its module on first use: a store that only lists runs (the
 # ``pitstop runs`` command) must not pay for the codec and its type tables.
@@ -32,27 +34,7 @@ if TYPE_CHECKING:
     from .registry import TypeRegistry, default_registry, register
 
 
-def __getattr__(name: str) -> Any:
-    import importlib
-
-    home = _HOMES.get(name)
-    if home is None:
-        return _submodule(name)
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value
-    return value
-
-
-def _submodule(name: str) -> Any:
-    """``pkg.sub`` without ``import pkg.sub`` first, as when this package imported them all."""
-    import importlib
-
-    try:
-        return importlib.import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{__name__}.{name}":
-            raise
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, globals(), _HOMES)
 
 
 __all__ = [
