@@ -195,11 +195,16 @@ def test_fork_with_an_edit(world: dict[str, Any], page: Any) -> None:
     area.fill("1234")
     form.locator("input.run-id").fill("soylent-cheaper")
     form.locator("button[type=submit]").click()
+    # What the form sent, then what the store holds, then what the page shows: a failure
+    # here says which of the three went wrong.
+    result = form.locator(".result.ok", has_text="forked run")
+    result.wait_for()
+    assert "1234" in area.input_value(), result.inner_text()
+    head = store.latest("soylent-cheaper")
+    assert head is not None and head.state["amount"] == 1234, result.inner_text()
     form.locator("a.forked-link").click()
     page.wait_for_url(re.compile(r"/runs/soylent-cheaper"))
     assert "1234" in page.locator("section.checkpoint .tree").inner_text()
-    head = store.latest("soylent-cheaper")
-    assert head is not None and head.state["amount"] == 1234
     assert store.latest("inv-1012-soylent").state["amount"] == 3400
     # an unknown field is refused, with the reason inline
     page.goto(f"{world['main']}/runs/inv-1012-soylent?checkpoint={review.id}")

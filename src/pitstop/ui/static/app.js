@@ -217,9 +217,16 @@
     const select = edit.querySelector("select.field");
     const area = edit.querySelector("textarea[data-json]");
     if (!select || !select.value) return;
+    // Each fill is tagged: when the field changes twice quickly (the page's own fill on load,
+    // then the user's choice), only the newest answer may land, and never over text the user
+    // typed while it was on its way.
+    const token = String(Number(area.dataset.fillToken || "0") + 1);
+    area.dataset.fillToken = token;
+    const before = area.value;
     try {
       const data = await call("GET", "/api/checkpoints/" + enc(form.dataset.checkpoint) +
                               "?path=" + enc(select.value));
+      if (area.dataset.fillToken !== token || area.value !== before) return;
       area.value = JSON.stringify(data.value, null, 2);
       area.dataset.dirty = "";
       area.dispatchEvent(new Event("input"));
