@@ -542,6 +542,61 @@ def test_cli_lists_children_by_parent_and_marks_where_they_started(tmp_path: Pat
     assert [e["note"] for e in entries if "started" in e["note"]] == ["head, started 26 children"]
 
 
+FAMILY = """
+import pitstop
+
+double = pitstop.Workflow("double")
+
+
+@double.step
+def times_two(state):
+    return {"y": state["x"] * 2}
+
+
+fan = pitstop.Workflow("fan-cli")
+
+
+@fan.step
+def start_them(state, ctx):
+    return {"ys": [r.state["y"] for r in ctx.run_children([(double, {"x": i}) for i in range(3)])]}
+"""
+
+
+def test_worker_child_grace_flag_decides_whether_the_parent_waits(tmp_path: Path) -> None:
+    """``pitstop worker --child-grace``: 0 parks the parent as waiting at once (its step runs
+    again when the last child wakes it); a long grace lets the step go on in place, with no
+    waiting checkpoint. The default is Worker's, and nan or a negative grace is refused."""
+    from clitools import one_error_line, pitstop_exe
+    from pitstop.cli.control import worker
+    from pitstop.runtime.children import CHILD_GRACE
+
+    (tmp_path / "family.py").write_text(FAMILY)
+    grace = next(p for p in worker.params if p.name == "child_grace")
+    assert grace.default == CHILD_GRACE
+    assert "--child-grace" in pitstop_exe("worker", "--help").out
+    flows = ["worker", "--workflow", "family:fan", "--workflow", "family:double",
+             "--until-idle", "--concurrency", "3", "--poll", "0.02", "--json"]
+    for seconds, statuses in (("0", {"completed": 4, "waiting": 1}), ("60", {"completed": 4})):
+        url = f"sqlite:///{tmp_path / f'grace-{seconds}.db'}"
+        with pitstop.open_store(url) as store:
+            store.create_run("p", workflow="fan-cli", status=RunStatus.QUEUED)
+            store.save("p", {}, metadata={"source": "input", "next": "start_them"},
+                       workflow="fan-cli", schema_version=1)
+        done = pitstop_exe(*flows, "--child-grace", seconds, store=url, cwd=tmp_path)
+        assert done.code == 0, done.err
+        assert done.json["by_status"] == statuses, seconds
+        with pitstop.open_store(url) as store:
+            head = store.latest("p")
+            assert head is not None and head.state["ys"] == [0, 2, 4]
+            waited = [h for h in store.history("p") if h.metadata.get("status") == "waiting"]
+            assert len(waited) == (1 if seconds == "0" else 0), seconds
+    for bad in ("nan", "-1"):
+        refused = pitstop_exe(*flows, "--child-grace", bad, store=url, cwd=tmp_path)
+        assert "--child-grace" in one_error_line(refused)
+    with pytest.raises(ValueError, match="child_grace"):
+        Worker(pitstop.open_store("memory://"), [double], child_grace=float("nan"))
+
+
 # -- PostgreSQL: cancelling a parent while its children complete ----------------------------------
 
 

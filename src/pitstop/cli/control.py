@@ -4,6 +4,7 @@ run, ``resume``/``fork`` one here, run a ``worker``, ``cancel``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -244,6 +245,12 @@ def fork(
     return _result(s, workflow.fork(store, checkpoint_id, update=updates, run_id=new_run_id))
 
 
+def _finite(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    if not math.isfinite(value):  # nan passes FloatRange's bounds: no comparison holds
+        raise click.BadParameter(f"{value} is not a number of seconds", ctx, param)
+    return value
+
+
 @command("worker", log_level="INFO", examples=[
     "pitstop worker --workflow flows:approval --concurrency 8",
     "pitstop worker --store postgresql://db/app --workflow a:wf --workflow b:wf --until-idle"])
@@ -255,9 +262,15 @@ def fork(
               help="At most N runs of WORKFLOW at once in this process (repeatable).")
 @click.option("--poll", type=click.FloatRange(min=0.01), default=1.0, show_default=True,
               help="Seconds between looks for work when the store cannot notify.")
+@click.option("--child-grace", type=click.FloatRange(min=0, max=3600), default=0.25,
+              show_default=True, metavar="SECONDS", callback=_finite,
+              help="How long a step that starts children waits in place, holding its run and "
+                   "slot, for the pool to finish them: if they do, the step goes on at once; "
+                   "if not, the run checkpoints as waiting and the last child wakes it. "
+                   "0: wait as a checkpoint at once.")
 @click.option("--until-idle", is_flag=True, help="Exit once nothing is runnable or running.")
 def worker(s: Session, specs: tuple[str, ...], concurrency: int, limits: tuple[str, ...],
-           poll: float, until_idle: bool) -> None:
+           poll: float, child_grace: float, until_idle: bool) -> None:
     """Claim and execute runnable runs of the given workflows until stopped.
 
     Runnable: queued (``wf.enqueue``), waiting with their inputs delivered or their timer
@@ -274,8 +287,10 @@ def worker(s: Session, specs: tuple[str, ...], concurrency: int, limits: tuple[s
             raise CliError(f"--limit {item!r} must look like WORKFLOW=N (e.g. --limit approval=2)")
         caps[name] = int(count)
     workflows = [load_workflow(spec) for spec in specs]
+    # (--child-grace's default is Worker's CHILD_GRACE, written out: the CLI does not import
+    # the runtime to build its help; a test checks they agree.)
     stats = Worker(s.store(), workflows, concurrency=concurrency, poll_interval=poll,
-                   limits=caps).run(until_idle=until_idle)
+                   limits=caps, child_grace=child_grace).run(until_idle=until_idle)
     summary = {"executed": stats.executed, "by_status": dict(stats.by_status),
                "errors": stats.errors}
     if s.as_json:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import signal
 import threading
 import time
@@ -117,6 +118,8 @@ class Worker:
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
+        if not 0 <= child_grace < math.inf:  # (nan too: it would wait until the children end)
+            raise ValueError(f"child_grace must be a number of seconds >= 0, not {child_grace!r}")
         self.store = store
         self.workflows = {wf.name: wf for wf in workflows}
         if not self.workflows:
