@@ -138,6 +138,65 @@ def test_run_detail_and_failure_traceback(client: TestClient) -> None:
     assert missing.status_code == 404 and "no-such-run" in missing.json()["message"]
 
 
+def test_a_family_shows_its_parent_link_children_and_filter(tmp_path: Path) -> None:
+    """``parent_run`` on every run row (as ``pitstop runs --json`` and archives carry it), the
+    parent's step and checkpoint and the children counted and listed on the run's detail
+    and page, and ``?parent=`` on the list (as ``pitstop runs --parent``)."""
+    double = pitstop.Workflow("ui-double")
+
+    @double.step
+    def times_two(state: dict[str, Any]) -> dict[str, Any]:
+        return {"y": state["x"] * 2}
+
+    ask = pitstop.Workflow("ui-ask")
+
+    @ask.step(wait_for="ok")
+    def decide(state: dict[str, Any], ok: Any) -> dict[str, Any]:
+        return {"ok": ok}
+
+    fan = pitstop.Workflow("ui-fan")
+
+    @fan.step
+    def start_them(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
+        ctx.run_children([(double, {"x": i}) for i in range(24)] + [(ask, {})])
+        return {}
+
+    with pitstop.open_store(f"sqlite:///{tmp_path / 'family.db'}") as store:
+        assert fan.start(store, {}, run_id="fam").status is RunStatus.WAITING
+        double.start(store, {"x": 1}, run_id="loner")
+        with TestClient(create_app(store)) as c:
+            parent = c.get("/api/runs/fam").json()
+            assert parent["parent_run"] is None and parent["parent"] is None
+            assert parent["children"]["total"] == 25
+            assert parent["children"]["counts"] == {"waiting": 1, "completed": 24}
+            first = parent["children"]["first"]
+            assert len(first) == 20 and first[0] == {
+                "id": "fam.0-0", "status": "completed", "workflow": "ui-double",
+                "waiting_for": []}
+            child = c.get("/api/runs/fam.0-24").json()
+            assert child["parent_run"] == "fam"
+            assert child["parent"]["run_id"] == "fam"
+            assert child["parent"]["step"] == "start_them"
+            assert child["parent"]["checkpoint_id"] == store.history("fam")[-1].id
+            assert child["waiting_for"] == ["ok"] and child["children"]["total"] == 0
+            rows = {r["id"]: r for r in c.get("/api/runs", params={"limit": 100}).json()["runs"]}
+            assert rows["fam.0-3"]["parent_run"] == "fam" and rows["loner"]["parent_run"] is None
+            kids = c.get("/api/runs", params={"parent": "fam", "limit": 100}).json()
+            assert kids["total"] == 25 and {r["id"] for r in kids["runs"]} == {
+                f"fam.0-{i}" for i in range(25)}
+            assert kids["counts"]["waiting"] == 1
+            waiting = c.get("/api/runs", params={"parent": "fam", "status": "waiting"}).json()
+            assert [r["id"] for r in waiting["runs"]] == ["fam.0-24"]
+            assert c.get("/api/runs", params={"parent": "nobody"}).json()["total"] == 0
+
+            page = c.get("/runs/fam").text
+            assert 'href="/runs/fam.0-19"' in page and 'href="/runs/fam.0-20"' not in page
+            assert 'href="/?parent=fam"' in page and "24 completed" in page
+            assert 'href="/runs/fam"' in c.get("/runs/fam.0-24").text
+            listed = c.get("/", params={"parent": "fam"}).text
+            assert "children of" in listed and "loner" not in listed
+
+
 def test_history_is_a_tree_with_branch_points_and_pages(client: TestClient) -> None:
     tree = client.get("/api/runs/inv-1003-umbrella/history").json()
     entries = tree["checkpoints"]

@@ -72,6 +72,8 @@ class RunOut(BaseModel):
         description="held: a live owner runs it; owner_gone: its owner died (a worker on "
                     "its host takes it over); expired; released: handed back for any worker.")
     priority: int
+    parent_run: str | None = Field(
+        description="The run whose step started this one (ctx.run_child), if any.")
     idle: bool = Field(
         description="A LangGraph thread whose status says running but whose graph has no "
                     "node left to run (LangGraph savers write no status when a graph ends).")
@@ -101,7 +103,30 @@ class Fork(BaseModel):
     created_at: datetime
 
 
+class ParentLink(BaseModel):
+    run_id: str
+    checkpoint_id: str | None = Field(description="The parent's checkpoint the step ran from.")
+    step: str | None = Field(description="The parent's step that started this run.")
+
+
+class Child(BaseModel):
+    id: str
+    status: Status
+    workflow: str | None
+    waiting_for: list[str]
+
+
+class Children(BaseModel):
+    total: int = Field(description="Every child run, whatever its status.")
+    counts: dict[str, int] = Field(description="Children per status (statuses with none left "
+                                               "out).")
+    first: list[Child] = Field(description="The oldest children (at most 20); the rest: "
+                                           "/api/runs?parent=RUN.")
+
+
 class RunDetail(RunOut):
+    parent: ParentLink | None = Field(description="Where the run that started this one was.")
+    children: Children = Field(description="The child runs this run's steps started.")
     pending: list[str] = Field(description="Inputs delivered but not consumed yet.")
     asks: list[str] = Field(description="Inputs the run waits for that nobody sent yet.")
     forked_from: str | None
@@ -259,12 +284,14 @@ def list_runs(
     meta: Annotated[list[str], Query(description="key=value (value as JSON if it parses)")] = [],  # noqa: B006
     id: Annotated[str | None, Query(max_length=512, description="Run id prefix.")] = None,
     since: Annotated[str | None, Query(max_length=64, description="30m, 2h, 7d or ISO")] = None,
+    parent: Annotated[str | None, Query(max_length=512,
+                                        description="Only the children of this run.")] = None,
     before: Annotated[str | None, Query(max_length=512)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = views.PAGE,
 ) -> dict[str, Any]:
     """Runs newest first with counts per status; the runs page's filters."""
     filters = views.RunFilter.parse(statuses=status, workflow=workflow, meta=meta,
-                                    id_prefix=id, since=since)
+                                    id_prefix=id, since=since, parent=parent)
     return views.list_runs(ui.store, filters, before=before, limit=limit)
 
 

@@ -142,6 +142,7 @@ def _filters(request: Request) -> views.RunFilter:
         meta=[m for m in q.getlist("meta") if m],
         id_prefix=q.get("id") or None,
         since=q.get("since") or None,
+        parent=q.get("parent") or None,
     )
 
 

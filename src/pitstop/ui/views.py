@@ -49,6 +49,8 @@ class RunFilter:
     since: datetime | None = None
     since_text: str = ""
     meta_text: list[str] = field(default_factory=list)
+    parent: str | None = None
+    """Only the children of this run (its full id, as ``pitstop runs --parent``)."""
 
     @classmethod
     def parse(
@@ -59,11 +61,13 @@ class RunFilter:
         meta: Sequence[str] = (),
         id_prefix: str | None = None,
         since: str | None = None,
+        parent: str | None = None,
     ) -> RunFilter:
         """From query parameters; ValueError naming the one that is wrong."""
         from ..cli.common import parse_since
 
-        found = cls(workflow=workflow or None, id_prefix=id_prefix or None)
+        found = cls(workflow=workflow or None, id_prefix=id_prefix or None,
+                    parent=parent or None)
         for status in statuses:
             if status not in STATUSES:
                 raise ValueError(f"status {status!r}: one of {', '.join(STATUSES)}")
@@ -98,6 +102,7 @@ class RunFilter:
             "metadata": self.metadata or None,
             "id_prefix": self.id_prefix,
             "since": self.since,
+            "parent_run": self.parent,
         }
 
     def query(self, *, status: Sequence[str] | None = None) -> list[tuple[str, str]]:
@@ -110,6 +115,8 @@ class RunFilter:
             pairs.append(("id", self.id_prefix))
         if self.since_text:
             pairs.append(("since", self.since_text))
+        if self.parent:
+            pairs.append(("parent", self.parent))
         return pairs
 
     @property
@@ -173,6 +180,7 @@ def run_row(run: Run, head: CheckpointSummary | None) -> dict[str, Any]:
         "lease_expires_at": run.lease_expires_at if lease_live else None,
         "lease": owned.state,
         "priority": run.priority,
+        "parent_run": run.parent_run,
         "idle": langgraph_view.is_thread(run.workflow)
         and langgraph_view.idle(run.status.value, meta),
         "metadata": to_jsonable(dict(run.metadata)),
@@ -352,7 +360,32 @@ def run_detail(store: Store, run_id: str) -> dict[str, Any]:
         row["idle"] = langgraph_view.idle(run.status.value, head.metadata, fields)
     actions = run.metadata.get("ui_actions")
     row["actions"] = list(actions)[-10:] if isinstance(actions, list) else []
+    row["parent"], row["children"] = family(store, run)
     return row
+
+
+CHILDREN_SHOWN = 20
+"""Children the run page and ``GET /api/runs/{id}`` list by name (the counts cover all)."""
+
+
+def family(store: Store, run: Run) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """The run that started this one (where and in which step), and this run's children:
+    counted by status, the first :data:`CHILDREN_SHOWN` listed (one count over the parent
+    index and one page of runs, however many children there are; as ``pitstop show``)."""
+    parent = None
+    if run.parent_run is not None:
+        link = run.metadata.get("parent")
+        link = link if isinstance(link, Mapping) else {}
+        parent = {"run_id": run.parent_run,
+                  "checkpoint_id": text_or_none(link.get("checkpoint_id")),
+                  "step": text_or_none(link.get("step"))}
+    counts, first = store.children_summary(run.id, first=CHILDREN_SHOWN)
+    return parent, {
+        "total": sum(counts.values()),
+        "counts": {s: counts[s] for s in STATUSES if counts.get(s)},
+        "first": [{"id": c.id, "status": c.status.value, "workflow": c.workflow,
+                   "waiting_for": list(c.waiting_for)} for c in first],
+    }
 
 
 def forks_of(store: Store, run_id: str, *, limit: int = 50) -> list[dict[str, Any]]:
