@@ -142,8 +142,9 @@ def write_archive(
     The run is read in one snapshot and verified before a byte is written; a file target is
     written to a temporary name and renamed into place, so a failed export leaves nothing.
     Values are read from the store one at a time (twice: once to measure the frames the
-    header declares, once to write them), so memory holds the run's records and its largest
-    value, never all its values.
+    header declares, once to write them) and records a page at a time into temporary files
+    read back for each pass, so memory holds a page of records and the largest value,
+    never all of either (and the values' 32-byte keys).
     """
     data = store.export_run(run_id, stream=True)
     data.verify()
@@ -181,12 +182,13 @@ def _write(data: RunExport, store: Store, fh: IO[bytes], progress: Progress | No
     }
     total = 2 + sum(counts.values())
     # Declared up front so a reader can bound what it reads: a pass that packs each frame
-    # only to measure it (packing is a copy; compression costs far more).
-    lengths = [len(ormsgpack.packb({"t": kind, **body})) for kind, body in _bodies(data)]
-    header["sizes"] = {
-        "frames": sum(lengths) + _LENGTH.size * len(lengths),
-        "largest": max(lengths, default=0),
-    }
+    # only to measure it (packing is a copy; compression costs far more), keeping the sum.
+    body_bytes = largest = 0
+    for kind, body in _bodies(data):
+        length = len(ormsgpack.packb({"t": kind, **body}))
+        body_bytes += _LENGTH.size + length
+        largest = max(largest, length)
+    header["sizes"] = {"frames": body_bytes, "largest": largest}
     hasher = hashlib.sha256()
     start = fh.tell() if fh.seekable() else 0
     fh.write(MAGIC)

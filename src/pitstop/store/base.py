@@ -722,9 +722,11 @@ class Store(ABC):
         Checkpoint records, values, inputs and effect records come out exactly as stored
         (nothing is deserialised), so :meth:`import_run` on another store recreates the run
         bit for bit: same ids, same checksums. Raises :class:`~pitstop.RunNotFoundError`.
-        The run is held in memory; with ``stream=True`` its values are not: ``blobs`` then
-        reads each from this store (which must stay open) when it is used, checked against
-        its hash, so a run larger than memory exports in the memory of its largest value
+        The run is held in memory; with ``stream=True`` it is not: its checkpoint, input and
+        effect records are read a page at a time into temporary files (in the same snapshot)
+        and read back each time they are iterated, and ``blobs`` reads each value from this
+        store (which must stay open) when it is used, checked against its hash, so a run
+        larger than memory exports in the memory of a page of records and its largest value
         (values never change once stored; one pruned meanwhile raises
         :class:`~pitstop.CorruptCheckpointError` saying so). ``pitstop export`` streams.
         """

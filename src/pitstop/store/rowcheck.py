@@ -171,23 +171,27 @@ def effect_problem(effect: EffectRecord) -> str | None:
 
 
 def export_problem(data: RunExport) -> str | None:
+    """What makes ``data`` unfit to import, naming the record ("run record 'x': ..."), or
+    None. Types and ranges, and that no record appears twice (but in records spooled from a
+    store, unique by its keys: no set of every id is built for a streamed export); checksums
+    and references are :meth:`RunExport.verify <pitstop.store.transfer.RunExport.verify>`'s."""
+    from .spool import RecordSpool
     from .transfer import CheckedValues
 
-    """What makes ``data`` unfit to import, naming the record ("run record 'x': ..."), or
-    None. Types and ranges, and that no record appears twice; checksums and references are
-    :meth:`RunExport.verify <pitstop.store.transfer.RunExport.verify>`'s."""
     run_id = getattr(data.run, "run_id", None)
     problem = run_problem(data.run)
     if problem:
         return f"run record {run_id!r}: {problem}"
     seen: set[Any] = set()
+    unique = isinstance(data.checkpoints, RecordSpool)
     for record in data.checkpoints:
         problem = checkpoint_problem(record)
         if problem is None and record.id in seen:
             problem = "appears twice"
         if problem:
             return f"checkpoint record {getattr(record, 'id', None)!r}: {problem}"
-        seen.add(record.id)
+        if not unique:
+            seen.add(record.id)
     for h in data.blobs:
         problem = _hash("hash", h)
         if problem:
@@ -198,21 +202,25 @@ def export_problem(data: RunExport) -> str | None:
             if problem:
                 return f"value record {bytes(h).hex()[:16]}: {problem}"
     seen.clear()
+    unique = isinstance(data.inputs, RecordSpool)
     for item in data.inputs:
         problem = input_problem(item)
         if problem is None and item.id in seen:
             problem = "appears twice"
         if problem:
             return f"input record {getattr(item, 'id', None)!r}: {problem}"
-        seen.add(item.id)
+        if not unique:
+            seen.add(item.id)
     seen.clear()
+    unique = isinstance(data.effects, RecordSpool)
     for effect in data.effects:
         problem = effect_problem(effect)
         if problem is None and effect.key in seen:
             problem = "appears twice"
         if problem:
             return f"effect record {getattr(effect, 'key', None)!r}: {problem}"
-        seen.add(effect.key)
+        if not unique:
+            seen.add(effect.key)
     return None
 
 

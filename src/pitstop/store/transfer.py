@@ -12,7 +12,7 @@ them; :class:`RunTransfer` is the part of ``SqlStore`` that reads one from a sto
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +23,7 @@ from .base import Progress
 from .records import CheckpointRecord, NewBlob, stored_hashes
 from .rowcheck import export_problem
 from .schema import (
+    CHECKPOINTS,
     EFFECTS,
     EXPORTED_RUN_COLUMNS,
     INPUTS,
@@ -34,6 +35,7 @@ from .schema import (
     RunRecord,
     check_id,
 )
+from .spool import spool_rows
 from .values import StoredValues
 
 
@@ -47,14 +49,16 @@ class RunExport:
     """Everything a store holds about one run, raw: enough to recreate it in another store."""
 
     run: RunRecord
-    checkpoints: list[CheckpointRecord] = field(default_factory=list)
-    """Oldest first (by id, so every parent in the run comes before its children)."""
+    checkpoints: Collection[CheckpointRecord] = field(default_factory=list)
+    """Oldest first (by id, so every parent in the run comes before its children). A list,
+    or (a streamed export) a :class:`~pitstop.store.spool.RecordSpool` read back from a
+    temporary file each time it is iterated; so are :attr:`inputs` and :attr:`effects`."""
     blobs: Mapping[bytes, bytes] = field(default_factory=dict)
     """Every separately stored value the checkpoints reference: content hash -> stored
     (framed) bytes. Values small enough to live inside a record are not listed. A dict, or
     (an archive read) a mapping that keeps the bytes in a temporary file."""
-    inputs: list[InputRecord] = field(default_factory=list)
-    effects: list[EffectRecord] = field(default_factory=list)
+    inputs: Collection[InputRecord] = field(default_factory=list)
+    effects: Collection[EffectRecord] = field(default_factory=list)
     prefixes: dict[bytes, tuple[bytes, int]] = field(default_factory=dict)
     """Values of :attr:`blobs` stored as the first ``size`` stored bytes of another value
     of :attr:`blobs` (a growing list's superseded last chunks): ``hash -> (target, size)``.
@@ -72,7 +76,7 @@ class RunExport:
         if problem:
             raise CorruptCheckpointError(problem, run_id=str(self.run.run_id))
         run_id = self.run.run_id
-        ids = set()
+        head_found = False  # (not a set of every id: a streamed export holds no such set)
         for record in self.checkpoints:
             if record.run_id != run_id:
                 raise CorruptCheckpointError(
@@ -99,8 +103,8 @@ class RunExport:
                         run_id=run_id,
                         field=name,
                     )
-            ids.add(record.id)
-        if self.run.head_id is not None and self.run.head_id not in ids:
+            head_found = head_found or record.id == self.run.head_id
+        if self.run.head_id is not None and not head_found:
             raise CorruptCheckpointError(
                 f"the run's head {self.run.head_id} is not among its checkpoints", run_id=run_id
             )
@@ -165,6 +169,18 @@ def check_value(data: bytes, expected: bytes, *, run_id: str, what: str) -> None
         )
 
 
+def _batches(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    """``items`` in lists of ``size`` (the last shorter)."""
+    batch: list[Any] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
 _BATCH_BYTES = 16 << 20
 """An import inserts values in batches of at most this many bytes (or CHUNK values)."""
 
@@ -224,12 +240,12 @@ class RunTransfer(StoredValues):
             if row is None:
                 raise RunNotFoundError(run_id)
             data = RunExport(RunRecord(*row))
+            if stream:
+                return self._stream(tx, data)
             data.checkpoints = [
                 CheckpointRecord(*r)
                 for r in tx.all(SELECT_CHECKPOINT + " WHERE run_id = ? ORDER BY id", (run_id,))
             ]
-            if stream:
-                return self._stream_values(tx, data)
             blobs = self._read_values(tx, data.referenced)
             for record in data.checkpoints:  # chunks under the nodes of chunked values
                 fields = record.field_map()
@@ -251,9 +267,14 @@ class RunTransfer(StoredValues):
         # One read transaction: a snapshot, so a concurrent prune cannot tear the export.
         return self._tx(read)
 
-    def _stream_values(self, tx: Tx, data: RunExport) -> RunExport:
-        """``data`` with :class:`LazyValues`: the keys every checkpoint references (chunks
-        under nodes found by reading the nodes alone, never the chunks) that are present."""
+    def _stream(self, tx: Tx, data: RunExport) -> RunExport:
+        """``data`` with its records spooled (:func:`~pitstop.store.spool.spool_rows`: read
+        a page at a time into temporary files, in the order and with the values the
+        statements above return) and :class:`LazyValues`: the keys every checkpoint
+        references (chunks under nodes found by reading the nodes alone, never the chunks)
+        that are present. Memory holds a page of rows and the values' keys."""
+        run_id = data.run.run_id
+        data.checkpoints = spool_rows(tx, CHECKPOINTS, CheckpointRecord, run_id, order="id")
         keys: dict[bytes, None] = {}
         for record in data.checkpoints:
             try:
@@ -270,8 +291,8 @@ class RunTransfer(StoredValues):
             for key, (target, size) in self._prefix_rows(tx, present).items()
             if target in data.blobs
         }
-        data.inputs = [InputRecord(*r) for r in tx.all(_SELECT_INPUTS, (data.run.run_id,))]
-        data.effects = [EffectRecord(*r) for r in tx.all(_SELECT_EFFECTS, (data.run.run_id,))]
+        data.inputs = spool_rows(tx, INPUTS, InputRecord, run_id, order="id")
+        data.effects = spool_rows(tx, EFFECTS, EffectRecord, run_id, order="key")
         return data
 
     def import_run(self, data: RunExport, *, progress: Progress | None = None) -> Run:
@@ -334,8 +355,7 @@ class RunTransfer(StoredValues):
                 "ON CONFLICT (run_id, hash) DO NOTHING",
                 [(run.run_id, h) for h in hashes],
             )
-            for i in range(0, len(data.checkpoints), CHUNK):
-                batch = data.checkpoints[i : i + CHUNK]
+            for batch in _batches(data.checkpoints, CHUNK):
                 tx.many(INSERT_CHECKPOINT, [c.row() for c in batch])
                 done += len(batch)
                 if progress:
