@@ -163,9 +163,9 @@ def test_blob_directory_writes_many_chunks_at_once(tmp_path: Path) -> None:
     with pitstop.open_store(f"sqlite:///{tmp_path / 's.db'}", blobs=str(blobs)) as store:
         state = {"w": [np.full(MiB // 4 + 17, i, dtype=np.float32) for i in range(6)]}
         store.save("r", state)
-        files = list(blobs.rglob("*"))
-        assert len([f for f in files if f.suffix == ".blob"]) >= 6
-        assert not [f for f in files if f.name.startswith(".tmp-")]
+        files = [f for f in blobs.rglob("*") if f.is_file()]
+        assert [f.suffix for f in files] == [".pack"]  # every chunk in one file
+        assert files[0].stat().st_size > 6 * MiB
         loaded = store.latest("r")
         assert loaded is not None
         same(state["w"], loaded.state["w"])
@@ -178,8 +178,9 @@ def test_sqlite_keeps_large_chunks_beside_the_file_by_default(tmp_path: Path) ->
         assert not (tmp_path / "runs.db-blobs").exists()  # made by the first large value
         state = {"model": weights()}
         store.save("big", state)
-    files = list((tmp_path / "runs.db-blobs").rglob("*.blob"))
-    assert len(files) == 2  # the two full 1 MiB chunks of "embed"; the rest is in the table
+    files = list((tmp_path / "runs.db-blobs").rglob("*.pack"))
+    # the two full 1 MiB chunks of "embed", in one pack; the rest is in the table
+    assert len(files) == 1 and 2 * MiB < files[0].stat().st_size < 3 * MiB
     moved = tmp_path / "elsewhere"
     moved.mkdir()
     for name in ("runs.db", "runs.db-blobs"):

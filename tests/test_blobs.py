@@ -46,7 +46,9 @@ def opener(url: str, blob_dir: Path) -> Iterator[Callable[..., pitstop.Store]]:
 
 
 def files(blob_dir: Path) -> list[Path]:
-    return sorted(blob_dir.glob("*/*/*.blob"))
+    """Files named by a value's key (a value written alone), then packs (the values one save
+    adds together)."""
+    return sorted(blob_dir.glob("*/*/*.blob")) + sorted(blob_dir.glob("packs/*/*.pack"))
 
 
 def test_large_values_live_in_the_blob_store(opener: Callable[..., pitstop.Store],
@@ -113,15 +115,18 @@ def test_a_short_file_is_written_again_not_reused(
     store = opener(durability=durability)
     weights = np.arange(300_000, dtype=np.float64)  # 2.4 MB: chunks of 1 MiB in files
     first = store.save("r", {"doc": BIG, "w": weights})
-    for path in files(blob_dir):
-        path.write_bytes(path.read_bytes()[: 1000])
+    (pack,) = files(blob_dir)  # the values one save adds share one pack
+    assert pack.suffix == ".pack"
+    pack.write_bytes(pack.read_bytes()[: 1000])
     with pytest.raises(CorruptCheckpointError):
         store.get(first.id)
+    assert "ends at byte 1000" in " ".join(p.message for p in store.verify())
     with opener() as fresh:
         with pytest.raises(CorruptCheckpointError):
             fresh.get(first.id)
         fresh.save("other", {"doc": BIG, "w": weights.copy()})  # a new run: every value new
-        assert all(p.stat().st_size > 1000 for p in files(blob_dir))
+        (new,) = set(files(blob_dir)) - {pack}
+        assert new.stat().st_size > BIG.__len__() + weights.nbytes
         assert fresh.get(first.id).state["doc"] == BIG  # the old checkpoint is whole again
         np.testing.assert_array_equal(fresh.get(first.id).state["w"], weights)
     assert store.verify() == []
@@ -148,9 +153,9 @@ def test_large_arrays_hashed_and_read_by_threads_round_trip_and_detect_damage(
     np.testing.assert_array_equal(state["model"]["w"], model["w"])
     assert state["model"]["step"] == 3
     middle = alone[5 << 18 : 6 << 18].tobytes()  # the sixth 1 MiB chunk of `alone`
-    path = next(p for p in files(blob_dir) if p.read_bytes()[1:] == middle)
+    (path,) = files(blob_dir)
     data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x01
+    data[data.find(middle) + len(middle) // 2] ^= 0x01
     path.write_bytes(bytes(data))
     with opener() as fresh, pytest.raises(CorruptCheckpointError) as info:
         fresh.get(saved.id)
@@ -230,3 +235,109 @@ def test_sqlite_store_at_the_oldest_schema_is_upgraded_on_open(
     with pitstop.open_store(url, blobs=str(tmp_path / "blobs"), blob_threshold=1000) as new:
         new.save("r", {"doc": os.urandom(5000), "n": 2})  # uses what version 2 added
         assert new.verify() == []
+
+
+def test_a_save_packs_what_it_adds_in_one_file_collected_with_its_last_row(
+    opener: Callable[..., pitstop.Store], blob_dir: Path
+) -> None:
+    np = pytest.importorskip("numpy")
+    store = opener()
+    weights = np.arange(4 << 18, dtype=np.float32)  # 4 MiB: four chunks of 1 MiB
+    store.save("a", {"w": weights, "doc": BIG})
+    (pack,) = files(blob_dir)
+    assert pack.parent.parent.name == "packs" and pack.stat().st_size > weights.nbytes
+    store.save("a", {"w": weights, "doc": BIG, "n": 1})  # unchanged: nothing written
+    assert files(blob_dir) == [pack]
+    weights[: 2 << 18] *= -1.0
+    store.save("a", {"w": weights})  # two chunks new: a pack of two, two chunks kept
+    assert len(files(blob_dir)) == 2
+    store.prune(RetentionPolicy(keep_last=1, keep_milestones=False))
+    assert pack in files(blob_dir)  # the head still reads two of its chunks
+    np.testing.assert_array_equal(store.latest("a").state["w"], weights)  # type: ignore[union-attr]
+    assert store.verify() == []
+    # A new run has no parent to share chunks with: its save writes them all, and the
+    # rows of those stored before point at the new copies (known whole: see
+    # test_a_short_file_is_written_again_not_reused); a pack left with no row is swept.
+    before = set(files(blob_dir))
+    store.save("b", {"w": weights})
+    (left,) = set(files(blob_dir)) - before
+    store.delete_run("a")
+    assert pack in files(blob_dir)  # no row in it any more, but it is too young to go
+    hour_ago = time.time() - 7200
+    for path in blob_dir.glob("packs/*/*.pack"):
+        os.utime(path, (hour_ago, hour_ago))
+    store.prune(RetentionPolicy(keep_last=5))
+    assert files(blob_dir) == [left]
+    np.testing.assert_array_equal(store.latest("b").state["w"], weights)  # type: ignore[union-attr]
+    store.delete_run("b")
+    assert files(blob_dir) == []
+
+
+def test_values_in_a_file_each_still_load_beside_packs(
+    opener: Callable[..., pitstop.Store], blob_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store written before packs (a file per chunk) reads as before, and a save that
+    keeps some of those chunks and adds others mixes both."""
+    np = pytest.importorskip("numpy")
+
+    def a_file_each(self: DirectoryBlobStore, items: Any, *, sync: bool = True) -> dict[Any, Any]:
+        self._put_files(items, sync)
+        return {}
+
+    weights = np.arange(4 << 18, dtype=np.float32)
+    with monkeypatch.context() as patch:
+        patch.setattr(DirectoryBlobStore, "put_many", a_file_each)
+        old = opener().save("r", {"w": weights})
+    assert len(files(blob_dir)) == 4 and all(p.suffix == ".blob" for p in files(blob_dir))
+    store = opener()
+    np.testing.assert_array_equal(store.get(old.id).state["w"], weights)
+    changed = weights.copy()
+    changed[: 2 << 18] += 0.5  # two chunks new, two kept in their files
+    new = store.save("r", {"w": changed})
+    assert [p.suffix for p in files(blob_dir)] == [".blob"] * 4 + [".pack"]
+    with opener() as fresh:
+        np.testing.assert_array_equal(fresh.get(new.id).state["w"], changed)
+        np.testing.assert_array_equal(fresh.get(old.id).state["w"], weights)
+    store.prune(RetentionPolicy(keep_last=1, keep_milestones=False))
+    assert [p.suffix for p in files(blob_dir)] == [".blob"] * 2 + [".pack"]
+    assert store.verify() == []
+
+
+@pytest.mark.parametrize("durability", ["normal", "full"])
+def test_a_pack_is_synced_with_full_durability_only(
+    opener: Callable[..., pitstop.Store], durability: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    np = pytest.importorskip("numpy")
+    store = opener(durability=durability)
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}") if os.path.exists("/proc") else "?")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    store.save("r", {"w": np.arange(3 << 18, dtype=np.float32)})
+    if durability == "normal":
+        assert synced == []
+    else:  # the pack under its temporary name, then its directory and those made for it
+        assert len(synced) >= 2 and ".tmp-" in synced[0]
+        assert any(path.endswith("/packs") for path in synced)
+
+
+def test_an_orphaned_pack_is_reported_and_swept(opener: Callable[..., pitstop.Store],
+                                                blob_dir: Path) -> None:
+    """What a save killed after writing its pack and before its commit leaves."""
+    store = opener()
+    store.save("r", {"doc": BIG})
+    blobs = DirectoryBlobStore(blob_dir)
+    slots = blobs.put_many([(b"\x01" * 17, (b"a",)), (b"\x02" * 17, (b"b",))])
+    assert {slot.offset for slot in slots.values()} == {0, 1}
+    (pack,) = blob_dir.glob("packs/*/*.pack")
+    assert store.verify() == []  # too young to be judged: a save may be about to commit
+    hour_ago = time.time() - 7200
+    os.utime(pack, (hour_ago, hour_ago))
+    assert [p.message.split()[0] for p in store.verify()] == ["pack"]
+    store.prune(RetentionPolicy(keep_last=5))
+    assert not pack.exists() and len(files(blob_dir)) == 1
+    assert store.verify() == []

@@ -183,7 +183,7 @@ def test_killed_array_saver_leaves_every_checkpoint_whole(tmp_path: Path, durabi
     finally:
         saver.stdin.close()
         saver.wait(timeout=60)
-    assert any((tmp_path / "arrays.db-blobs").rglob("*.blob"))  # the files were the test
+    assert any((tmp_path / "arrays.db-blobs").rglob("*.pack"))  # the files were the test
     with pitstop.open_store(url) as store:
         assert store.verify() == []
 

@@ -532,13 +532,20 @@ def test_large_chunks_go_to_the_blob_directory(tmp_path: Any) -> None:
     with pitstop.open_store(url, blobs=str(blobs), blob_threshold=512 * 1024) as store:
         array = np.arange(3 * (1 << 20) // 4, dtype=np.float32)  # 3 chunks of 1 MiB
         store.save("a", {"w": array})
-        files = set(blobs.rglob("*.blob"))
-        assert len(files) == 3
+        (pack,) = set(blobs.rglob("*.pack"))  # the three chunks one save adds: one file
+        assert not set(blobs.rglob("*.blob"))
         array[10] = -1
         store.save("a", {"w": array})
-        assert len(set(blobs.rglob("*.blob"))) == 4  # one chunk changed, one file added
+        (changed,) = set(blobs.rglob("*.blob"))  # one chunk changed: one file added
         assert store.verify() == []
         store.prune(RetentionPolicy(keep_last=1, keep_milestones=False))
-        assert len(set(blobs.rglob("*.blob"))) == 3  # the replaced chunk's file is gone
+        # The replaced chunk's row is gone; its pack stays, holding the other two.
+        assert set(blobs.rglob("*.pack")) == {pack} and set(blobs.rglob("*.blob")) == {changed}
+        array[20:] = -2
+        store.save("a", {"w": array})
+        store.prune(RetentionPolicy(keep_last=1, keep_milestones=False))
+        # Its last chunks replaced: the pack is gone (the new save's pack holds all three).
+        assert pack not in set(blobs.rglob("*.pack")) and not set(blobs.rglob("*.blob"))
+        assert store.verify() == []
         back = store.latest("a")
         assert back is not None and np.array_equal(back.state["w"], array)

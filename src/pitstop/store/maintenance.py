@@ -21,7 +21,7 @@ from .base import Problem, Problems, Progress, PruneReport, RetentionPolicy, Sto
 from .records import CheckpointRecord, FieldRef, decode_field_map, is_chunk_key
 from .rowcheck import run_problem
 from .schema import SELECT_CHECKPOINT, SELECT_RUN, RunRow
-from .values import StoredValues
+from .values import StoredValues, slot_of
 
 STATS_EXACT_UP_TO = 10_000
 """``stats(exact=False)`` counts runs of a status, checkpoints and values exactly up to this
@@ -280,20 +280,46 @@ class Maintenance(StoredValues):
         if self.blobs is None:
             return 0
         self.blobs.remove_abandoned(older_than=_ORPHAN_AGE)  # files of killed writes
+        orphans = self._orphan_files()
+        packs = self._orphan_packs()
+        self.blobs.delete(orphans)
+        self.blobs.delete_packs(packs)
+        return len(orphans) + len(packs)
+
+    def _orphan_files(self) -> list[bytes]:
+        """Blob-store files named by a key that no row reads (older than an hour): a crash
+        before the commit, or a row since pointed at a pack."""
+        assert self.blobs is not None
         candidates = list(self.blobs.keys(older_than=_ORPHAN_AGE))
         if not candidates:
-            return 0
+            return []
         known = {
             bytes(h)
             for (h,) in self._tx(
                 lambda tx: tx.in_chunks(
-                    "SELECT hash FROM pitstop_blobs WHERE hash IN ({in})", candidates
+                    "SELECT hash FROM pitstop_blobs WHERE pack IS NULL AND hash IN ({in})",
+                    candidates,
                 )
             )
         }
-        orphans = [key for key in candidates if key not in known]
-        self.blobs.delete(orphans)
-        return len(orphans)
+        return [key for key in candidates if key not in known]
+
+    def _orphan_packs(self) -> list[str]:
+        """Packs no row is in (older than an hour): a save killed before its commit, or one
+        whose rows all moved to newer copies."""
+        assert self.blobs is not None
+        candidates = list(self.blobs.packs(older_than=_ORPHAN_AGE))
+        if not candidates:
+            return []
+        known = {
+            str(pack)
+            for (pack,) in self._tx(
+                lambda tx: tx.in_chunks(
+                    "SELECT DISTINCT pack FROM pitstop_blobs WHERE pack IN ({in})", candidates
+                )
+            )
+        }
+        return [name for name in candidates if name not in known]
 
     # -- counting and checking -----------------------------------------------------------------
 
@@ -461,13 +487,14 @@ class Maintenance(StoredValues):
         after_hash = b""
         while True:
             rows = self._query(
-                "SELECT hash, data, location, alias FROM pitstop_blobs WHERE hash > ? "
-                "ORDER BY hash LIMIT ?",
+                "SELECT hash, data, location, alias, pack, pack_offset, size FROM pitstop_blobs "
+                "WHERE hash > ? ORDER BY hash LIMIT ?",
                 (after_hash, 64),
             )
             if not rows:
                 break
-            for raw_hash, data, location, alias in rows:
+            for raw_hash, data, location, alias, pack, pack_offset, size in rows:
+                slot = slot_of(pack, pack_offset, size)
                 h = after_hash = bytes(raw_hash)
                 seen.add(h)
                 try:
@@ -480,10 +507,10 @@ class Maintenance(StoredValues):
                     elif location is None:
                         value = bytes(data)
                     else:
-                        value = self._fetch_external(h, location)
+                        value = self._fetch_external(h, location, slot)
                     if value is None:
                         raise CorruptCheckpointError(
-                            self.blobs.why_missing(h) if self.blobs else "value missing"
+                            self.blobs.why_missing(h, slot) if self.blobs else "value missing"
                         )
                     self._value_codec.check_stored(h, value)
                 except Exception as exc:
@@ -523,12 +550,16 @@ class Maintenance(StoredValues):
                     problems.append(Problem(kind, str(ident), str(exc), run_id=rid))
         problems.extend(self._run_problems())
         if self.blobs is not None:
-            for orphan in self.blobs.keys(older_than=_ORPHAN_AGE):
-                if orphan not in seen:
-                    problems.append(
-                        Problem("blob", orphan.hex()[:16], f"file in {self.blobs.url} that no "
-                                "record references (left by a crash; `pitstop prune` removes it)")
-                    )
+            for orphan in self._orphan_files():
+                problems.append(
+                    Problem("blob", orphan.hex()[:16], f"file in {self.blobs.url} that no "
+                            "record references (left by a crash; `pitstop prune` removes it)")
+                )
+            for pack in self._orphan_packs():
+                problems.append(
+                    Problem("blob", pack[:16], f"pack in {self.blobs.url} that no record "
+                            "references (left by a crash; `pitstop prune` removes it)")
+                )
 
     def _run_problems(self) -> list[Problem]:
         """Damaged run rows (no checksum covers them: they change on every step), and heads

@@ -152,6 +152,19 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         "conversation: 2-3x the time); rows written before keep their storage",
         ["/* postgresql only */ ALTER TABLE pitstop_blobs ALTER COLUMN data SET STORAGE EXTERNAL"],
     ),
+    (
+        6,
+        "blob-store values packed: the values one save adds share one file (a pack), each "
+        "at `pack_offset` in the pack `pack` (its `size` bytes); rows without a pack keep a "
+        "file of their own, named by their hash",
+        [
+            "ALTER TABLE pitstop_blobs ADD COLUMN pack TEXT",
+            "ALTER TABLE pitstop_blobs ADD COLUMN pack_offset {bigint}",
+            # What garbage collection asks once it has deleted values: is anything left in
+            # their packs.
+            "CREATE INDEX pitstop_blobs_pack ON pitstop_blobs (pack) WHERE pack IS NOT NULL",
+        ],
+    ),
 ]
 
 LATEST_SCHEMA = MIGRATIONS[-1][0]
@@ -292,9 +305,13 @@ def _field_names(cls: Any) -> tuple[str, ...]:
 
 RUNS = Table("pitstop_runs", _field_names(RunRow))
 CHECKPOINTS = Table("pitstop_checkpoints", _field_names(CheckpointRecord))
-BLOBS = Table("pitstop_blobs", ("hash", "data", "size", "created_at", "location", "alias"))
-"""Content-addressed values: framed bytes by hash (``location``: in a blob store instead;
-``alias``: a chunk stored as the first ``size`` bytes of the chunk ``alias``)."""
+BLOBS = Table(
+    "pitstop_blobs",
+    ("hash", "data", "size", "created_at", "location", "alias", "pack", "pack_offset"),
+)
+"""Content-addressed values: framed bytes by hash (``location``: in a blob store instead,
+at ``pack_offset`` in the pack file ``pack`` if it has one; ``alias``: a chunk stored as
+the first ``size`` bytes of the chunk ``alias``)."""
 BLOB_REFS = Table("pitstop_blob_refs", ("run_id", "hash"))
 """Which runs reference which values: what garbage collection counts."""
 INPUTS = Table("pitstop_inputs", _field_names(InputRecord))

@@ -51,6 +51,7 @@ from ..model import Checkpoint, CheckpointSummary, Run, RunStatus
 from . import filters
 from .backend import Tx, placeholders
 from .base import UNSET, Durability, Lease, PreparedSave, Problem, RunList, Unset
+from .blobs import Slot
 from .children import CHILD_INPUT, Children
 from .effects import Effects
 from .inputs import Inputs
@@ -126,6 +127,8 @@ class WritePlan:
     """The error in the save's metadata (what a failed child delivers)."""
     wake_check: bool = False
     """A waiting save for children: the write makes the run runnable if all delivered."""
+    packed: Mapping[bytes, Slot] | None = None
+    """Where the blob store packed the new values (written before the transaction)."""
     effects: Sequence[tuple[Any, ...]] = ()
     """Effect records written in the same transaction (``pitstop_effects`` rows)."""
     new_run: NewRun | None = None
@@ -466,7 +469,7 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
         """
         plan: WritePlan = prepared.payload
         if plan.new:
-            self._externalize(plan.new.values(), plan.durability)
+            plan.packed = self._externalize(plan.new.values(), plan.durability)
         try:
             self._tx(
                 lambda tx: self._write_checkpoint(tx, plan), write=True, durability=plan.durability
@@ -523,7 +526,7 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
                 if grown:
                     new = {k: b for k, b in new.items() if k not in grown}
                     aliases = [a for a in aliases if a.target not in grown]
-            self._insert_values(tx, new, now)
+            self._insert_values(tx, new, now, plan.packed)
             tx.many(
                 "INSERT INTO pitstop_blob_refs (run_id, hash) VALUES (?, ?) "
                 "ON CONFLICT (run_id, hash) DO NOTHING",
@@ -958,7 +961,7 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
             plans: list[WritePlan] = [prepared.payload for prepared, _ in batch]
             for plan in plans:
                 if plan.new:
-                    self._externalize(plan.new.values(), plan.durability)
+                    plan.packed = self._externalize(plan.new.values(), plan.durability)
 
             def write(tx: Tx, batch: Sequence[tuple[PreparedSave, Mapping[str, Any]]] = batch,
                       plans: list[WritePlan] = plans) -> None:
@@ -985,10 +988,11 @@ class SqlStore(Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
                      for p, (_, meta) in zip(plans, batch, strict=True)],
                 )
                 new = {h: blob for p in plans for h, blob in p.new.items()}
+                packed = {h: slot for p in plans for h, slot in (p.packed or {}).items()}
                 refs = [(p.record.run_id, h) for p in plans for h in p.refs]
                 if refs:
                     self._lock_values(tx)
-                    self._insert_values(tx, new, plans[0].record.created_at)
+                    self._insert_values(tx, new, plans[0].record.created_at, packed)
                     tx.many("INSERT INTO pitstop_blob_refs (run_id, hash) VALUES (?, ?) "
                             "ON CONFLICT (run_id, hash) DO NOTHING", refs)
                 tx.many(INSERT_CHECKPOINT, [p.record.row() for p in plans])

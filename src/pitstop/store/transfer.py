@@ -337,8 +337,8 @@ class RunTransfer(StoredValues):
                 held += blob.size
                 if len(part) < CHUNK and held < _BATCH_BYTES and n < len(whole):
                     continue
-                self._externalize(part.values())
-                self._insert_values(tx, part, now)
+                packed = self._externalize(part.values())
+                self._insert_values(tx, part, now, packed)
                 done += len(part)
                 part, held = {}, 0
                 if progress:

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from ..errors import StoreError
 from .backend import SqlBackend, Tx
 from .base import Durability
-from .blobs import Deferred
+from .blobs import Deferred, Slot
 from .records import Alias, FieldMap, NewBlob, Stored, is_chunk_key
 
 # Values bigger than this are looked up before being sent, so an existing one is not shipped
@@ -40,22 +40,35 @@ class StoredValues(SqlBackend):
         """Whether ``blob`` goes to the blob store rather than the table."""
         return self.blobs is not None and blob.size >= self.blob_threshold
 
-    def _externalize(self, blobs: Iterable[NewBlob], durability: Durability | None = None) -> None:
+    def _externalize(
+        self, blobs: Iterable[NewBlob], durability: Durability | None = None
+    ) -> dict[bytes, Slot]:
         """Write large values to the blob store before any row references them: synced with
         durability ``full``; with ``normal`` (the store's default, or this save's) complete
         and renamed into place but left to the OS to write back, as the commit that follows
-        is (see :mod:`pitstop.store.blobs`)."""
-        if self.blobs is not None:
-            level = durability or self.durability
-            self.blobs.put_many(
-                [(b.hash, b.pieces) for b in blobs if self._external(b)], sync=level == "full"
-            )
+        is (see :mod:`pitstop.store.blobs`). Returns where the packed ones went, for
+        :meth:`_insert_values` to record."""
+        if self.blobs is None:
+            return {}
+        level = durability or self.durability
+        return self.blobs.put_many(
+            [(b.hash, b.pieces) for b in blobs if self._external(b)], sync=level == "full"
+        )
 
-    def _insert_values(self, tx: Tx, new: Mapping[bytes, NewBlob], now: float) -> None:
-        """Insert the rows of new values (existing ones are kept: same hash, same bytes)."""
+    def _insert_values(
+        self, tx: Tx, new: Mapping[bytes, NewBlob], now: float,
+        packed: Mapping[bytes, Slot] | None = None,
+    ) -> None:
+        """Insert the rows of new values (existing ones are kept: same hash, same bytes).
+
+        A value just packed (``packed``: :meth:`_externalize`'s answer) that has a row in the
+        blob store already is pointed at its new copy: the bytes just written are known
+        whole, where the old copy may be one that power loss left short (what the row of a
+        file named by its key gets by that file being rewritten in place)."""
         if not new:
             return
         blobs = list(new.values())
+        packed = packed or {}
         big = [b.hash for b in blobs if b.size > _PROBE_BEFORE_SEND]
         if big:
             present = {
@@ -64,6 +77,13 @@ class StoredValues(SqlBackend):
                     "SELECT hash FROM pitstop_blobs WHERE hash IN ({in})", big
                 )
             }
+            moved = [(h, packed[h]) for h in present if h in packed]
+            if moved and self.blobs is not None:
+                tx.many(
+                    "UPDATE pitstop_blobs SET location = ?, pack = ?, pack_offset = ?, "
+                    "size = ? WHERE hash = ? AND location IS NOT NULL",
+                    [(self.blobs.url, slot.pack, slot.offset, slot.size, h) for h, slot in moved],
+                )
             blobs = [b for b in blobs if b.hash not in present]
         if self.blobs is None or not any(self._external(b) for b in blobs):
             tx.many(
@@ -73,15 +93,21 @@ class StoredValues(SqlBackend):
             )
             return
         location = self.blobs.url
+        rows: list[tuple[object, ...]] = []
+        for b in blobs:
+            if not self._external(b):
+                rows.append((b.hash, b.stored, b.size, now, None, None, None))
+            elif (slot := packed.get(b.hash)) is not None:
+                rows.append((b.hash, b"", b.size, now, location, slot.pack, slot.offset))
+            else:
+                rows.append((b.hash, b"", b.size, now, location, None, None))
         tx.many(
-            "INSERT INTO pitstop_blobs (hash, data, size, created_at, location) "
-            "VALUES (?, ?, ?, ?, ?) ON CONFLICT (hash) DO NOTHING",
-            [
-                (b.hash, b"", b.size, now, location)
-                if self._external(b)
-                else (b.hash, b.stored, b.size, now, None)
-                for b in blobs
-            ],
+            "INSERT INTO pitstop_blobs (hash, data, size, created_at, location, pack, "
+            "pack_offset) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (hash) DO UPDATE SET "
+            "location = excluded.location, pack = excluded.pack, "
+            "pack_offset = excluded.pack_offset, size = excluded.size "
+            "WHERE pitstop_blobs.location IS NOT NULL AND excluded.pack IS NOT NULL",
+            rows,
         )
 
     def _check_chunk_collisions(
@@ -136,8 +162,9 @@ class StoredValues(SqlBackend):
     def _read_rows(self, tx: Tx, hashes: Sequence[bytes], *, defer: bool) -> dict[bytes, Stored]:
         out: dict[bytes, Stored] = {}
         aliases: dict[bytes, tuple[bytes, int]] = {}
-        for h, data, location, alias, size in tx.in_chunks(
-            "SELECT hash, data, location, alias, size FROM pitstop_blobs WHERE hash IN ({in})",
+        for h, data, location, alias, size, pack, pack_offset in tx.in_chunks(
+            "SELECT hash, data, location, alias, size, pack, pack_offset FROM pitstop_blobs "
+            "WHERE hash IN ({in})",
             hashes,
         ):
             key = bytes(h)
@@ -146,9 +173,9 @@ class StoredValues(SqlBackend):
             elif location is None:
                 out[key] = bytes(data)
             elif defer and self.blobs is not None and location == self.blobs.url:
-                out[key] = Deferred(self.blobs, key)
+                out[key] = Deferred(self.blobs, key, slot_of(pack, pack_offset, size))
             else:
-                value = self._fetch_external(key, location)
+                value = self._fetch_external(key, location, slot_of(pack, pack_offset, size))
                 if value is not None:
                     out[key] = value
         if aliases:
@@ -263,14 +290,16 @@ class StoredValues(SqlBackend):
             )
         ]
 
-    def _fetch_external(self, key: bytes, location: str) -> bytes | None:
+    def _fetch_external(
+        self, key: bytes, location: str, slot: Slot | None = None
+    ) -> bytes | None:
         """A value kept in the blob store (None: the file is missing)."""
         if self.blobs is None:
             raise StoreError(
                 f"{self.url}: value {key.hex()[:16]} is kept in the blob store {location}; "
                 "open this store with blobs=... to read it"
             )
-        value = self.blobs.get(key)
+        value = self.blobs.get(key, slot)
         if value is None and location != self.blobs.url:
             raise StoreError(
                 f"{self.url}: value {key.hex()[:16]} is kept in the blob store {location}, "
@@ -309,19 +338,43 @@ class StoredValues(SqlBackend):
             "(SELECT 1 FROM pitstop_blob_refs r WHERE r.hash = pitstop_blobs.hash) "
             "AND NOT EXISTS (SELECT 1 FROM pitstop_blobs a WHERE a.alias = pitstop_blobs.hash)"
         )
+        files: list[bytes] = []
+        packs: set[str] = set()
         if self.blobs is not None:
-            files = [
-                bytes(h)
-                for (h,) in tx.in_chunks(
-                    f"SELECT hash FROM pitstop_blobs WHERE location IS NOT NULL AND {unreferenced}",
-                    hashes,
-                )
-            ]
-            if files:
-                blobs = self.blobs
-                tx.on_commit(lambda: blobs.delete(files))  # only once no row points at them
+            for h, pack in tx.in_chunks(
+                "SELECT hash, pack FROM pitstop_blobs WHERE location IS NOT NULL AND "
+                + unreferenced,
+                hashes,
+            ):
+                if pack is None:
+                    files.append(bytes(h))
+                else:
+                    packs.add(str(pack))
         # Re-checked under the GC lock: a concurrent writer may have started sharing one.
         tx.run_chunks("DELETE FROM pitstop_blobs WHERE " + unreferenced, hashes)
+        if packs:
+            # A pack goes with the last row in it; saves never add to a pack, they write
+            # their own, so no later save can put a row in one found empty here.
+            packs -= {
+                str(pack)
+                for (pack,) in tx.in_chunks(
+                    "SELECT DISTINCT pack FROM pitstop_blobs WHERE pack IN ({in})", sorted(packs)
+                )
+            }
+        if self.blobs is not None and (files or packs):
+            blobs = self.blobs
+            empty = sorted(packs)
+
+            def delete() -> None:  # only once no row points at them
+                blobs.delete(files)
+                blobs.delete_packs(empty)
+
+            tx.on_commit(delete)
 
 
-__all__ = ["StoredValues"]
+def slot_of(pack: str | None, offset: int | None, size: int) -> Slot | None:
+    """Where a row's packed value is (None: not packed, a file named by its hash)."""
+    return None if pack is None else Slot(str(pack), int(offset or 0), int(size))
+
+
+__all__ = ["StoredValues", "slot_of"]
