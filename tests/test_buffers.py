@@ -66,3 +66,16 @@ def test_tensors_go_out_of_band_with_their_layout() -> None:
     assert out["wt"].stride() == w.t().stride()  # a transpose stays a transpose
     assert type(out["p"]) is torch.nn.Parameter and out["bf"].dtype == torch.bfloat16
     assert torch.equal(out["tiny"], torch.ones(2))
+
+
+def test_large_load_buffers_start_on_a_huge_page() -> None:
+    """What a load reads chunks into: a large buffer aligned to 2 MiB (only whole aligned
+    ranges get huge pages: faults of 4 KiB elsewhere), writable, of exactly its size."""
+    from pitstop.serde.partchunks import uninitialised
+
+    for size in (4 << 20, (32 << 20) + 12345):
+        buffer = uninitialised(size)
+        assert buffer.nbytes == size and not buffer.readonly
+        assert np.frombuffer(buffer, dtype=np.uint8).ctypes.data % (2 << 20) == 0
+        buffer[-1] = 7
+    assert uninitialised(100).nbytes == 100
