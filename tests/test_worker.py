@@ -301,3 +301,35 @@ def test_retry_failed_gives_up_after_its_attempts(tmp_path: Path) -> None:
         assert store.get_run("r").status is RunStatus.FAILED
         assert (tmp_path / "calls").read_text() == str(FAST_RETRY.attempts)
         assert store.latest("r").metadata["error"]["message"] == "blip 3"  # type: ignore[union-attr]
+
+
+def test_stop_ends_an_idle_worker_at_once_whatever_its_poll_interval(
+    shared_url: str,
+) -> None:
+    """An idle worker waits for work up to its poll interval (SQLite: a sleep; PostgreSQL: a
+    wait for NOTIFY). ``stop()`` (what SIGTERM calls) is noticed within a fraction of a
+    second even with a poll interval of a minute, and a run queued meanwhile still wakes a
+    PostgreSQL worker at once."""
+    import threading
+
+    wf = pitstop.Workflow("idle")
+    wf.step(name="only")(lambda state: {"done": True})
+    with pitstop.open_store(shared_url) as store:
+        store.runs()
+        worker = Worker(store, [wf], poll_interval=60)
+        thread = threading.Thread(target=worker.run, kwargs={"handle_signals": False})
+        thread.start()
+        try:
+            time.sleep(1.2)  # past a few of its waits' slices
+            if shared_url.startswith("postgresql"):
+                with pitstop.open_store(shared_url) as other:
+                    wf.enqueue(other, {}, run_id="late")
+                    deadline = time.monotonic() + 20
+                    while other.get_run("late").status is not RunStatus.COMPLETED:
+                        assert time.monotonic() < deadline, "the NOTIFY did not wake it"
+                        time.sleep(0.05)
+                time.sleep(1.2)
+        finally:
+            worker.stop()
+            thread.join(timeout=20)
+        assert not thread.is_alive(), "stop() waited out the poll interval"
