@@ -344,10 +344,13 @@ def test_a_server_going_down_under_an_open_store_fails_within_connect_timeout(
 def test_waiting_workers_wake_when_another_connection_queues_work(url: str) -> None:
     with PostgresStore(url) as worker, PostgresStore(url) as client:
         started = time.monotonic()
-        worker.wait_for_work(0.2)  # nothing to say: waits its timeout out (and now listens)
+        # nothing to say: waits its timeout out (and now listens), and says it was not woken
+        assert worker.wait_for_work(0.2) is False
         assert time.monotonic() - started >= 0.15
         woke = threading.Event()
-        waiter = threading.Thread(target=lambda: (worker.wait_for_work(10), woke.set()))
+        answers: list[bool] = []
+        waiter = threading.Thread(
+            target=lambda: (answers.append(worker.wait_for_work(10)), woke.set()))
         waiter.start()
         time.sleep(0.2)
         started = time.monotonic()
@@ -355,6 +358,7 @@ def test_waiting_workers_wake_when_another_connection_queues_work(url: str) -> N
         assert woke.wait(5)
         assert time.monotonic() - started < 2
         waiter.join()
+        assert answers == [True]  # the worker claims at once, not after its poll interval
 
 
 # -- secrets ---------------------------------------------------------------------------------

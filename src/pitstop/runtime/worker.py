@@ -64,11 +64,11 @@ class WorkerStats:
 
 
 ON_ERROR = Retry(attempts=5, backoff=1.0, multiplier=2.0, max_delay=60.0)
+"""The default ``on_error`` policy: retries after 1, 2, 4 and 8 seconds, then the run fails."""
 STOP_CHECK = 0.5
 """An idle worker notices :meth:`Worker.stop` (SIGTERM) within this many seconds, whatever
 its ``poll_interval``: a store's wait for a notification cannot be interrupted, so it is
 asked for at most this long at a time."""
-"""The default ``on_error`` policy: retries after 1, 2, 4 and 8 seconds, then the run fails."""
 
 
 @dataclass
@@ -467,20 +467,14 @@ class Worker:
         """Wait up to ``poll_interval`` for the store to say a run may be runnable, noticing
         :meth:`stop` within :data:`STOP_CHECK`. A store that cannot signal would only sleep:
         this waits on the stop event instead. One that can (PostgreSQL's NOTIFY) is asked in
-        slices; a slice that ends well before its time was a notification, so the worker
-        goes to claim at once (a slice's end without one does not: it waits on)."""
+        slices, and the worker goes to claim as soon as one says it was signalled."""
         if type(self.store).wait_for_work is Store.wait_for_work:
             self._stop.wait(self.poll_interval)
             return
         deadline = time.monotonic() + self.poll_interval
         while not self._stop.is_set():
             left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            piece = min(left, STOP_CHECK)
-            began = time.monotonic()
-            self.store.wait_for_work(piece)
-            if time.monotonic() - began < piece * 0.8:
+            if left <= 0 or self.store.wait_for_work(min(left, STOP_CHECK)):
                 return
 
     def _workflow_of(self, lease: Lease) -> str:

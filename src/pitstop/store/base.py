@@ -641,13 +641,15 @@ class Store(ABC):
         Concurrent claimers never receive the same run.
         """
 
-    def wait_for_work(self, timeout: float) -> None:
+    def wait_for_work(self, timeout: float) -> bool:
         """Block until a run may have become runnable (queued, sent an input, released) or
-        ``timeout`` seconds passed. Stores that can signal (PostgreSQL: LISTEN/NOTIFY) wake
-        workers at once; the others just sleep, and workers poll."""
+        ``timeout`` seconds passed; True if a signal ended the wait. Stores that can signal
+        (PostgreSQL: LISTEN/NOTIFY) wake workers at once; the others just sleep (and answer
+        False), and workers poll."""
         import time
 
         time.sleep(timeout)
+        return False
 
     # -- inputs and effect records -------------------------------------------------------------
 

@@ -346,11 +346,7 @@ class DirectoryBlobStore(BlobStore):
                 if not n:
                     return False  # the pack ends before the value does
                 offset += n
-                while views and n >= views[0].nbytes:  # a short read: go on from there
-                    n -= views[0].nbytes
-                    views.pop(0)
-                if n:
-                    views[0] = views[0][n:]
+                _consume(views, n)  # a short read: go on from there
             return True
         except IsADirectoryError:
             return False
@@ -435,12 +431,21 @@ def _read_framed(fd: int, target: memoryview) -> int | None:
         done += n
         if done >= expected:  # all of it (and, if the spare filled, more than it)
             break
-        while views and n >= views[0].nbytes:  # a short read: go on from there
-            n -= views[0].nbytes
-            views.pop(0)
-        if n:
-            views[0] = views[0][n:]
+        _consume(views, n)  # a short read: go on from there
     return header[0] if done == expected else None
+
+
+def _consume(views: list[memoryview], n: int) -> None:
+    """Drop the first ``n`` bytes of ``views``: what a ``readv``/``writev`` that moved ``n``
+    bytes leaves to do (the finished buffers deleted at once, not one ``pop(0)`` each: a
+    pack's write hands over up to 1,024 of them)."""
+    done = 0
+    while done < len(views) and n >= views[done].nbytes:
+        n -= views[done].nbytes
+        done += 1
+    del views[:done]
+    if n:
+        views[0] = views[0][n:]
 
 
 def _readv_file(fd: int, views: list[memoryview]) -> int:
@@ -532,11 +537,7 @@ def _write_file(path: str, pieces: Pieces, sync: bool) -> _Written:
                 done = os.writev(fd, views[:_IOV_MAX])  # a chunk's header and body at once
                 if done <= 0:
                     raise OSError(f"{tmp}: write returned {done}")
-                while views and done >= views[0].nbytes:  # a short write: go on from there
-                    done -= views[0].nbytes
-                    views.pop(0)
-                if done:
-                    views[0] = views[0][done:]
+                _consume(views, done)  # a short write: go on from there
             if sync:
                 os.fsync(fd)
         finally:

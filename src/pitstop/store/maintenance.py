@@ -550,16 +550,13 @@ class Maintenance(StoredValues):
                     problems.append(Problem(kind, str(ident), str(exc), run_id=rid))
         problems.extend(self._run_problems())
         if self.blobs is not None:
-            for orphan in self._orphan_files():
-                problems.append(
-                    Problem("blob", orphan.hex()[:16], f"file in {self.blobs.url} that no "
-                            "record references (left by a crash; `pitstop prune` removes it)")
-                )
-            for pack in self._orphan_packs():
-                problems.append(
-                    Problem("blob", pack[:16], f"pack in {self.blobs.url} that no record "
-                            "references (left by a crash; `pitstop prune` removes it)")
-                )
+            orphans = [("file", key.hex()) for key in self._orphan_files()]
+            orphans += [("pack", name) for name in self._orphan_packs()]
+            problems.extend(
+                Problem("blob", name[:16], f"{what} in {self.blobs.url} that no record "
+                        "references (left by a crash; `pitstop prune` removes it)")
+                for what, name in orphans
+            )
 
     def _run_problems(self) -> list[Problem]:
         """Damaged run rows (no checksum covers them: they change on every step), and heads

@@ -806,8 +806,9 @@ class PostgresStore(SqlStore):
         delivers the notification at commit, and never for a transaction rolled back."""
         tx.run("SELECT pg_notify(?, ?)", (self._channel, run_id))
 
-    def wait_for_work(self, timeout: float) -> None:
-        """Block until some transaction makes a run runnable (NOTIFY) or ``timeout`` passes.
+    def wait_for_work(self, timeout: float) -> bool:
+        """Block until some transaction makes a run runnable (NOTIFY) or ``timeout`` passes;
+        True if a notification came.
 
         Listens on a connection of its own, outside the pool: a pooled connection would miss
         notifications while lent out. Without it (server away) this just sleeps, and workers
@@ -815,18 +816,19 @@ class PostgresStore(SqlStore):
         """
         deadline = time.monotonic() + timeout
         if not self._listening.acquire(timeout=max(0.0, timeout)):
-            return  # another thread of this store is listening; it will poll again
+            return False  # another thread of this store is listening; it will poll again
         try:
             conn = self._listener()
             remaining = deadline - time.monotonic()
             if remaining > 0:
                 for _ in conn.notifies(timeout=remaining, stop_after=1):
-                    pass
+                    return True
         except (psycopg.Error, StoreError):
             self._drop_listener()
             time.sleep(max(0.0, deadline - time.monotonic()))
         finally:
             self._listening.release()
+        return False
 
     def _listener(self) -> psycopg.Connection[Any]:
         conn = self._listen_conn
