@@ -60,7 +60,7 @@ class FaultProxy:
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
         self._flowing = threading.Event()
         self._flowing.set()
-        self._trigger: tuple[bytes, bool] | None = None
+        self._trigger: tuple[bytes, bool, bool] | None = None
         self._skip = 0
         self._refusing = False
         self._stall_on: tuple[bytes, float | None] | None = None
@@ -102,13 +102,18 @@ class FaultProxy:
         self._refusing = False
         self._flowing.set()
 
-    def cut_on(self, pattern: bytes, *, deliver: bool = True, skip: int = 0) -> None:
+    def cut_on(
+        self, pattern: bytes, *, deliver: bool = True, skip: int = 0, then_down: bool = False
+    ) -> None:
         """Reset the connection of a client message containing ``pattern`` (the first after
         ``skip`` such messages); with ``deliver`` the server receives that message first
-        (and, for a COMMIT, commits)."""
+        (and, for a COMMIT, commits). With ``then_down`` the proxy also refuses connections
+        from that moment on, until healed: set before the reset, so a client that retries at
+        once cannot slip through (a test thread calling :meth:`down` after ``triggered``
+        loses that race now and then)."""
         self.triggered.clear()
         with self._lock:
-            self._trigger = (pattern, deliver)
+            self._trigger = (pattern, deliver, then_down)
             self._skip = skip
 
     def throttle(self, bytes_per_second: float | None) -> None:
@@ -200,6 +205,9 @@ class FaultProxy:
             with contextlib.suppress(OSError):
                 server.settimeout(2)
                 server.recv(1 << 16)
+        if trigger[2]:
+            self._refusing = True
+            self.cut()  # the other open connections too, as down() does
         _reset(client, server)
         self.triggered.set()
         return True

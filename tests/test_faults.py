@@ -184,8 +184,7 @@ def test_a_start_cut_while_the_store_stays_away_converges_when_repeated(
     wf.step(name="ship")(lambda state: {"shipped": state["order"]})
     with pitstop.open_store(proxied_url(proxy, schema)) as store:
         store.runs()
-        proxy.cut_on(b"COMMIT", deliver=True)
-        threading.Thread(target=lambda: proxy.triggered.wait(10) and proxy.down()).start()
+        proxy.cut_on(b"COMMIT", deliver=True, then_down=True)
         with pytest.raises(StoreError):
             wf.start(store, {"order": 8}, run_id="order-8")
         proxy.heal()
@@ -286,8 +285,7 @@ def test_after_a_start_lost_in_its_commit_resume_says_what_happened(
     wf.step(name="ship")(lambda state: {"shipped": state["order"]})
     with pitstop.open_store(proxied_url(proxy, schema, busy_timeout="2")) as store:
         store.runs()
-        proxy.cut_on(b"COMMIT", deliver=deliver)
-        threading.Thread(target=lambda: proxy.triggered.wait(10) and proxy.down()).start()
+        proxy.cut_on(b"COMMIT", deliver=deliver, then_down=True)
         with contextlib.suppress(StoreError):  # (or it converged before the store went away)
             wf.start(store, {"order": 5}, run_id="order-5")
         assert proxy.triggered.is_set()
