@@ -27,6 +27,8 @@ import pitstop
 from conftest import BACKENDS, PG_URL, drop_pg_schema, pg_schema_url
 from pitstop import Store
 from pitstop.cli.app import run as cli_run
+from pitstop.store.records import CheckpointRecord, decode_field_map, encode_field_map
+from pitstop.store.schema import SELECT_CHECKPOINT
 
 SQL_BACKENDS = [b for b in BACKENDS if b != "memory"]
 
@@ -689,6 +691,31 @@ def test_fallback_passes_an_unreadable_field_map(url: str) -> None:
         assert [s.split(":")[0] for s in found.skipped] == [ids[4], ids[3]]
         _, head = store.latest_with_run("a", fallback=True)
         assert head is not None and head.id == ids[2]
+
+
+def test_a_re_checksummed_value_with_trailing_bytes_is_corruption(url: str) -> None:
+    """Bytes appended to a small (inline) value, with the record's checksum made to match
+    again: the checksum cannot tell, but pitstop never writes bytes after a value, so a load
+    names the field as corrupt, ``fallback=True`` passes the checkpoint and ``verify``
+    reports it (it was a SerializationError, which fallback does not pass)."""
+    with pitstop.open_store(url) as store:
+        ids = _five(store)
+        rows = store._query(SELECT_CHECKPOINT + " WHERE id = ?", (ids[4],))  # type: ignore[attr-defined]
+    record = CheckpointRecord(*rows[0])
+    fields = decode_field_map(record.fields)
+    assert fields["n"].inline is not None
+    fields["n"] = fields["n"]._replace(inline=fields["n"].inline + b"\x00")
+    record.fields = encode_field_map(fields)
+    tamper(url, "UPDATE pitstop_checkpoints SET fields = ?, checksum = ? WHERE id = ?",
+           (record.fields, record.compute_checksum(), ids[4]))
+    with pitstop.open_store(url) as store:
+        with pytest.raises(pitstop.CorruptCheckpointError, match="trailing") as info:
+            store.latest("a")
+        assert (info.value.run_id, info.value.checkpoint_id, info.value.field) == ("a", ids[4], "n")
+        found = store.latest("a", fallback=True)
+        assert found is not None and found.id == ids[3] and found.state["n"] == 3
+        problems = store.verify()
+        assert [(p.kind, p.id) for p in problems] == [("checkpoint", ids[4])], problems
 
 
 def test_fallback_never_goes_past_the_head_to_newer_checkpoints(url: str) -> None:

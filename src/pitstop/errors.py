@@ -92,6 +92,16 @@ class UnregisteredTypeError(SerializationError):
     action = "load"
 
 
+class MalformedValueError(SerializationError):
+    """The bytes are not a value pitstop's serializer writes: truncated, with bytes after the
+    end of the value, or not msgpack at all. Unlike an unregistered class (a value this
+    process cannot rebuild), that means the record was altered or crafted, and a store
+    reports it as :class:`CorruptCheckpointError` (so ``fallback=True`` and ``verify`` treat
+    it as the corruption it is)."""
+
+    action = "load"
+
+
 class CorruptCheckpointError(PitstopError):
     """A stored record failed its checksum, is truncated, or cannot be decoded."""
 

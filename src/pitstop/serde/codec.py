@@ -21,7 +21,7 @@ from typing import Any, Final
 
 import ormsgpack
 
-from pitstop.errors import SerializationError, UnregisteredTypeError
+from pitstop.errors import MalformedValueError, SerializationError, UnregisteredTypeError
 
 from . import buffers
 from .base import UnknownObject, type_name_of
@@ -90,7 +90,7 @@ def _unpack_exact(data: bytes, ext_hook: Callable[[int, bytes], object]) -> Any:
     try:
         check(data)
     except _Framing.error as exc:
-        raise ValueError(str(exc)) from None
+        raise MalformedValueError(f"not a valid msgpack blob ({exc})") from None
     return ormsgpack.unpackb(data, ext_hook=ext_hook)
 
 
@@ -324,10 +324,10 @@ class _Decoder:
         """Decode again, top-down, so that an error names the path where it happened."""
         try:
             tree = _unpack_exact(data, _RawExt)
+        except MalformedValueError as exc:
+            raise exc.located(path="") from None
         except Exception as exc:
-            raise SerializationError(
-                f"not a valid msgpack blob ({exc})", path="", action="load"
-            ) from exc
+            raise MalformedValueError(f"not a valid msgpack blob ({exc})", path="") from exc
         try:
             return self._resolve(tree, "")
         except RecursionError as exc:

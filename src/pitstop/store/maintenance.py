@@ -471,6 +471,11 @@ class Maintenance(StoredValues):
                             referenced.setdefault(
                                 ref.hash, _Referrer(record.id, record.run_id, name)
                             )
+                        else:  # the record's checksum covers its bytes, not that they decode
+                            self._value_codec.decode_value(
+                                ref.inline, None, strict=False, checkpoint_id=record.id,
+                                run_id=record.run_id, field=name,
+                            )
                 except Exception as exc:
                     problems.append(
                         Problem("checkpoint", str(record.id), str(exc), run_id=record.run_id)

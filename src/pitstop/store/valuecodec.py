@@ -15,7 +15,7 @@ from typing import Any, Final
 import xxhash
 
 from ..delta import Applied, dirty_positions
-from ..errors import CorruptCheckpointError, SerializationError
+from ..errors import CorruptCheckpointError, MalformedValueError, SerializationError
 from ..model import Checkpoint
 from ..serde import Serializer, digest, frame, partchunks, unframe
 from ..serde import chunks as chunking
@@ -415,6 +415,8 @@ class ValueCodec:
             raise corrupt(f"chunked arrays written with serializer format {fmt}, unreadable here")
         try:
             return loads_parts(skeleton, buffers, strict=strict)
+        except MalformedValueError as exc:
+            raise _malformed(exc, checkpoint_id, run_id, field) from None
         except SerializationError as exc:
             raise exc.located(
                 run_id=run_id, path=(field_path(field) if field else "") + (exc.path or ""),
@@ -642,6 +644,8 @@ class ValueCodec:
             )
         try:
             return reader.loads(raw, strict=strict)
+        except MalformedValueError as exc:
+            raise _malformed(exc, checkpoint_id, run_id, field) from None
         except SerializationError as exc:
             raise exc.located(
                 run_id=run_id,
@@ -746,6 +750,19 @@ def _chunk_filler(
 def _bytes_of(data: Stored | None) -> bytes | None:
     """A stored value's bytes, read now if it was left in the blob store."""
     return data.read() if isinstance(data, Deferred) else data
+
+
+def _malformed(
+    exc: MalformedValueError, checkpoint_id: str | None, run_id: str | None, field: str | None
+) -> CorruptCheckpointError:
+    """Bytes the serializer never writes (truncated, trailing bytes, not msgpack) passed the
+    checksum, so the record was altered and re-checksummed, or crafted: corruption, which
+    ``fallback=True`` skips and ``verify`` reports, not a value this process cannot rebuild."""
+    where = f" at {exc.path}" if exc.path else ""
+    return CorruptCheckpointError(
+        f"undecodable value{where} ({exc.reason})",
+        checkpoint_id=checkpoint_id, run_id=run_id, field=field,
+    )
 
 
 __all__ = ["Reader", "ValueCodec"]
