@@ -58,8 +58,18 @@ by the statements each saver sends (no Python serialisation, no LangGraph): ``Sq
 two one-statement transactions per step; PitstopSaver's one transaction per step (BEGIN
 IMMEDIATE, the head's compare-and-set UPDATE, the checkpoint INSERT, the INSERT of the
 previous step's pending writes, COMMIT); and, for comparison, those writes in a transaction
-of their own (what PitstopSaver did before it held them for the next checkpoint). It
-bounds what any change to the savers' Python can reach.
+of their own (what PitstopSaver did before it held them for the next checkpoint); and the
+layout issue #13 asks about: the previous step's writes kept in its checkpoint's row (a
+``writes`` column added to the scratch copy of the schema only, set by an UPDATE in the next
+checkpoint's transaction) instead of one row per task in ``pitstop_effects`` and its two
+indexes. It bounds what any change to the savers' Python can reach. Each row also gives the
+WAL pages one step writes (below).
+
+``--pages`` counts, for ``SqliteSaver NORMAL`` and ``PitstopSaver sqlite`` running one
+``small`` invocation, the SQL statements per step and the WAL pages per commit, by the table
+or index each page belongs to (SQLite's ``dbstat``): what a commit costs beyond its
+statements is mostly those pages (each one a frame written to the WAL, and with
+``synchronous=FULL`` part of the fsync).
 """
 
 from __future__ import annotations
@@ -69,15 +79,17 @@ import base64
 import os
 import sqlite3
 import statistics
+import struct
 import sys
 import tempfile
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 # Run as a script, this file's directory comes first on sys.path and its name would shadow
 # the langgraph package.
@@ -89,6 +101,7 @@ from langgraph.graph import END, START, StateGraph
 
 import pitstop
 from pitstop.integrations.langgraph import PitstopSaver
+from pitstop.store.schema import CHECKPOINTS
 
 PG_URL = os.environ.get("PITSTOP_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 MiB = 1024 * 1024
@@ -427,6 +440,9 @@ _MOVE_HEAD = (
 )
 
 
+_INLINE = "(writes inline in the checkpoint row)"
+
+
 def run_floor(args: argparse.Namespace) -> None:
     """Time each saver's SQL for one invocation's rows (see the module docs)."""
     with tempfile.TemporaryDirectory(prefix="bench-floor-") as tmp:
@@ -434,17 +450,22 @@ def run_floor(args: argparse.Namespace) -> None:
         shapes: dict[str, Callable[[sqlite3.Connection, int], None]] = {
             "SqliteSaver NORMAL: put + put_writes": lambda c, n: _sqlite_saver_sql(c, lg_rows, n),
             "PitstopSaver: one transaction per step": lambda c, n: _pitstop_sql(
-                c, ps_rows, n, True),
+                c, ps_rows, n, "grouped"),
             "(writes in a transaction of their own)": lambda c, n: _pitstop_sql(
-                c, ps_rows, n, False),
+                c, ps_rows, n, "apart"),
+            _INLINE: lambda c, n: _pitstop_sql(c, ps_rows, n, "inline"),
         }
         templates = {"SqliteSaver NORMAL: put + put_writes": os.path.join(tmp, "lg.db")}
         times: dict[str, list[float]] = {name: [] for name in shapes}
+        pages: dict[str, float] = {}
         conns = {}
+        paths = {}
         for i, name in enumerate(shapes):
-            path = os.path.join(tmp, f"floor{i}.db")
+            path = paths[name] = os.path.join(tmp, f"floor{i}.db")
             _copy_schema(templates.get(name, os.path.join(tmp, "ps.db")), path)
             conn = sqlite3.connect(path, isolation_level=None)
+            if name == _INLINE:
+                conn.execute("ALTER TABLE pitstop_checkpoints ADD COLUMN writes BLOB")
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conns[name] = conn
@@ -454,14 +475,29 @@ def run_floor(args: argparse.Namespace) -> None:
                 write(conns[name], round_)
                 if round_:
                     times[name].append((time.perf_counter() - start) / args.steps * 1e6)
+        for name, write in shapes.items():
+            # One more round, untimed, into a WAL started afresh and never checkpointed:
+            # its frames are that round's pages.
+            conns[name].execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            conns[name].execute("PRAGMA wal_autocheckpoint=0")
+            write(conns[name], args.repeats + 1)
+            per_commit, _, commits = wal_pages(paths[name])
+            pages[name] = per_commit * commits / args.steps
         base = times["SqliteSaver NORMAL: put + put_writes"]
-        print(f"{'SQL of one step (synchronous=NORMAL)':42} {'us/step':>8} {'vs SqliteSaver':>15}")
-        print("-" * 67)
+        print(f"{'SQL of one step (synchronous=NORMAL)':42} {'us/step':>8} {'vs SqliteSaver':>15} "
+              f"{'WAL pages':>10}")
+        print("-" * 78)
         for name, series in times.items():
             ratios = statistics.median(a / b for a, b in zip(series, base, strict=True))
-            print(f"{name:42} {statistics.median(series):8.1f} {ratios:14.2f}x")
+            print(f"{name:42} {statistics.median(series):8.1f} {ratios:14.2f}x "
+                  f"{pages[name]:10.2f}")
+        print("\n(WAL pages: per step, in one more round written into an empty WAL)")
         for conn in conns.values():
             conn.close()
+
+
+CHECKPOINT_COLUMNS = CHECKPOINTS.columns
+"""pitstop_checkpoints' columns, in the order of the rows ``_recorded_rows`` reads."""
 
 
 def _recorded_rows(tmp: str, steps: int) -> tuple[Any, Any]:
@@ -483,7 +519,8 @@ def _recorded_rows(tmp: str, steps: int) -> tuple[Any, Any]:
     conn = sqlite3.connect(os.path.join(tmp, "ps.db"))
     try:
         ckpts = conn.execute(
-            "SELECT * FROM pitstop_checkpoints WHERE run_id = ? ORDER BY id", (run_id,)
+            f"SELECT {', '.join(CHECKPOINT_COLUMNS)} FROM pitstop_checkpoints "
+            "WHERE run_id = ? ORDER BY id", (run_id,)
         ).fetchall()
         effects = conn.execute(
             "SELECT * FROM pitstop_effects WHERE run_id = ? ORDER BY key", (run_id,)
@@ -527,7 +564,11 @@ def _sqlite_saver_sql(conn: sqlite3.Connection, rows: Any, round_: int) -> None:
         conn.execute("COMMIT")
 
 
-def _pitstop_sql(conn: sqlite3.Connection, rows: Any, round_: int, grouped: bool) -> None:
+def _pitstop_sql(conn: sqlite3.Connection, rows: Any, round_: int, writes: str) -> None:
+    """PitstopSaver's statements for the recorded rows; ``writes``: how a step's pending
+    writes are stored: ``grouped`` (effect rows in the next checkpoint's transaction, as the
+    saver does), ``apart`` (effect rows in a transaction of their own) or ``inline`` (one
+    UPDATE of their checkpoint's row in the next checkpoint's transaction)."""
     ckpts, effects = rows
     run_id = f"floor-{round_}"
     now = time.time()
@@ -540,18 +581,32 @@ def _pitstop_sql(conn: sqlite3.Connection, rows: Any, round_: int, grouped: bool
         by_checkpoint.setdefault(e[2], []).append((run_id, *e[1:]))
     head = None
     pending: list[Any] = []
+    insert = (
+        f"INSERT INTO pitstop_checkpoints ({', '.join(CHECKPOINT_COLUMNS)}) "
+        f"VALUES ({', '.join('?' * len(CHECKPOINT_COLUMNS))})"
+    )
     for c in ckpts:
         ckpt_id = f"{c[0]}-{round_}"
         cur = conn.cursor()
         cur.execute("BEGIN IMMEDIATE")
         cur.execute(_MOVE_HEAD, (ckpt_id, c[3], now, 100, run_id, head, now))
-        cur.execute(f"INSERT INTO pitstop_checkpoints VALUES ({', '.join('?' * len(c))})",
-                    (ckpt_id, run_id, head, *c[3:]))
-        if grouped and pending:
+        cur.execute(insert, (ckpt_id, run_id, head, *c[3:]))
+        if pending and writes == "grouped":
             _insert_effects(cur, pending)
+        elif pending and writes == "inline":
+            # The records as one value: key, result and hash of each, as a store would
+            # pack them.
+            packed = b"".join(
+                struct.pack(">HI", len(e[1]), len(e[3])) + e[1].encode() + e[3] + e[4]
+                for e in pending
+            )
+            cur.execute(
+                "UPDATE pitstop_checkpoints SET writes = ? WHERE run_id = ? AND id = ?",
+                (packed, run_id, head),
+            )
         cur.execute("COMMIT")
         pending = [(*e[:2], ckpt_id, *e[3:]) for e in by_checkpoint.get(c[0], [])]
-        if pending and not grouped:
+        if pending and writes == "apart":
             _insert_effects(cur, pending)
         head = ckpt_id
 
@@ -560,6 +615,97 @@ def _insert_effects(cur: sqlite3.Cursor, rows: list[Any]) -> None:
     marks = ", ".join(["(" + ", ".join("?" * len(rows[0])) + ")"] * len(rows))
     cur.execute(f"INSERT INTO pitstop_effects VALUES {marks} ON CONFLICT (run_id, key) DO NOTHING",
                 [v for row in rows for v in row])
+
+
+# -- WAL pages per commit ----------------------------------------------------------------------
+
+_WAL_HEADER = 32
+_FRAME_HEADER = 24
+
+
+def wal_pages(path: str) -> tuple[float, Counter[str], int]:
+    """Pages per commit in the WAL of the SQLite file ``path`` (its frames since SQLite last
+    started it over: those carrying the header's salts), per commit by the table or index
+    each page belongs to (``dbstat``; ``?`` for pages it does not name), and the commits."""
+    with open(path + "-wal", "rb") as f:
+        data = f.read()
+    if len(data) < _WAL_HEADER:
+        return 0.0, Counter(), 0
+    page_size = struct.unpack(">I", data[8:12])[0]
+    salts = data[16:24]
+    frames: list[int] = []
+    commits = 0
+    offset = _WAL_HEADER
+    while offset + _FRAME_HEADER + page_size <= len(data):
+        header = data[offset : offset + _FRAME_HEADER]
+        if header[8:16] != salts:
+            break  # a frame of an earlier pass over the file
+        page, commit = struct.unpack(">II", header[:8])
+        frames.append(page)
+        commits += commit != 0
+        offset += _FRAME_HEADER + page_size
+    owner: dict[int, str] = {}
+    conn = sqlite3.connect(path)
+    try:
+        owner = dict(conn.execute("SELECT pageno, name FROM dbstat"))
+    except sqlite3.Error:
+        pass  # SQLite built without dbstat: totals only
+    finally:
+        conn.close()
+    if not commits:
+        return 0.0, Counter(), 0
+    by_tree = Counter(owner.get(page, "?") for page in frames)
+    return len(frames) / commits, Counter({k: v / commits for k, v in by_tree.items()}), commits
+
+
+def run_pages(args: argparse.Namespace) -> None:
+    """Statements per step and WAL pages per commit of one small invocation (module docs)."""
+    with tempfile.TemporaryDirectory(prefix="bench-pages-") as tmp:
+        from langgraph.checkpoint.sqlite import SqliteSaver
+
+        lg_path = os.path.join(tmp, "langgraph.db")
+        ps_path = os.path.join(tmp, "pitstop.db")
+        for name, path in (("SqliteSaver NORMAL", lg_path), ("PitstopSaver sqlite", ps_path)):
+            statements: Counter[str] = Counter()
+
+            def count(sql: str, statements: Counter[str] = statements) -> None:
+                statements[" ".join(sql.split()[:3])] += 1
+
+            if path == lg_path:
+                with SqliteSaver.from_conn_string(path) as lg:
+                    lg.setup()
+                    lg.conn.execute("PRAGMA synchronous=NORMAL")
+                    invoke(lg, args.steps, None, "sync")  # warm-up: a first thread
+                    lg.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # count from here
+                    lg.conn.set_trace_callback(count)
+                    invoke(lg, args.steps, None, "sync")
+                    lg.conn.set_trace_callback(None)
+                    per_commit, by_tree, _ = wal_pages(path)
+            else:
+                store = pitstop.open_store(f"sqlite:///{path}")
+                try:
+                    saver = PitstopSaver(store)
+                    invoke(saver, args.steps, None, "sync")
+                    # The store's own connection (a private part: this is a diagnostic).
+                    conn = cast(Any, store)._connection()
+                    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                    conn.set_trace_callback(count)
+                    invoke(saver, args.steps, None, "sync")
+                    saver.close()
+                    conn.set_trace_callback(None)
+                    per_commit, by_tree, _ = wal_pages(path)
+                finally:
+                    store.close()
+            commits = sum(n for sql, n in statements.items() if sql.upper().startswith("COMMIT"))
+            print(f"{name}: {sum(statements.values()) / args.steps:.2f} statements/step, "
+                  f"{commits / args.steps:.2f} commits/step, {per_commit:.2f} WAL pages/commit "
+                  f"({per_commit * commits / args.steps:.2f}/step)")
+            for sql, n in statements.most_common(6):
+                print(f"  {n / args.steps:6.2f}  {sql}")
+            for tree, n in by_tree.most_common():
+                if n >= 0.01:
+                    print(f"  {n:6.2f}  pages/commit of {tree}")
+            print()
 
 
 def _mib(n: int) -> str:
@@ -620,9 +766,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="replay one small invocation's put/put_writes calls, no LangGraph")
     parser.add_argument("--floor", action="store_true",
                         help="time each saver's SQL alone for one small invocation (SQLite)")
+    parser.add_argument("--pages", action="store_true",
+                        help="statements and WAL pages per step of one small invocation")
     args = parser.parse_args(argv)
     if args.repeats is None:
         args.repeats = 9 if args.replay or args.floor else 5
+    if args.pages:
+        print(f"one {args.steps}-step invocation, SQLite {sqlite3.sqlite_version}\n")
+        run_pages(args)
+        return 0
     if args.floor:
         print(f"the SQL of one {args.steps}-step invocation, {args.repeats} rounds, "
               f"SQLite {sqlite3.sqlite_version}\n")
