@@ -165,6 +165,14 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             "CREATE INDEX pitstop_blobs_pack ON pitstop_blobs (pack) WHERE pack IS NOT NULL",
         ],
     ),
+    (
+        7,
+        "PostgreSQL keeps value rows of up to a page inline: a sealed chunk (a message or "
+        "two, 2-8 KiB) went to TOAST as a 1,996-byte and a small piece, each a row and an "
+        "index entry of its own, and cost the server a TOAST look-up per chunk on every "
+        "restore; rows written before stay where they are",
+        ["/* postgresql only */ ALTER TABLE pitstop_blobs SET (toast_tuple_target = 8160)"],
+    ),
 ]
 
 LATEST_SCHEMA = MIGRATIONS[-1][0]
