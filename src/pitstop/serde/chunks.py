@@ -79,6 +79,11 @@ class Params(NamedTuple):
 # wants small ones (each save rewrites the chunk holding the key).
 LIST_PARAMS: Final = Params(target=16 * 1024, max=64 * 1024)
 DICT_PARAMS: Final = Params(target=512, max=2 * 1024)
+SEALED_DICT_PARAMS: Final = Params(target=1024, max=4 * 1024)
+"""A dict's chunks where every row written is kept (PostgreSQL: see :func:`sealed`): each
+chunk there is a row, a reference row and three index entries (~340 bytes besides its
+bytes), so fewer, larger chunks cost less on disk in all than rewriting less per save saves
+(the issue's 10,000-key dict after 200 saves: 3.10 -> 2.61 MiB, saves 15 -> 11 ms)."""
 BUFFER_CHUNK: Final = 1 << 20
 """Buffers (bytes, arrays) are cut every MiB: a region changed in a large array rewrites the
 chunks it touches, and a 64 MiB array is 64 chunks."""
@@ -552,10 +557,17 @@ def _buffer_of(kind: str, value: Any) -> tuple[memoryview, Any]:
     return memoryview(value), None
 
 
-def split(value: Any, dumps: Dumps, format_id: int, parent: Layout | None = None) -> Split | None:
+def split(
+    value: Any,
+    dumps: Dumps,
+    format_id: int,
+    parent: Layout | None = None,
+    *,
+    dict_params: Params = DICT_PARAMS,
+) -> Split | None:
     """``value`` as chunks, or None if it is not a chunked kind (or a dict msgpack cannot
     hold as a plain map). Every item is serialised once; chunks the parent has are found by
-    their keys."""
+    their keys. ``dict_params``: where a dict is cut (a list always at :data:`LIST_PARAMS`)."""
     kind = kind_of(value)
     if kind is None:
         return None
@@ -563,11 +575,11 @@ def split(value: Any, dumps: Dumps, format_id: int, parent: Layout | None = None
     leaves: list[Entry] = []
     if kind in ("list", "dict"):
         if parent is not None and parent.kind == kind and parent.leaves:
-            return _split_guided(kind, value, dumps, format_id, parent)
+            return _split_guided(kind, value, dumps, format_id, parent, dict_params)
         encodings = _encode_items(kind, value, dumps, 0, len(value))
         if encodings is None:
             return None
-        params = LIST_PARAMS if kind == "list" else DICT_PARAMS
+        params = LIST_PARAMS if kind == "list" else dict_params
         for first, stop, cut in _cuts(encodings, params):
             raw = b"".join(encodings[first:stop])
             key = chunk_key(format_id, raw)
@@ -606,7 +618,7 @@ def _header_size(n: int) -> int:
 
 
 def _split_guided(
-    kind: str, value: Any, dumps: Dumps, format_id: int, parent: Layout
+    kind: str, value: Any, dumps: Dumps, format_id: int, parent: Layout, dict_params: Params
 ) -> Split | None:
     """``value`` cut where its parent was, where it can be. The value is serialised once,
     whole; each of the parent's chunks is then compared, by its key, with the bytes at its
@@ -679,7 +691,7 @@ def _split_guided(
         encodings = _encode_items(kind, value, dumps, first, stop, items)
         if encodings is None:
             return None
-    params = LIST_PARAMS if kind == "list" else DICT_PARAMS
+    params = LIST_PARAMS if kind == "list" else dict_params
     ranges = _cuts(encodings, params)
     for k, (a, b, cut) in enumerate(ranges):
         raw = b"".join(encodings[a:b])
@@ -718,6 +730,8 @@ def split_delta(
     value: Any,
     dirty: Iterable[int],
     dumps: Dumps,
+    *,
+    dict_params: Params = DICT_PARAMS,
 ) -> Split:
     """``value`` as chunks when only the items at positions ``dirty`` (and any beyond the
     parent's length) may differ from the parent's, which ``parent`` describes.
@@ -729,7 +743,7 @@ def split_delta(
     kind = parent.kind
     if kind not in ("list", "dict") or kind_of(value) != kind:
         raise TypeError(f"a delta applies to a chunked list or dict, not to {parent.kind}")
-    params = LIST_PARAMS if kind == "list" else DICT_PARAMS
+    params = LIST_PARAMS if kind == "list" else dict_params
     n = len(value)
     old_leaves = parent.leaves
     starts = parent.leaf_starts()

@@ -72,7 +72,9 @@ class ValueCodec:
         )
         self.seal_chunks = False
         """Seal a grown field's open last chunk instead of extending it (and never make a
-        superseded chunk an alias): see :func:`pitstop.serde.chunks.sealed`."""
+        superseded chunk an alias): see :func:`pitstop.serde.chunks.sealed`; and cut dicts
+        into larger chunks (:data:`~pitstop.serde.chunks.SEALED_DICT_PARAMS`). For a store
+        that keeps every row it writes."""
         safe = MsgpackSerializer(getattr(self.serializer, "registry", None))
         self._readers: dict[int, Serializer] = {safe.format_id: safe}
         self._readers[self.serializer.format_id] = self.serializer
@@ -143,11 +145,16 @@ class ValueCodec:
         result: chunking.Split | None = None
         try:
             kind = chunking.kind_of(value)
+            cuts = chunking.SEALED_DICT_PARAMS if self.seal_chunks else chunking.DICT_PARAMS
             if applied is not None and parent is not None and parent.kind == kind:
                 dirty = dirty_positions(value, applied.delta, parent.items)
-                result = chunking.split_delta(parent, value, dirty, self.serializer.dumps)
+                result = chunking.split_delta(
+                    parent, value, dirty, self.serializer.dumps, dict_params=cuts
+                )
             else:
-                result = chunking.split(value, self.serializer.dumps, fmt, parent)
+                result = chunking.split(
+                    value, self.serializer.dumps, fmt, parent, dict_params=cuts
+                )
         except Exception:
             result = None
         if result is None:  # not chunkable after all, or an item did not serialise: the
