@@ -287,14 +287,21 @@ def test_history_and_show_sizes_of_a_chunked_field(
     """SIZE is the state's serialised size and ADDED what a checkpoint really stored: for a
     chunked list, the first save stores it all, an append the new item (not the list again),
     an edit of an early item about one chunk, an unchanged save nothing but its record."""
+    import random
+    import string
+
     import ormsgpack
 
-    text = "0123456789abcdefghijklmnopqrstuvwxyz" * 30  # ~1 KiB
-    msgs = [{"role": "user", "content": f"{i}:{text}"} for i in range(200)]
+    rng = random.Random(3)
+
+    def text() -> str:  # ~1 KiB of random text: zstd takes about a fifth off, not all
+        return "".join(rng.choices(string.ascii_letters + string.digits + " ", k=1080))
+
+    msgs = [{"role": "user", "content": f"{i}:{text()}"} for i in range(200)]
     store.save("conv", {"messages": msgs})
-    msgs.append({"role": "assistant", "content": "whole-list append " + text})
+    msgs.append({"role": "assistant", "content": "whole-list append " + text()})
     store.save("conv", {"messages": msgs})  # the whole new list, no hint
-    extra = {"role": "user", "content": "Append " + text}
+    extra = {"role": "user", "content": "Append " + text()}
     store.save("conv", {"messages": pitstop.Append([extra])})
     msgs.append(extra)
     msgs[3] = {"role": "user", "content": "edited"}
@@ -307,9 +314,12 @@ def test_history_and_show_sizes_of_a_chunked_field(
     unchanged, edited, appended, whole, first = hist
     for entry in hist:  # the state's size, within a few bytes of framing per field
         assert abs(entry["size"] - full) < 2 * item, entry
-    assert first["added"] >= first["size"]
+    # What a save stored is counted after compression: PostgreSQL compresses a list's
+    # chunks where it pays (random text: by about a fifth), SQLite does not.
+    shrunk = 0.7 if url.startswith("postgresql") else 1.0
+    assert first["added"] >= shrunk * first["size"]
     for entry in (whole, appended):
-        assert item <= entry["added"] < 3 * item, entry
+        assert shrunk * item <= entry["added"] < 3 * item, entry
     assert edited["added"] < full / 4  # about one chunk (plus the record)
     assert unchanged["added"] < 1024  # the record alone
     assert sum(e["added"] for e in hist) < 1.6 * full
