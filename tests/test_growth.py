@@ -253,6 +253,29 @@ def test_a_chunk_key_held_by_other_bytes_is_refused(store: Store) -> None:
     assert store.latest("victim").id == head.id  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_a_grown_list_saves_without_a_collision_query_on_sqlite(store: Store) -> None:
+    """SQLite reports how many rows an INSERT added: the collision check (above) runs only
+    when a new chunk's key was stored already, not as one more statement in every save."""
+    rng = random.Random(12)
+    msgs = [_message(rng, i) for i in range(60)]
+    store.save("conv", {"messages": msgs})
+    statements: list[str] = []
+    conn = store._connection()  # type: ignore[attr-defined]
+    conn.set_trace_callback(statements.append)
+    try:
+        msgs.append(_message(rng, 60))
+        store.save("conv", {"messages": pitstop.Append([msgs[-1]])})
+        msgs.append(_message(rng, 61))
+        store.save("conv", {"messages": msgs})
+    finally:
+        conn.set_trace_callback(None)
+    assert statements
+    assert not [q for q in statements if q.startswith("SELECT hash FROM pitstop_blobs")]
+    assert store.latest("conv").state["messages"] == msgs  # type: ignore[union-attr]
+    assert store.verify() == []
+
+
 def _all_chunk_keys(store: Store) -> list[bytes]:
     rows = store._tx(lambda tx: tx.all("SELECT hash FROM pitstop_blobs"))  # type: ignore[attr-defined]
     return [bytes(h) for (h,) in rows if is_chunk_key(bytes(h))]

@@ -110,6 +110,31 @@ class StoredValues(SqlBackend):
             rows,
         )
 
+    def _inserts_counted(
+        self, new: Mapping[bytes, NewBlob], packed: Mapping[bytes, Slot] | None
+    ) -> bool:
+        """Whether ``new`` may be inserted by :meth:`_insert_counted`: on a backend whose
+        inserts report how many rows they added (SQLite), values bound for the table only,
+        none large enough to be probed for first."""
+        return self.rewrites_in_place and not packed and all(
+            b.size <= _PROBE_BEFORE_SEND and not self._external(b) for b in new.values()
+        )
+
+    def _insert_counted(self, tx: Tx, new: Mapping[bytes, NewBlob], now: float) -> int:
+        """Insert the rows of ``new`` (existing ones are kept) and say how many were added:
+        fewer than ``len(new)`` means a key was stored already, which the caller then checks
+        for a collision (:meth:`_check_chunk_collisions`, in the same transaction)."""
+        if not new:
+            return 0
+        cursor = tx.cur.executemany(  # (the driver's own cursor: SQLite's counts them)
+            tx.dialect.for_driver(
+                "INSERT INTO pitstop_blobs (hash, data, size, created_at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (hash) DO NOTHING"
+            ),
+            [(b.hash, b.stored, b.size, now) for b in new.values()],
+        )
+        return int(cursor.rowcount)
+
     def _check_chunk_collisions(
         self, tx: Tx, run_id: str, new: Mapping[bytes, NewBlob], fields: FieldMap
     ) -> set[bytes]:
@@ -236,10 +261,15 @@ class StoredValues(SqlBackend):
                 or not is_chunk_key(alias.key)
             ):
                 continue
+            # Not if the new chunk's key is stored already (``present`` may not say: see
+            # SqlStore._write_checkpoint): its INSERT then finds it, and the collision check
+            # compares the two.
             done = tx.run(
                 "UPDATE pitstop_blobs SET hash = ?, data = ?, size = ?, created_at = ? "
-                "WHERE hash = ? AND alias IS NULL AND location IS NULL AND size = ?",
-                (alias.target, blob.stored, blob.size, now, alias.key, alias.size),
+                "WHERE hash = ? AND alias IS NULL AND location IS NULL AND size = ? "
+                "AND NOT EXISTS (SELECT 1 FROM pitstop_blobs WHERE hash = ?)",
+                (alias.target, blob.stored, blob.size, now, alias.key, alias.size,
+                 alias.target),
             ).rowcount
             if not done:
                 continue
