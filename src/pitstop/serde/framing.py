@@ -13,8 +13,10 @@ from collections.abc import Sequence
 
 import zstandard
 
-_FORMAT_MASK = 0x0F
-_COMPRESSED = 0x10
+FORMAT_MASK = 0x0F
+"""The header bits that hold the serializer's ``format_id``."""
+COMPRESSED = 0x10
+"""The header bit of a zstd-compressed body."""
 
 # zstandard compressors and decompressors must not be shared between threads, and building one
 # per call is wasteful, so each thread keeps its own.
@@ -45,8 +47,8 @@ def _decompressor() -> zstandard.ZstdDecompressor:
 
 
 def _check_format(format_id: int) -> None:
-    if not 0 <= format_id <= _FORMAT_MASK:
-        raise ValueError(f"format_id must be between 0 and {_FORMAT_MASK}, got {format_id}")
+    if not 0 <= format_id <= FORMAT_MASK:
+        raise ValueError(f"format_id must be between 0 and {FORMAT_MASK}, got {format_id}")
 
 
 SAMPLE_FROM = 1 << 20
@@ -99,7 +101,7 @@ def frame(
             return bytes((format_id,)) + raw
         packed = _compressor(level, checksum).compress(raw)
         if len(packed) < len(raw):
-            return bytes((format_id | _COMPRESSED,)) + packed
+            return bytes((format_id | COMPRESSED,)) + packed
     return bytes((format_id,)) + raw
 
 
@@ -108,15 +110,15 @@ def unframe(stored: bytes) -> tuple[int, bytes]:
     if not stored:
         raise ValueError("empty blob: the header byte is missing")
     header = stored[0]
-    if header & ~(_FORMAT_MASK | _COMPRESSED):
+    if header & ~(FORMAT_MASK | COMPRESSED):
         raise ValueError(f"unknown blob header 0x{header:02x} (written by a newer pitstop?)")
-    if not header & _COMPRESSED:
-        return header & _FORMAT_MASK, bytes(stored[1:])
+    if not header & COMPRESSED:
+        return header & FORMAT_MASK, bytes(stored[1:])
     try:
         raw = _decompressor().decompress(memoryview(stored)[1:], allow_extra_data=False)
     except (zstandard.ZstdError, MemoryError) as exc:
         raise ValueError(f"corrupt or truncated compressed blob: {exc}") from exc
-    return header & _FORMAT_MASK, raw
+    return header & FORMAT_MASK, raw
 
 
 _MANY_THREADS_MIN = 1 << 20
@@ -139,13 +141,13 @@ def decompress_many(bodies: Sequence[bytes | memoryview]) -> list[memoryview]:
 def is_compressed(stored: bytes) -> bool:
     """Whether a stored blob's body is zstd-compressed (a prefix of it is not a prefix of
     its bytes)."""
-    return bool(stored) and bool(stored[0] & _COMPRESSED)
+    return bool(stored) and bool(stored[0] & COMPRESSED)
 
 
 def unframe_view(stored: bytes) -> tuple[int, bytes | memoryview]:
     """Like :func:`unframe`, without copying an uncompressed body (a view of ``stored``):
     what reading many chunks to join them wants."""
-    if stored and not stored[0] & ~_FORMAT_MASK:
+    if stored and not stored[0] & ~FORMAT_MASK:
         return stored[0], memoryview(stored)[1:]
     return unframe(stored)
 

@@ -19,7 +19,13 @@ from ..errors import CorruptCheckpointError, MalformedValueError, SerializationE
 from ..model import Checkpoint
 from ..serde import Serializer, digest, frame, partchunks, unframe
 from ..serde import chunks as chunking
-from ..serde.framing import decompress_many, is_compressed, unframe_view
+from ..serde.framing import (
+    COMPRESSED,
+    FORMAT_MASK,
+    decompress_many,
+    is_compressed,
+    unframe_view,
+)
 from .blobs import Deferred
 from .records import (
     _CHUNK_COMPRESS_MIN,
@@ -705,7 +711,6 @@ class ValueCodec:
 
 
 _FIRST: Final = operator.itemgetter(0)
-_COMPRESSED: Final = 0x10  # the header bit of a zstd body (see pitstop.serde.framing)
 
 
 def _plain_chunks(
@@ -725,15 +730,15 @@ def _plain_chunks(
         heads = set(map(_FIRST, rows))
     except IndexError:  # an empty row
         return None
-    fmts = {head & ~_COMPRESSED for head in heads}
+    fmts = {head & ~COMPRESSED for head in heads}
     if len(fmts) != 1:
         return None
     (fmt,) = fmts
-    if fmt & ~0x0F:  # not a header this version writes
+    if fmt & ~FORMAT_MASK:  # not a header this version writes
         return None
     views: list[bytes | memoryview] = [memoryview(data)[1:] for data in rows]
     if heads != {fmt}:  # compressed rows among them (a list's chunks on PostgreSQL)
-        packed = [i for i, data in enumerate(rows) if data[0] & _COMPRESSED]
+        packed = [i for i, data in enumerate(rows) if data[0] & COMPRESSED]
         try:
             unpacked = decompress_many([views[i] for i in packed])
         except ValueError:
@@ -761,7 +766,7 @@ def _chunk_filler(
         data = blobs.get(entry.key)
         if isinstance(data, Deferred):
             header = data.read_into(target)  # from the file into place: no other copy
-            if header is not None and not header & ~0x0F:
+            if header is not None and not header & ~FORMAT_MASK:
                 if not chunking.check_chunk(entry.key, header, target):
                     raise corrupt(
                         f"chunk {entry.key.hex()[2:18]}: checksum mismatch (truncated or altered)"

@@ -33,6 +33,13 @@ def _body(stored: bytes) -> bytes | None:
         return None
 
 
+_INSERT_ROWS = (
+    "INSERT INTO pitstop_blobs (hash, data, size, created_at) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (hash) DO NOTHING"
+)
+"""Value rows kept in the table (existing ones are kept: same hash, same bytes)."""
+
+
 class StoredValues(SqlBackend):
     """Writing, reading and deleting content-addressed values (a part of ``SqlStore``)."""
 
@@ -86,11 +93,7 @@ class StoredValues(SqlBackend):
                 )
             blobs = [b for b in blobs if b.hash not in present]
         if self.blobs is None or not any(self._external(b) for b in blobs):
-            tx.many(
-                "INSERT INTO pitstop_blobs (hash, data, size, created_at) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (hash) DO NOTHING",
-                [(b.hash, b.stored, b.size, now) for b in blobs],
-            )
+            tx.many(_INSERT_ROWS, [(b.hash, b.stored, b.size, now) for b in blobs])
             return
         location = self.blobs.url
         rows: list[tuple[object, ...]] = []
@@ -126,11 +129,10 @@ class StoredValues(SqlBackend):
         for a collision (:meth:`_check_chunk_collisions`, in the same transaction)."""
         if not new:
             return 0
-        cursor = tx.cur.executemany(  # (the driver's own cursor: SQLite's counts them)
-            tx.dialect.for_driver(
-                "INSERT INTO pitstop_blobs (hash, data, size, created_at) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (hash) DO NOTHING"
-            ),
+        # The driver's own cursor, for its count (SQLite's sums executemany's rows). Not
+        # Tx.many: reading rowcount there would make PostgreSQL's pipeline wait.
+        cursor = tx.cur.executemany(
+            tx.dialect.for_driver(_INSERT_ROWS),
             [(b.hash, b.stored, b.size, now) for b in new.values()],
         )
         return int(cursor.rowcount)
