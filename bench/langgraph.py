@@ -56,14 +56,12 @@ better): the machine's noise moves single numbers far more than ratios measured 
 saver's tables are written again, step by step, into a fresh database with the same schema,
 by the statements each saver sends (no Python serialisation, no LangGraph): ``SqliteSaver``'s
 two one-statement transactions per step; PitstopSaver's one transaction per step (BEGIN
-IMMEDIATE, the head's compare-and-set UPDATE, the checkpoint INSERT, the INSERT of the
-previous step's pending writes, COMMIT); and, for comparison, those writes in a transaction
-of their own (what PitstopSaver did before it held them for the next checkpoint); and the
-layout issue #13 asks about: the previous step's writes kept in its checkpoint's row (a
-``writes`` column added to the scratch copy of the schema only, set by an UPDATE in the next
-checkpoint's transaction) instead of one row per task in ``pitstop_effects`` and its two
-indexes. It bounds what any change to the savers' Python can reach. Each row also gives the
-WAL pages one step writes (below).
+IMMEDIATE, the head's compare-and-set UPDATE, the checkpoint INSERT, the UPDATE appending
+the previous step's pending writes to that step's checkpoint row, COMMIT); and, for
+comparison, those writes as one row per task in ``pitstop_effects`` and its two indexes
+(what PitstopSaver did before schema 8), in the same transaction or in one of their own
+(before it held them for the next checkpoint). It bounds what any change to the savers'
+Python can reach. Each row also gives the WAL pages one step writes (below).
 
 ``--pages`` counts, for ``SqliteSaver NORMAL`` and ``PitstopSaver sqlite`` running one
 ``small`` invocation, the SQL statements per step and the WAL pages per commit, by the table
@@ -101,7 +99,8 @@ from langgraph.graph import END, START, StateGraph
 
 import pitstop
 from pitstop.integrations.langgraph import PitstopSaver
-from pitstop.store.schema import CHECKPOINTS
+from pitstop.store.attached import frame_records, read_frames
+from pitstop.store.schema import APPEND_ATTACHED, UNATTACHED_COLUMNS
 
 PG_URL = os.environ.get("PITSTOP_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 MiB = 1024 * 1024
@@ -440,9 +439,6 @@ _MOVE_HEAD = (
 )
 
 
-_INLINE = "(writes inline in the checkpoint row)"
-
-
 def run_floor(args: argparse.Namespace) -> None:
     """Time each saver's SQL for one invocation's rows (see the module docs)."""
     with tempfile.TemporaryDirectory(prefix="bench-floor-") as tmp:
@@ -450,10 +446,11 @@ def run_floor(args: argparse.Namespace) -> None:
         shapes: dict[str, Callable[[sqlite3.Connection, int], None]] = {
             "SqliteSaver NORMAL: put + put_writes": lambda c, n: _sqlite_saver_sql(c, lg_rows, n),
             "PitstopSaver: one transaction per step": lambda c, n: _pitstop_sql(
+                c, ps_rows, n, "inline"),
+            "(writes as effect rows: before schema 8)": lambda c, n: _pitstop_sql(
                 c, ps_rows, n, "grouped"),
-            "(writes in a transaction of their own)": lambda c, n: _pitstop_sql(
+            "(effect rows in a transaction of their own)": lambda c, n: _pitstop_sql(
                 c, ps_rows, n, "apart"),
-            _INLINE: lambda c, n: _pitstop_sql(c, ps_rows, n, "inline"),
         }
         templates = {"SqliteSaver NORMAL: put + put_writes": os.path.join(tmp, "lg.db")}
         times: dict[str, list[float]] = {name: [] for name in shapes}
@@ -464,8 +461,6 @@ def run_floor(args: argparse.Namespace) -> None:
             path = paths[name] = os.path.join(tmp, f"floor{i}.db")
             _copy_schema(templates.get(name, os.path.join(tmp, "ps.db")), path)
             conn = sqlite3.connect(path, isolation_level=None)
-            if name == _INLINE:
-                conn.execute("ALTER TABLE pitstop_checkpoints ADD COLUMN writes BLOB")
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conns[name] = conn
@@ -496,8 +491,9 @@ def run_floor(args: argparse.Namespace) -> None:
             conn.close()
 
 
-CHECKPOINT_COLUMNS = CHECKPOINTS.columns
-"""pitstop_checkpoints' columns, in the order of the rows ``_recorded_rows`` reads."""
+CHECKPOINT_COLUMNS = UNATTACHED_COLUMNS
+"""pitstop_checkpoints' columns but the attached writes, in the order of the rows
+``_recorded_rows`` reads (the writes come apart, as effect rows)."""
 
 
 def _recorded_rows(tmp: str, steps: int) -> tuple[Any, Any]:
@@ -525,6 +521,13 @@ def _recorded_rows(tmp: str, steps: int) -> tuple[Any, Any]:
         effects = conn.execute(
             "SELECT * FROM pitstop_effects WHERE run_id = ? ORDER BY key", (run_id,)
         ).fetchall()
+        # The writes kept in checkpoint rows, as the effect rows they were before schema 8.
+        for ckpt_id, framed, at in conn.execute(
+            "SELECT id, writes, created_at FROM pitstop_checkpoints "
+            "WHERE run_id = ? AND writes IS NOT NULL ORDER BY id", (run_id,)
+        ):
+            effects += [(run_id, key, ckpt_id, result, h, at)
+                        for key, result, h, _ in read_frames(framed)]
     finally:
         conn.close()
     return (checkpoints, writes), (ckpts, effects)
@@ -566,9 +569,10 @@ def _sqlite_saver_sql(conn: sqlite3.Connection, rows: Any, round_: int) -> None:
 
 def _pitstop_sql(conn: sqlite3.Connection, rows: Any, round_: int, writes: str) -> None:
     """PitstopSaver's statements for the recorded rows; ``writes``: how a step's pending
-    writes are stored: ``grouped`` (effect rows in the next checkpoint's transaction, as the
-    saver does), ``apart`` (effect rows in a transaction of their own) or ``inline`` (one
-    UPDATE of their checkpoint's row in the next checkpoint's transaction)."""
+    writes are stored: ``inline`` (appended to their checkpoint's row in the next
+    checkpoint's transaction, as the saver does), ``grouped`` (effect rows in that
+    transaction, as it did before schema 8) or ``apart`` (effect rows in a transaction of
+    their own)."""
     ckpts, effects = rows
     run_id = f"floor-{round_}"
     now = time.time()
@@ -594,21 +598,16 @@ def _pitstop_sql(conn: sqlite3.Connection, rows: Any, round_: int, writes: str) 
         if pending and writes == "grouped":
             _insert_effects(cur, pending)
         elif pending and writes == "inline":
-            # The records as one value: key, result and hash of each, as a store would
-            # pack them.
-            packed = b"".join(
-                struct.pack(">HI", len(e[1]), len(e[3])) + e[1].encode() + e[3] + e[4]
-                for e in pending
-            )
-            cur.execute(
-                "UPDATE pitstop_checkpoints SET writes = ? WHERE run_id = ? AND id = ?",
-                (packed, run_id, head),
-            )
+            packed = frame_records(((e[1], e[3], e[4]) for e in pending), replace=False)
+            cur.execute(_APPEND, (packed, packed, run_id, head))
         cur.execute("COMMIT")
         pending = [(*e[:2], ckpt_id, *e[3:]) for e in by_checkpoint.get(c[0], [])]
         if pending and writes == "apart":
             _insert_effects(cur, pending)
         head = ckpt_id
+
+
+_APPEND = APPEND_ATTACHED.format(blob="BLOB")
 
 
 def _insert_effects(cur: sqlite3.Cursor, rows: list[Any]) -> None:

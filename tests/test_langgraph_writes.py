@@ -16,7 +16,12 @@ from langgraph.graph import END, START, StateGraph
 
 from conftest import BACKENDS, run_python
 from pitstop import Store
-from pitstop.integrations.langgraph import PitstopSaver, ThreadConflictError, stored_id
+from pitstop.integrations.langgraph import (
+    PitstopSaver,
+    ThreadConflictError,
+    langgraph_id,
+    stored_id,
+)
 
 SHARED = [b for b in BACKENDS if b != "memory"]  # backends several processes can share
 
@@ -49,40 +54,41 @@ def _put(saver: PitstopSaver, thread: str, parent: str | None, source: str) -> s
 
 def _stored_writes(store: Store, thread: str, checkpoint_id: str) -> set[str]:
     """Keys of the pending writes committed on a checkpoint, as any other reader sees them."""
-    return set(store.effects(thread, checkpoint_id=stored_id(checkpoint_id, thread)))
+    return set(store.attachments(thread, stored_id(checkpoint_id, thread)))
 
 
-def _times(store: Store, run_id: str) -> list[tuple[str, float]]:
-    """(kind, id) by time: the records' times, read through the store's own SQL (no API gives
-    a record's time)."""
-    return [
-        (kind, float(at))
-        for kind, at in store._query(  # type: ignore[attr-defined]
-            "SELECT 'checkpoint', created_at FROM pitstop_checkpoints WHERE run_id = ? "
-            "UNION ALL SELECT key, created_at FROM pitstop_effects WHERE run_id = ?",
-            (run_id, run_id),
-        )
-    ]
+def _where(store: Store, run_id: str) -> dict[str, str]:
+    """Checkpoint id -> where its pending writes are stored (its row, or effect records),
+    read through the store's own SQL (no API says where)."""
+    rows = store._query(  # type: ignore[attr-defined]
+        "SELECT id, 'row' FROM pitstop_checkpoints WHERE run_id = ? AND writes IS NOT NULL "
+        "UNION ALL SELECT checkpoint_id, 'effects' FROM pitstop_effects WHERE run_id = ?",
+        (run_id, run_id),
+    )
+    return {langgraph_id(ckpt): kind for ckpt, kind in rows}
 
 
 def test_a_steps_writes_commit_with_the_next_checkpoint(store: Store) -> None:
     saver = PitstopSaver(store, writes_delay=600)  # nothing commits them on its own
     root = _put(saver, "t-next", None, "input")
     saver.put_writes(_cfg("t-next", root), [("counter", 1), ("other", 2)], "task-a")
+    assert _where(store, "t-next") == {}  # held
     step = _put(saver, "t-next", root, "loop")
-    # LangGraph may call put_writes on a checkpoint before its put: the put takes them.
+    # In the transaction of the next checkpoint, appended to their own checkpoint's row.
+    assert _where(store, "t-next") == {root: "row"}
+    # LangGraph may call put_writes on a checkpoint before its put: the put takes them, into
+    # the row it inserts.
     late = empty_checkpoint()
     saver.put_writes(_cfg("t-next", late["id"]), [("counter", 2)], "task-b")
     saver.put(_cfg("t-next", step), late, {"source": "loop", "step": 1, "parents": {}}, {})
-    times = dict(_times(store, "t-next"))
-    at = {t for kind, t in _times(store, "t-next") if kind == "checkpoint"}
-    # One transaction per step: each record carries the time of the checkpoint it came with.
+    assert _where(store, "t-next") == {root: "row", late["id"]: "row"}
     # A task's regular writes are one record.
-    assert times[f"{root}/task-a"] in at
-    assert times[f"{late['id']}/task-b"] in at
-    assert times[f"{root}/task-a"] != times[f"{late['id']}/task-b"]
+    assert _stored_writes(store, "t-next", root) == {f"{root}/task-a"}
     assert saver.get_tuple(_cfg("t-next", root)).pending_writes == [  # type: ignore[union-attr]
         ("task-a", "counter", 1), ("task-a", "other", 2)
+    ]
+    assert saver.get_tuple(_cfg("t-next", late["id"])).pending_writes == [  # type: ignore[union-attr]
+        ("task-b", "counter", 2)
     ]
 
 

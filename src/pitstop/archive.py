@@ -623,6 +623,7 @@ def renamed(data: RunExport, run_id: str) -> RunExport:
             fields=record.fields,
             size=record.size,
             added=record.added,
+            writes=record.writes,
         )
         copy.checksum = copy.compute_checksum()
         checkpoints.append(copy)

@@ -35,11 +35,13 @@ PostgreSQL stores. How LangGraph's model maps onto pitstop's:
   channel_versions, versions_seen, updated_channels...>}``. Like ``PostgresSaver`` and
   ``SqliteSaver``, metadata goes through JSON (a tuple comes back as a list); a part that is
   not JSON at all is stored with LangGraph's serializer instead, base64-encoded.
-* **Pending writes** are pitstop effect records of the run, attached to the checkpoint (so
-  pruning it drops them): a task's regular writes are one record keyed ``"<checkpoint
-  id>/<task id>"``, the msgpack array of their ``[task_id, channel, type, bytes, task_path,
-  idx]`` arrays; each special write is one keyed ``"<checkpoint id>/<task id>/<idx>"``.
-  Regular writes are kept once and wait for the transaction of the run's next checkpoint (at most
+* **Pending writes** are records attached to their checkpoint (``Store.attach``: kept in the
+  checkpoint's row, so pruning, copying or exporting it takes them along; a store written
+  before schema 8 keeps older ones as effect records, read the same way): a task's regular
+  writes are one record keyed ``"<checkpoint id>/<task id>"``, the msgpack array of their
+  ``[task_id, channel, type, bytes, task_path, idx]`` arrays; each special write is one keyed
+  ``"<checkpoint id>/<task id>/<idx>"``. Regular writes are kept once and wait for the
+  transaction of the run's next checkpoint (appended to their checkpoint's row then, at most
   ``writes_delay``; :mod:`~pitstop.integrations.langgraph_writes`); special writes (errors,
   interrupts, resumes...) overwrite and commit before ``put_writes`` returns, as in
   LangGraph's savers; ``get_tuple`` returns them in ``(task_path, task_id, idx)`` order.
@@ -421,7 +423,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
             cursor = page[-1].id
 
     def _writes(self, stored: CheckpointSummary) -> builtins.list[tuple[str, str, Any]]:
-        records = self.store.effects(stored.run_id, checkpoint_id=stored.id)
+        records = self.store.attachments(stored.run_id, stored.id)
         rows = sorted(
             (row for r in records.values() for row in unpack_writes(r)),
             key=lambda r: (r[4], r[0], r[5]),
@@ -603,7 +605,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         try:
             written = carried = self._save(
                 run_id=run_id, stored=stored, state=state, parent_id=parent_id, step=step,
-                meta=meta, changed=changed, expected=expected, status=status, effects=held,
+                meta=meta, changed=changed, expected=expected, status=status, attach=held,
             )
         except CheckpointNotFoundError:
             if parent_id is None:
@@ -678,9 +680,9 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         changed: builtins.list[str] | None,
         expected: str | Unset | None,
         status: RunStatus | None,
-        effects: Mapping[str, Mapping[str, bytes]] | None = None,
+        attach: Mapping[str, Mapping[str, bytes]] | None = None,
     ) -> bool:
-        """Write the checkpoint (and ``effects``, held pending writes by checkpoint, in the
+        """Write the checkpoint (and ``attach``, held pending writes by checkpoint, in the
         same transaction); False if this very checkpoint was already there (nothing
         written)."""
         for attempt in (1, 2):
@@ -699,7 +701,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
                     status=None if self._interrupted.get(stored) else status,
                     expected_head=expected,
                     checkpoint_id=stored,
-                    effects=effects,
+                    attach=attach,
                 )
                 return True
             except SerializationError as exc:
@@ -777,7 +779,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
             earlier = self._held.take(run_id)
             if earlier:
                 self._held.commit(run_id, earlier)
-        self.store.record_effects(run_id, records, checkpoint_id=stored, replace=replace)
+        self.store.attach(run_id, stored, records, replace=replace)
         if interrupted:
             self._mark_waiting(run_id)
 
@@ -851,6 +853,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
                 meta["langgraph"] = lg
                 meta["copied_from"] = stored.id
                 copy = stored_id(langgraph_id(stored.id), target_run)
+                writes = self.store.attachments(run.id, stored.id)
                 self.store.save(
                     target_run,
                     stored.state,
@@ -859,11 +862,9 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
                     metadata=meta,
                     workflow=WORKFLOW,
                     checkpoint_id=copy,
+                    attach={copy: writes} if writes else None,  # in the row it inserts
                 )
                 copies[stored.id] = copy
-                writes = self.store.effects(run.id, checkpoint_id=stored.id)
-                if writes:
-                    self.store.record_effects(target_run, writes, checkpoint_id=copy)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """``keep_latest``: keep each namespace's latest checkpoint (with its writes and

@@ -6,7 +6,8 @@ thread, and the step's next checkpoint (``put``) right after the step; it never 
 that commits each call on its own pays two commits per step. :class:`HeldWrites` lets the
 saver hold the regular writes made on a checkpoint it wrote for LangGraph's loop, and hand
 them to the next ``put`` on that run, which commits them with the new checkpoint in one
-transaction (``Store.save(effects=...)``): one commit per step.
+transaction (``Store.save(attach=...)``): one commit per step, which appends them to their
+checkpoint's row (:mod:`pitstop.store.attached`).
 
 What is held, and for how long:
 
@@ -109,7 +110,7 @@ class HeldWrites:
     def commit(self, run_id: str, records: Mapping[str, Mapping[str, bytes]]) -> None:
         """Commit writes taken from here on their own."""
         for checkpoint_id, writes in records.items():
-            self._store.record_effects(run_id, writes, checkpoint_id=checkpoint_id)
+            self._store.attach(run_id, checkpoint_id, writes)
 
     def flush(self) -> None:
         """Commit every held write now (and wait for any being committed)."""

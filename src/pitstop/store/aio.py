@@ -81,6 +81,8 @@ class AsyncStore:
     record_effect = _offload(Store.record_effect)
     record_effects = _offload(Store.record_effects)
     effects = _offload(Store.effects)
+    attach = _offload(Store.attach)
+    attachments = _offload(Store.attachments)
     close = _offload(Store.close)
 
     async def __aenter__(self) -> AsyncStore:

@@ -225,6 +225,7 @@ class Store(ABC):
         durability: Durability | None = None,
         checkpoint_id: str | None = None,
         effects: Mapping[str, Mapping[str, Any]] | None = None,
+        attach: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> Checkpoint:
         """Write a new immutable checkpoint of ``state`` for ``run_id``, atomically.
 
@@ -265,6 +266,10 @@ class Store(ABC):
         or not at all: an integration that would otherwise commit its pending writes on their
         own saves a transaction per step this way.
 
+        ``attach`` does the same for :meth:`attach`'s records, kept in their checkpoint's row
+        (``{checkpoint id: {key: result}}``, existing keys kept): records attached to this
+        very checkpoint go into the row it inserts.
+
         Raises :class:`~pitstop.SerializationError` naming the run and field path before
         anything is written: the previous head stays the run's latest checkpoint.
         """
@@ -290,6 +295,7 @@ class Store(ABC):
         checkpoint_id: str | None = None,
         deliver_to: str | None = None,
         effects: Mapping[str, Mapping[str, Any]] | None = None,
+        attach: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> PreparedSave:
         """The first half of :meth:`save`: serialise and check, write nothing.
 
@@ -694,6 +700,30 @@ class Store(ABC):
     @abstractmethod
     def effects(self, run_id: str, *, checkpoint_id: str | None = None) -> dict[str, Any]:
         """The run's recorded results by key (only those attached to ``checkpoint_id``)."""
+
+    @abstractmethod
+    def attach(
+        self,
+        run_id: str,
+        checkpoint_id: str,
+        records: Mapping[str, Any],
+        *,
+        replace: bool = False,
+    ) -> None:
+        """Attach keyed results to a checkpoint of the run, in one transaction (existing keys
+        are kept, or overwritten with ``replace=True``): an integration's pending writes.
+
+        They are kept in the checkpoint's row, outside its checksum (the checkpoint does not
+        change), each with a checksum of its own that :meth:`verify` checks, and they go
+        wherever the checkpoint goes (prune, delete, export, archive). Records attached to a
+        checkpoint not written yet are kept as effect records naming it, and found the same
+        way. Not visible to :meth:`get_effect` or :meth:`effects`.
+        """
+
+    @abstractmethod
+    def attachments(self, run_id: str, checkpoint_id: str) -> dict[str, Any]:
+        """What :meth:`attach` (or ``save(attach=...)``) attached to the checkpoint, and the
+        effect records naming it (as stores before schema 8 kept pending writes), by key."""
 
     # -- lifecycle ---------------------------------------------------------------------------
 

@@ -4,6 +4,10 @@
 runs again after a crash gets the recorded result instead of repeating the effect. A record
 names the checkpoint its step started from: pruning that checkpoint drops the record.
 Results are framed and content-hashed like field values and verified on read.
+
+Records *attached* to a checkpoint (:meth:`Effects.attach`, ``Store.save(attach=...)``) are
+kept in the checkpoint's row instead (:mod:`pitstop.store.attached`), or, when the checkpoint
+is not written yet, as effect records naming it; :meth:`Effects.attachments` reads both.
 """
 
 from __future__ import annotations
@@ -11,10 +15,11 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
-from .backend import CHUNK, SqlBackend, Tx
-from .schema import EFFECTS
+from .attached import frame_records, merged
+from .backend import CHUNK, Dialect, SqlBackend, Tx
+from .schema import APPEND_ATTACHED, EFFECTS, SELECT_ATTACHED
 
 _SELECT_RESULT = "SELECT result, hash FROM pitstop_effects WHERE run_id = ? AND key = ?"
 _RECORD_ONCE = EFFECTS.insert() + " ON CONFLICT (run_id, key) DO NOTHING"
@@ -43,6 +48,23 @@ def _insert_effects_sql(
 ) -> tuple[str, list[Any]]:
     """One multi-row INSERT of effect rows (the SQL text cached by row count)."""
     return _insert_effects_text(len(rows), replace), [p for row in rows for p in row]
+
+
+@lru_cache(maxsize=8)
+def append_attached_sql(dialect: Dialect) -> str:
+    """:data:`~pitstop.store.schema.APPEND_ATTACHED` with the dialect's column type."""
+    return dialect.ddl(APPEND_ATTACHED)
+
+
+class Attachment(NamedTuple):
+    """Records to attach to one checkpoint in a write (see :meth:`Effects.attach`)."""
+
+    checkpoint_id: str
+    frames: bytes
+    """The records framed for the checkpoint's row."""
+    rows: Sequence[tuple[Any, ...]]
+    """The same records as ``pitstop_effects`` rows: written if the row is not there."""
+    replace: bool
 
 
 class Effects(SqlBackend):
@@ -113,6 +135,47 @@ class Effects(SqlBackend):
         """Insert effect rows in an open transaction (a statement per chunk of rows)."""
         for i in range(0, len(rows), _ONE_STATEMENT_ROWS):
             tx.run(*_insert_effects_sql(rows[i : i + _ONE_STATEMENT_ROWS], replace))
+
+    # -- records attached to a checkpoint -----------------------------------------------------
+
+    def attach(
+        self,
+        run_id: str,
+        checkpoint_id: str,
+        records: Mapping[str, Any],
+        *,
+        replace: bool = False,
+    ) -> None:
+        if not records:
+            return
+        attachment = self._attachment(run_id, checkpoint_id, records, time.time(), replace)
+        self._tx(lambda tx: self._write_attachment(tx, run_id, attachment), write=True)
+
+    def _attachment(
+        self, run_id: str, checkpoint_id: str, records: Mapping[str, Any], now: float,
+        replace: bool,
+    ) -> Attachment:
+        rows = self._effect_rows(run_id, records, checkpoint_id, now)
+        frames = frame_records(((row[1], row[3], row[4]) for row in rows), replace=replace)
+        return Attachment(checkpoint_id, frames, rows, replace)
+
+    def _write_attachment(self, tx: Tx, run_id: str, attachment: Attachment) -> None:
+        """Append to the checkpoint's row in an open transaction; effect records naming the
+        checkpoint if it is not written (yet: LangGraph may deliver a step's writes first)."""
+        frames = attachment.frames
+        appended = tx.run(
+            append_attached_sql(self.dialect),
+            (frames, frames, run_id, attachment.checkpoint_id),
+        ).rowcount
+        if not appended:
+            self._insert_effects(tx, attachment.rows, replace=attachment.replace)
+
+    def attachments(self, run_id: str, checkpoint_id: str) -> dict[str, Any]:
+        rows = self._query(SELECT_ATTACHED, (run_id, checkpoint_id, run_id, checkpoint_id))
+        if not rows:
+            return {}
+        found = merged(rows, run_id=run_id, checkpoint_id=checkpoint_id)
+        return {key: self._decode_result(run_id, key, found[key]) for key in sorted(found)}
 
     def effects(self, run_id: str, *, checkpoint_id: str | None = None) -> dict[str, Any]:
         sql = "SELECT key, result, hash FROM pitstop_effects WHERE run_id = ?"

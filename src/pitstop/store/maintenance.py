@@ -16,6 +16,7 @@ from typing import Any, Literal, NamedTuple
 
 from ..errors import CorruptCheckpointError, RunNotFoundError
 from ..model import RunStatus
+from .attached import read_frames
 from .backend import CHUNK, Tx, placeholders
 from .base import Problem, Problems, Progress, PruneReport, RetentionPolicy, StoreStats
 from .records import CheckpointRecord, FieldRef, decode_field_map, is_chunk_key
@@ -462,6 +463,8 @@ class Maintenance(StoredValues):
             for record in records:
                 try:
                     record.verify()
+                    if record.writes is not None:
+                        self._verify_attached(record)
                     for name, ref in record.field_map().items():
                         if ref.manifest is not None:
                             manifests.setdefault(
@@ -561,6 +564,17 @@ class Maintenance(StoredValues):
                 Problem("blob", name[:16], f"{what} in {self.blobs.url} that no record "
                         "references (left by a crash; `pitstop prune` removes it)")
                 for what, name in orphans
+            )
+
+    def _verify_attached(self, record: CheckpointRecord) -> None:
+        """Each record attached to the checkpoint: its frame's checksum, its value's hash."""
+        assert record.writes is not None
+        for key, result, hash_, _ in read_frames(
+            bytes(record.writes), run_id=record.run_id, checkpoint_id=record.id
+        ):
+            self._value_codec.decode_value(
+                result, hash_, strict=False, checkpoint_id=record.id, run_id=record.run_id,
+                field=f"attached:{key}",
             )
 
     def _run_problems(self) -> list[Problem]:

@@ -81,7 +81,7 @@ from pitstop.store.options import check as check_options
 from pitstop.store.pgcheck import index_problems
 from pitstop.store.pgconn import GuardedConnection, flush_all
 from pitstop.store.records import is_chunk_key
-from pitstop.store.schema import CHECKPOINTS
+from pitstop.store.schema import CHECKPOINTS, UNATTACHED_COLUMNS
 from pitstop.store.sql import SqlStore, WritePlan, head_update
 from pitstop.store.urls import redact
 
@@ -158,6 +158,10 @@ _Pool = ConnectionPool[GuardedConnection]
 _INSERT_CHECKPOINT_IF_MOVED = (
     f" INSERT INTO pitstop_checkpoints ({CHECKPOINTS.column_list()}) "
     f"SELECT {', '.join(['%s'] * len(CHECKPOINTS.columns))} FROM moved"
+)
+_INSERT_UNATTACHED_IF_MOVED = (
+    f" INSERT INTO pitstop_checkpoints ({', '.join(UNATTACHED_COLUMNS)}) "
+    f"SELECT {', '.join(['%s'] * len(UNATTACHED_COLUMNS))} FROM moved"
 )
 
 
@@ -619,10 +623,36 @@ class PostgresStore(SqlStore):
                 [row[3] for row in plan.effects],
                 [row[4] for row in plan.effects],
             ]
-        statement = (
-            "WITH " + ", ".join(parts) + _INSERT_CHECKPOINT_IF_MOVED
-        )
-        params += record.row()
+        for n, attachment in enumerate(plan.attach):
+            # Records appended to an earlier checkpoint's row (Store.save's `attach`) if the
+            # head moved; effect records naming it if that row is not there.
+            parts.append(
+                f"att{n} AS (UPDATE pitstop_checkpoints c "
+                "SET writes = COALESCE(c.writes || %s, %s) FROM moved "
+                "WHERE c.run_id = moved.run_id AND c.id = %s RETURNING 1)"
+            )
+            parts.append(
+                f"attx{n} AS (INSERT INTO pitstop_effects (run_id, key, checkpoint_id, result, "
+                "hash, created_at) SELECT moved.run_id, e.key, %s, e.result, e.hash, %s "
+                "FROM moved, unnest(%s::text[], %s::bytea[], %s::bytea[]) AS e(key, result, hash) "
+                f"WHERE NOT EXISTS (SELECT 1 FROM att{n}) ON CONFLICT (run_id, key) DO NOTHING)"
+            )
+            params += [
+                attachment.frames,
+                attachment.frames,
+                attachment.checkpoint_id,
+                attachment.checkpoint_id,
+                record.created_at,
+                [row[1] for row in attachment.rows],
+                [row[3] for row in attachment.rows],
+                [row[4] for row in attachment.rows],
+            ]
+        if record.writes is None:  # (see UNATTACHED_COLUMNS)
+            statement = "WITH " + ", ".join(parts) + _INSERT_UNATTACHED_IF_MOVED
+            params += record.row()[:-1]
+        else:
+            statement = "WITH " + ", ".join(parts) + _INSERT_CHECKPOINT_IF_MOVED
+            params += record.row()
         try:
             moved = bool(self._execute_autocommit(statement, params))
         except _Disconnected:

@@ -224,6 +224,11 @@ class CheckpointRecord:
     size: int
     added: int
     checksum: str = ""
+    writes: bytes | None = None
+    """Records attached to the checkpoint after it was written (an integration's pending
+    writes), framed one by one, each with its own checksum (:mod:`pitstop.store.attached`);
+    outside the record's checksum, which they would otherwise change: the checkpoint itself
+    stays immutable."""
 
     def compute_checksum(self) -> str:
         packed = ormsgpack.packb(
@@ -275,6 +280,7 @@ class CheckpointRecord:
             self.size,
             self.added,
             self.checksum,
+            self.writes,
         )
 
     def _summary_row(self) -> tuple[Any, ...]:

@@ -146,6 +146,7 @@ def checkpoint_problem(record: CheckpointRecord) -> str | None:
         _integer("size", record.size, INT64, minimum=0),
         _integer("added", record.added, INT64, minimum=0),
         None if isinstance(record.checksum, str) else "checksum is not text",
+        None if record.writes is None else _bytes("writes", record.writes),
     ))
 
 

@@ -173,6 +173,14 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         "restore; rows written before stay where they are",
         ["/* postgresql only */ ALTER TABLE pitstop_blobs SET (toast_tuple_target = 8160)"],
     ),
+    (
+        8,
+        "records attached to a checkpoint (an integration's pending writes) kept in its row: "
+        "a LangGraph step wrote a pitstop_effects row and two index entries for them, three "
+        "b-trees, where appending to the previous checkpoint's row touches the page the new "
+        "checkpoint goes to; rows of pitstop_effects written before stay valid",
+        ["ALTER TABLE pitstop_checkpoints ADD COLUMN writes {blob}"],
+    ),
 ]
 
 LATEST_SCHEMA = MIGRATIONS[-1][0]
@@ -335,6 +343,26 @@ SELECT_RUN = f"SELECT {RUNS.column_list()} FROM pitstop_runs"
 SELECT_CHECKPOINT = f"SELECT {CHECKPOINTS.column_list()} FROM pitstop_checkpoints"
 # A constant, not an f-string at the call: SQLite's statement cache then finds it by identity.
 INSERT_CHECKPOINT = CHECKPOINTS.insert()
+UNATTACHED_COLUMNS = CHECKPOINTS.columns[:-1]
+"""pitstop_checkpoints' columns but ``writes`` (the last): what a save with nothing attached
+inserts, the INSERT of a release before migration 8 (which tests play on older schemas)."""
+assert CHECKPOINTS.columns[-1] == "writes"
+INSERT_UNATTACHED_CHECKPOINT = CHECKPOINTS.insert(UNATTACHED_COLUMNS)
+
+APPEND_ATTACHED = (
+    "UPDATE pitstop_checkpoints SET writes = CAST(COALESCE(writes || ?, ?) AS {blob}) "
+    "WHERE run_id = ? AND id = ?"
+)
+"""Appends framed records (the parameter, twice) to a checkpoint's ``writes``; a template
+whose column type the dialect fills in (SQLite's ``||`` makes text of two blobs)."""
+SELECT_ATTACHED = (
+    "SELECT key, result, hash FROM pitstop_effects WHERE run_id = ? AND checkpoint_id = ? "
+    "UNION ALL SELECT NULL, writes, NULL FROM pitstop_checkpoints "
+    "WHERE run_id = ? AND id = ? AND writes IS NOT NULL"
+)
+"""What is attached to a checkpoint, in one round trip: effect records naming it (stores
+from before migration 8, or records attached before the checkpoint existed), then its row's
+framed records (key and hash NULL)."""
 
 FOOTPRINT = "added + LENGTH(fields) + LENGTH(metadata)"
 """SQL for :attr:`CheckpointRecord.footprint <pitstop.store.records.CheckpointRecord.footprint>`."""

@@ -52,7 +52,7 @@ from .backend import Tx
 from .base import UNSET, Durability, Lease, PreparedSave, Unset
 from .blobs import Slot
 from .children import CHILD_INPUT, Children
-from .effects import Effects
+from .effects import Attachment, Effects
 from .inputs import Inputs
 from .maintenance import Maintenance
 from .ownership import Leases
@@ -69,6 +69,7 @@ from .records import (
 )
 from .schema import (
     INSERT_CHECKPOINT,
+    INSERT_UNATTACHED_CHECKPOINT,
     SELECT_CHECKPOINT,
     SELECT_RUN,
     RunRow,
@@ -126,6 +127,9 @@ class WritePlan:
     """Where the blob store packed the new values (written before the transaction)."""
     effects: Sequence[tuple[Any, ...]] = ()
     """Effect records written in the same transaction (``pitstop_effects`` rows)."""
+    attach: Sequence[Attachment] = ()
+    """Records appended to earlier checkpoints' rows in the same transaction (those for the
+    saved checkpoint are in its record's ``writes``)."""
     new_run: NewRun | None = None
     """A run's first save that creates its row (:meth:`Store.start_run`), never updating
     a row that exists."""
@@ -284,6 +288,7 @@ class SqlStore(Reads, Maintenance, RunTransfer, Leases, Inputs, Effects, Childre
         checkpoint_id: str | None = None,
         deliver_to: str | None = None,
         effects: Mapping[str, Mapping[str, Any]] | None = None,
+        attach: Mapping[str, Mapping[str, Any]] | None = None,
         _views: bool = False,
     ) -> PreparedSave:
         # _views (save() only): the write follows at once, so array chunks may be written
@@ -374,6 +379,16 @@ class SqlStore(Reads, Maintenance, RunTransfer, Leases, Inputs, Effects, Childre
                 for attached, results in effects.items()
                 for row in self._effect_rows(run_id, results, attached, record.created_at)
             ]
+        if attach:
+            attachments = [
+                self._attachment(run_id, target, results, record.created_at, False)
+                for target, results in attach.items()
+                if results
+            ]
+            mine = [a for a in attachments if a.checkpoint_id == checkpoint_id]
+            if mine:
+                record.writes = mine[0].frames  # outside the checksum: set after it
+            plan.attach = [a for a in attachments if a.checkpoint_id != checkpoint_id]
         # Known before the write, so a background writer can chain the next checkpoint on it.
         self._fields.put(checkpoint_id, Parent(checkpoint_id, run_id, record.step, fields))
         if raws:
@@ -514,9 +529,14 @@ class SqlStore(Reads, Maintenance, RunTransfer, Leases, Inputs, Effects, Childre
                 self._ref_alias_targets(tx, run_id, [h for h in plan.refs if h not in plan.new])
             if aliases:
                 self._make_aliases(tx, aliases)
-        tx.run(INSERT_CHECKPOINT, record.row())
+        if record.writes is None:
+            tx.run(INSERT_UNATTACHED_CHECKPOINT, record.row()[:-1])
+        else:
+            tx.run(INSERT_CHECKPOINT, record.row())
         if plan.effects:
             self._insert_effects(tx, plan.effects, replace=False)
+        for attachment in plan.attach:
+            self._write_attachment(tx, run_id, attachment)
         if plan.consumed:
             tx.run_chunks(
                 "UPDATE pitstop_inputs SET consumed_by = ? WHERE run_id = ? "

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..errors import ConflictError, CorruptCheckpointError, RunExistsError, RunNotFoundError
 from ..model import Run, RunStatus
+from .attached import read_frames
 from .backend import CHUNK, Tx
 from .base import Progress
 from .records import CheckpointRecord, NewBlob, stored_hashes
@@ -85,6 +86,12 @@ class RunExport:
                     run_id=run_id,
                 )
             record.verify()
+            if record.writes is not None:
+                for key, result, hash_, _ in read_frames(
+                    record.writes, run_id=run_id, checkpoint_id=record.id
+                ):
+                    check_value(result, hash_, run_id=run_id,
+                                what=f"record {key!r} attached to checkpoint {record.id}")
             fields = record.field_map()
             for name, ref in fields.items():
                 if ref.manifest is not None:
