@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import pitstop
-from pitstop import ConflictError, CorruptCheckpointError, RetentionPolicy, Store
+from pitstop import ConflictError, CorruptCheckpointError, RetentionPolicy, Store, archive
 from pitstop.archive import import_archive, read_archive, write_archive
 
 
@@ -87,7 +87,9 @@ def test_stores_before_schema_8_keep_their_effect_records(store: Store) -> None:
     assert store.attachments("r", first.id) == {"both": 1, "new": 2, "old": 1}
 
 
-def test_attached_records_go_where_their_checkpoint_goes(store: Store, tmp_path: Path) -> None:
+def test_attached_records_go_where_their_checkpoint_goes(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     first = store.save("r", {"a": 1})
     store.save("r", {"a": 2}, attach={first.id: {"w": [1]}})
     head = store.save("r", {"a": 3})
@@ -104,6 +106,12 @@ def test_attached_records_go_where_their_checkpoint_goes(store: Store, tmp_path:
     third = pitstop.open_store("memory://")
     copy = import_archive(third, data, run_id="copy")
     assert copy.head_id is not None and third.attachments("copy", copy.head_id) == {"h": "head"}
+    # A pitstop that reads only version 2 ignores keys it does not know: it would import the
+    # checkpoints without their records, so the version says they are there and it refuses.
+    monkeypatch.setattr(archive, "VERSION", 2)
+    with pytest.raises(archive.ArchiveError, match="newer than this pitstop"):
+        read_archive(path)
+    monkeypatch.undo()
     # Pruned with the checkpoint.
     store.prune(RetentionPolicy(keep_last=1))
     assert store.attachments("r", first.id) == {}

@@ -6,7 +6,8 @@ stored bytes with their content hashes), the run's inputs and its effect records
 deserialised on the way, so an archive can carry values of classes the exporting or importing
 process does not know, and the imported checkpoints verify with their original checksums.
 
-File format, version 2 (1 is the same without prefix values)::
+File format, version 3 (2 is the same without checkpoints' attached records, 1 also without
+prefix values)::
 
     MAGIC                  11 bytes, b"\\x89PITSTOP\\r\\n\\x1a\\n" (detects text-mode mangling)
     zstd stream of frames  each frame: 4-byte big-endian length, then one msgpack map
@@ -18,7 +19,8 @@ File format, version 2 (1 is the same without prefix values)::
         {"t": "value", "hash": bytes, "data": bytes}          one per referenced value
         {"t": "value", "hash": bytes, "prefix_of": bytes, "size": n}   (version 2) a value
             stored as the first n stored bytes of the value prefix_of (written after it)
-        {"t": "checkpoint", ...the checkpoint's stored columns}   oldest first
+        {"t": "checkpoint", ...the checkpoint's stored columns}   oldest first; (version 3)
+            with "writes", the records attached to it after it was saved, when it has any
         {"t": "input", ...}  {"t": "effect", ...}
         {"t": "end", "frames": n, "sha256": hex}    SHA-256 of every frame byte before it
 
@@ -75,9 +77,12 @@ from pitstop.store.transfer import (
 )
 
 FORMAT = "pitstop-archive"
-VERSION = 2
+VERSION = 3
 """The archive version this pitstop writes, and the newest it reads. 2 added values stored as
-prefixes of others (a chunked list's superseded last chunks); version 1 archives still read."""
+prefixes of others (a chunked list's superseded last chunks); 3 added a checkpoint's attached
+records (a LangGraph thread's pending writes). An older reader ignores unknown keys, so without
+the new version it would import such a checkpoint without its records, silently: it refuses
+a version 3 archive instead. Versions 1 and 2 still read."""
 MAGIC = b"\x89PITSTOP\r\n\x1a\n"
 SUFFIX = ".pitstop"
 
