@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import warnings
 
 import pytest
 
@@ -79,7 +80,9 @@ def test_a_pass_started_inside_a_share_runs_there_and_does_not_deadlock() -> Non
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
 def test_a_forked_child_makes_its_own_pool() -> None:
     parallel.each(lambda i: i, list(range(8)), LARGE)  # the parent's pool exists
-    pid = os.fork()
+    with warnings.catch_warnings():  # 3.12+ warns of fork in a threaded process: the point
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
     if pid == 0:  # the child: its copy of the pool has no threads
         try:
             ok = parallel.each(lambda i: i + 1, list(range(8)), LARGE) == list(range(1, 9))
