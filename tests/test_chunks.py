@@ -25,6 +25,7 @@ from pitstop.serde.chunks import (
     check_chunk,
     decode_manifest,
     expand,
+    list_groups,
     sealed,
     split,
     split_delta,
@@ -72,6 +73,27 @@ def test_list_round_trip_and_shape() -> None:
     assert 10 <= len(layout.leaves) <= 120  # ~16 KiB chunks of ~2 KiB items
     assert layout.leaves[-1].flags & CUT == 0 or layout.items == sum(e.items for e in layout.leaves)
     assert len(layout.root) <= 16
+
+
+def test_list_groups_decode_to_the_list_a_group_at_a_time() -> None:
+    import datetime
+
+    rng = random.Random(4)
+    # Items through the extension hook too (tuples, datetimes, bytes): one decoder for all.
+    msgs: list[Any] = [
+        {"content": text(rng, 2048), "at": datetime.datetime(2026, 1, 1, i % 24), "t": (i, b"x")}
+        for i in range(300)
+    ]
+    chunks: dict[bytes, bytes] = {}
+    layout = save(msgs, None, chunks)
+    groups = list(list_groups(layout.leaves, chunks))
+    assert 4 <= len(groups) < len(layout.leaves)  # ~64 KiB each, not one per leaf
+    assert SER.loads_lists(groups) == msgs
+    assert SER.loads_lists(list_groups([], chunks)) == []
+    with pytest.raises(Exception, match="not a list"):
+        SER.loads_lists([SER.dumps({"a": 1})])
+    with pytest.raises(Exception, match="msgpack"):  # bytes after the end: refused
+        SER.loads_lists([groups[0] + b"\x01"])
 
 
 def test_append_rewrites_only_the_open_chunk() -> None:

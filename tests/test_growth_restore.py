@@ -79,6 +79,24 @@ def test_a_known_layout_and_a_fresh_process_restore_the_same(
     assert reader.latest("conv").state["messages"] == msgs  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("store_url", ["sqlite", "memory", "postgres"], indirect=True)
+def test_a_list_of_extension_values_restores_a_group_of_leaves_at_a_time(
+    open_store: Callable[..., Store], store_url: str
+) -> None:
+    import datetime
+
+    writer = open_store()
+    rng = random.Random(3)
+    msgs: list[Any] = []
+    for i in range(120):
+        text = "".join(rng.choices(string.ascii_letters, k=2048))
+        msgs.append({"i": (i, {i}), "at": datetime.date(2026, 1, 1 + i % 28), "content": text})
+        writer.save("conv", {"messages": msgs})
+    assert writer.latest("conv").state["messages"] == msgs  # type: ignore[union-attr]
+    if store_url != "memory://":  # another handle: no layout known, the nodes walked
+        assert open_store().latest("conv").state["messages"] == msgs  # type: ignore[union-attr]
+
+
 @pytest.mark.parametrize("store_url", ["sqlite", "postgres"], indirect=True)
 def test_a_damaged_leaf_is_named_by_the_process_that_knows_the_layout(
     open_store: Callable[..., Store],

@@ -474,6 +474,20 @@ class MsgpackSerializer:
         """Decode ``data``; ``strict=False`` gives ``UnknownObject`` for unregistered classes."""
         return self._loads(data, strict, None)
 
+    def loads_lists(self, lists: Iterable[bytes], *, strict: bool = True) -> list[object]:
+        """The items of ``lists`` (each the bytes of one encoded list) in one list: what
+        :meth:`loads` gives for the one list of all their items, decoded a piece at a time.
+        Raises on whatever the fast decode refuses, with no path named: decode the whole
+        with :meth:`loads` then for the error."""
+        decoder = _Decoder(self.registry, strict, None)
+        out: list[object] = []
+        for data in lists:
+            items = _unpack_exact(data, decoder.hook)
+            if type(items) is not list:
+                raise MalformedValueError("not a list")
+            out.extend(items)
+        return out
+
     def _loads(self, data: bytes, strict: bool, parts: Sequence[Any] | None) -> object:
         decoder = _Decoder(self.registry, strict, parts)
         try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import operator
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import xxhash
 
@@ -43,6 +43,9 @@ from .records import (
     is_chunk_key,
     stored_hashes,
 )
+
+if TYPE_CHECKING:
+    from ..serde.codec import MsgpackSerializer
 
 Reader = Callable[[list[bytes]], Mapping[bytes, bytes]]
 """Stored rows by key (those found), for walking a chunked value's nodes."""
@@ -84,6 +87,12 @@ class ValueCodec:
         safe = MsgpackSerializer(getattr(self.serializer, "registry", None))
         self._readers: dict[int, Serializer] = {safe.format_id: safe}
         self._readers[self.serializer.format_id] = self.serializer
+        # Readers of pitstop's own msgpack (not a subclass's): a chunked list is decoded from
+        # its leaves a group at a time (see _load_list).
+        self._list_readers: dict[int, MsgpackSerializer] = {
+            fmt: reader for fmt, reader in self._readers.items()
+            if type(reader) is MsgpackSerializer
+        }
         # Layouts of chunked values this process wrote or read, by manifest: the next save
         # of the field compares against it (and a delta re-chunks from it) with no read.
         self._layouts: OrderedDict[bytes, chunking.Layout] = OrderedDict()
@@ -394,6 +403,10 @@ class ValueCodec:
             keyed = fmt | (self._chunk_format & chunking.SHA256_KEYS)  # the next save's keys
             layout = chunking.Layout(kind, meta, items, root, leaves, nodes, keyed)
             self._remember(manifest, layout)
+        if kind == "list":
+            value = self._load_list(fmt, items, leaves, raws, strict=strict)
+            if value is not None:
+                return value
         try:
             assembled = chunking.assemble(kind, meta, items, leaves, raws)
         except Exception as exc:
@@ -644,6 +657,27 @@ class ValueCodec:
         return self._load_raw(
             fmt, raw, strict=strict, checkpoint_id=checkpoint_id, run_id=run_id, field=field
         )
+
+    def _load_list(
+        self,
+        fmt: int,
+        items: int,
+        leaves: Sequence[chunking.Entry],
+        raws: Mapping[bytes, bytes | memoryview],
+        *,
+        strict: bool,
+    ) -> list[object] | None:
+        """A chunked list decoded a group of leaves at a time (pitstop's own msgpack format),
+        or None: another serializer, or anything the fast decode refuses, which decoding the
+        joined bytes then names exactly as it always did."""
+        reader = self._list_readers.get(fmt)
+        if reader is None:
+            return None
+        try:
+            value = reader.loads_lists(chunking.list_groups(leaves, raws), strict=strict)
+        except Exception:
+            return None
+        return value if len(value) == items else None
 
     def _load_raw(
         self,
