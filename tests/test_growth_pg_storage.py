@@ -4,12 +4,17 @@ the write and, for a restored conversation, 2-3x the read. The statement is mark
 PostgreSQL only: SQLite records the migration and runs nothing.
 
 Migration 7: rows of up to a page stay inline (``toast_tuple_target = 8160``), so a sealed
-chunk of a few KiB is one row, not a TOAST pointer to two pieces of its own."""
+chunk of a few KiB is one row, not a TOAST pointer to two pieces of its own.
+
+Migration 9: checkpoint pages keep 15% free (``fillfactor = 85``), so appending a LangGraph
+step's pending writes to its checkpoint's row stays a HOT update after VACUUM has published
+the pages' free space."""
 
 from __future__ import annotations
 
 import random
 import string
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +23,7 @@ from typing import Any
 import pytest
 
 import pitstop
-from conftest import drop_pg_schema, pg_schema_url
+from conftest import PG_URL, drop_pg_schema, pg_schema_url
 from pitstop.store import schema as store_schema
 from pitstop.store.sqlite import SQLITE
 
@@ -108,3 +113,79 @@ def test_postgres_keeps_rows_of_a_few_kib_inline(
         first = store.history("r", limit=None)[-1]
         assert store.get(first.id).state == {"doc": old_doc}
         assert store.verify() == []
+
+
+def _reloptions(store: Any, table: str) -> list[str]:
+    sql = f"SELECT reloptions FROM pg_class WHERE oid = '{table}'::regclass"
+    return list(store._tx(lambda tx: tx.scalar(sql)) or [])
+
+
+@pytest.mark.postgres
+def test_postgres_checkpoint_pages_keep_room_for_attached_records(
+    pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = pg_schema_url(pg_schema)
+    with monkeypatch.context() as patch:
+        patch.setattr(store_schema, "LATEST_SCHEMA", 8)  # a release from before migration 9
+        with pitstop.open_store(url) as old:
+            first = old.save("r", {"n": 0})
+            assert _reloptions(old, "pitstop_checkpoints") == []
+    with pitstop.open_store(url) as store:  # upgraded on open
+        assert store.schema_version() == store_schema.LATEST_SCHEMA >= 9
+        assert "fillfactor=85" in _reloptions(store, "pitstop_checkpoints")
+        store.save("r", {"n": 1}, attach={first.id: {"w": "x"}})
+        assert store.attachments("r", first.id) == {"w": "x"}
+        assert store.verify() == []
+
+
+def _updates(schema: str) -> tuple[int, int]:
+    """(updates, HOT updates) of pitstop_checkpoints, as the statistics report them."""
+    import psycopg
+
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+            "WHERE schemaname = %s AND relname = 'pitstop_checkpoints'",
+            (schema,),
+        ).fetchone()
+    return (int(row[0]), int(row[1])) if row else (0, 0)
+
+
+@pytest.mark.postgres
+def test_postgres_appends_pending_writes_without_index_entries(pg_schema: str) -> None:
+    """A LangGraph thread of 300 steps, VACUUMed every 50 (as autovacuum would be, now and
+    then): every step appends the previous step's writes to its checkpoint's row, and each
+    of those updates is HOT. Without the free space migration 9 keeps, the rows VACUUM let
+    into its pages' gaps had no room to grow there: a quarter of the 300 updates moved
+    the row and wrote an entry in both of the table's indexes. (With durability "sync":
+    each step's checkpoint is written before the next step's writes arrive.)"""
+    pytest.importorskip("langgraph")
+    import psycopg
+    from langgraph.graph import END, START, StateGraph
+
+    from pitstop.integrations.langgraph import PitstopSaver
+
+    steps = 300
+    with psycopg.connect(PG_URL, autocommit=True) as admin:
+
+        def step(state: dict[str, int]) -> dict[str, int]:
+            if state["counter"] % 50 == 49:
+                admin.execute(f'VACUUM "{pg_schema}".pitstop_checkpoints')
+            return {"counter": state["counter"] + 1}
+
+        builder = StateGraph(dict)
+        builder.add_node("step", step)
+        builder.add_edge(START, "step")
+        builder.add_conditional_edges("step", lambda s: "step" if s["counter"] < steps else END)
+        with pitstop.open_store(pg_schema_url(pg_schema)) as store:
+            graph = builder.compile(checkpointer=PitstopSaver(store))
+            config: Any = {"configurable": {"thread_id": "t"}, "recursion_limit": steps + 10}
+            result = graph.invoke({"counter": 0}, config, durability="sync")
+            assert result["counter"] == steps
+    # A backend reports its counts when it ends (closing the store ended its connections).
+    deadline = time.monotonic() + 20
+    while (counts := _updates(pg_schema))[0] < steps and time.monotonic() < deadline:
+        time.sleep(0.2)
+    updates, hot = counts
+    assert updates >= steps
+    assert hot == updates

@@ -181,6 +181,16 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         "checkpoint goes to; rows of pitstop_effects written before stay valid",
         ["ALTER TABLE pitstop_checkpoints ADD COLUMN writes {blob}"],
     ),
+    (
+        9,
+        "PostgreSQL leaves 15% of each checkpoint page free: appending a step's pending "
+        "writes to the previous checkpoint's row needs room for its new version on that page "
+        "to be a HOT update (no index entries); once VACUUM had published the pages' free "
+        "space, new rows filled it and up to 44% of the appends moved the row and wrote both "
+        "indexes (LangGraph, 30,000 steps: 1,992 WAL bytes/step, 1,542 with the reserve); "
+        "pages written before keep their layout",
+        ["/* postgresql only */ ALTER TABLE pitstop_checkpoints SET (fillfactor = 85)"],
+    ),
 ]
 
 LATEST_SCHEMA = MIGRATIONS[-1][0]
