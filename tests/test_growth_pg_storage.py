@@ -139,7 +139,7 @@ def test_postgres_checkpoint_pages_keep_room_for_attached_records(
 
 
 def _updates(schema: str) -> tuple[int, int]:
-    """(updates, HOT updates) of pitstop_checkpoints, as the statistics report them."""
+    """(updates, HOT updates) of the schema's pitstop_checkpoints, as the statistics say."""
     import psycopg
 
     with psycopg.connect(PG_URL, autocommit=True) as conn:
@@ -151,6 +151,49 @@ def _updates(schema: str) -> tuple[int, int]:
     return (int(row[0]), int(row[1])) if row else (0, 0)
 
 
+_OTHER_SNAPSHOTS = (
+    "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+    "AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)"
+)
+"""Sessions holding a snapshot or a transaction id, in any database of the server: while one
+does, pruning keeps the dead row versions written since, and a page then has no room."""
+
+
+def _vacuumed_thread(schema: str, steps: int) -> tuple[int, int, bool]:
+    """A LangGraph thread of ``steps`` steps, VACUUMed every 50: (updates, HOT updates,
+    whether another session held a snapshot at some step)."""
+    import psycopg
+    from langgraph.graph import END, START, StateGraph
+
+    from pitstop.integrations.langgraph import PitstopSaver
+
+    disturbed = False
+    with psycopg.connect(PG_URL, autocommit=True) as admin:
+
+        def step(state: dict[str, int]) -> dict[str, int]:
+            nonlocal disturbed
+            row = admin.execute(_OTHER_SNAPSHOTS).fetchone()
+            disturbed = disturbed or bool(row and row[0])
+            if state["counter"] % 50 == 49:
+                admin.execute(f'VACUUM "{schema}".pitstop_checkpoints')
+            return {"counter": state["counter"] + 1}
+
+        builder = StateGraph(dict)
+        builder.add_node("step", step)
+        builder.add_edge(START, "step")
+        builder.add_conditional_edges("step", lambda s: "step" if s["counter"] < steps else END)
+        with pitstop.open_store(pg_schema_url(schema)) as store:
+            graph = builder.compile(checkpointer=PitstopSaver(store))
+            config: Any = {"configurable": {"thread_id": "t"}, "recursion_limit": steps + 10}
+            result = graph.invoke({"counter": 0}, config, durability="sync")
+            assert result["counter"] == steps
+    # A backend reports its counts when it ends (closing the store ended its connections).
+    deadline = time.monotonic() + 20
+    while (counts := _updates(schema))[0] < steps and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return counts[0], counts[1], disturbed
+
+
 @pytest.mark.postgres
 def test_postgres_appends_pending_writes_without_index_entries(pg_schema: str) -> None:
     """A LangGraph thread of 300 steps, VACUUMed every 50 (as autovacuum would be, now and
@@ -158,34 +201,22 @@ def test_postgres_appends_pending_writes_without_index_entries(pg_schema: str) -
     of those updates is HOT. Without the free space migration 9 keeps, the rows VACUUM let
     into its pages' gaps had no room to grow there: a quarter of the 300 updates moved
     the row and wrote an entry in both of the table's indexes. (With durability "sync":
-    each step's checkpoint is written before the next step's writes arrive.)"""
+    each step's checkpoint is written before the next step's writes arrive.)
+
+    Another session's snapshot (another test, another program on the server) also stops the
+    pruning that makes the room: a thread run meanwhile is run again, up to three times."""
     pytest.importorskip("langgraph")
-    import psycopg
-    from langgraph.graph import END, START, StateGraph
-
-    from pitstop.integrations.langgraph import PitstopSaver
-
     steps = 300
-    with psycopg.connect(PG_URL, autocommit=True) as admin:
-
-        def step(state: dict[str, int]) -> dict[str, int]:
-            if state["counter"] % 50 == 49:
-                admin.execute(f'VACUUM "{pg_schema}".pitstop_checkpoints')
-            return {"counter": state["counter"] + 1}
-
-        builder = StateGraph(dict)
-        builder.add_node("step", step)
-        builder.add_edge(START, "step")
-        builder.add_conditional_edges("step", lambda s: "step" if s["counter"] < steps else END)
-        with pitstop.open_store(pg_schema_url(pg_schema)) as store:
-            graph = builder.compile(checkpointer=PitstopSaver(store))
-            config: Any = {"configurable": {"thread_id": "t"}, "recursion_limit": steps + 10}
-            result = graph.invoke({"counter": 0}, config, durability="sync")
-            assert result["counter"] == steps
-    # A backend reports its counts when it ends (closing the store ended its connections).
-    deadline = time.monotonic() + 20
-    while (counts := _updates(pg_schema))[0] < steps and time.monotonic() < deadline:
-        time.sleep(0.2)
-    updates, hot = counts
-    assert updates >= steps
-    assert hot == updates
+    schemas = [f"{pg_schema}_{n}" for n in range(3)]
+    try:
+        for schema in schemas:
+            updates, hot, disturbed = _vacuumed_thread(schema, steps)
+            assert updates >= steps
+            if hot == updates or not disturbed:
+                break
+        if hot != updates and disturbed:
+            pytest.skip("other sessions' snapshots kept dead row versions on the pages")
+        assert hot == updates, (updates, hot)
+    finally:
+        for schema in schemas:
+            drop_pg_schema(schema)
