@@ -98,6 +98,34 @@ def test_a_list_of_extension_values_restores_a_group_of_leaves_at_a_time(
 
 
 @pytest.mark.parametrize("store_url", ["sqlite", "postgres"], indirect=True)
+def test_an_unregistered_class_late_in_a_list_is_named_after_its_rows_were_freed(
+    open_store: Callable[..., Store],
+) -> None:
+    import dataclasses
+
+    from pitstop import SerializationError
+    from pitstop.serde import MsgpackSerializer, TypeRegistry
+
+    @dataclasses.dataclass
+    class Note:
+        text: str
+
+    registry = TypeRegistry()
+    registry.register(Note, name="tests.Note")
+    writer = open_store(serializer=MsgpackSerializer(registry=registry))
+    msgs: list[Any] = _conversation(writer, turns=100)
+    msgs.append({"i": 100, "content": Note("late")})  # in the last group of leaves
+    writer.save("conv", {"messages": msgs})
+    assert writer.latest("conv").state["messages"] == msgs  # type: ignore[union-attr]
+    reader = open_store()  # knows no Note: the groups before it were decoded and freed
+    with pytest.raises(SerializationError) as info:
+        reader.latest("conv")
+    assert "[100]" in (info.value.path or ""), info.value  # where, as a whole decode says
+    lenient = reader.latest("conv", strict=False)
+    assert lenient is not None and lenient.state["messages"][:100] == msgs[:100]
+
+
+@pytest.mark.parametrize("store_url", ["sqlite", "postgres"], indirect=True)
 def test_a_damaged_leaf_is_named_by_the_process_that_knows_the_layout(
     open_store: Callable[..., Store],
 ) -> None:

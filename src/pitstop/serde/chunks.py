@@ -889,15 +889,21 @@ LIST_GROUP_BYTES: Final = 64 * 1024
 
 
 def list_groups(
-    leaves: Sequence[Entry], raws: Mapping[bytes, bytes | memoryview]
+    leaves: Sequence[Entry],
+    raws: Mapping[bytes, bytes | memoryview],
+    release: Callable[[bytes], None] | None = None,
 ) -> Iterator[bytes]:
     """A list's leaves as encoded lists of about ``LIST_GROUP_BYTES`` each (an array header
     and the items of consecutive leaves): their items, decoded one group after another, are
-    the list's, without the bytes of the whole list joined in one buffer."""
+    the list's, without the bytes of the whole list joined in one buffer. ``release`` is
+    called with each key after its last leaf is in a group (the caller drops its rows)."""
     part: list[bytes | memoryview] = []
     count = size = 0
-    for leaf in leaves:
+    last = dict(zip(map(_KEY, leaves), range(len(leaves)), strict=True))  # a key may repeat
+    for position, leaf in enumerate(leaves):
         raw = raws[leaf.key]
+        if release is not None and last[leaf.key] == position:
+            release(leaf.key)
         part.append(raw)
         count += leaf.items
         size += len(raw)

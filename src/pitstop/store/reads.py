@@ -188,7 +188,7 @@ class Reads(StoredValues):
                     f"the run's head {head_id} is a checkpoint of run {record.run_id!r}",
                     run_id=run_id, checkpoint_id=head_id,
                 )
-            found = self._value_codec.decode_checkpoint(record, values, strict=strict)
+            found = self._decode_head(record, values, strict)
         except CorruptCheckpointError as exc:
             if not fallback:
                 raise
@@ -197,6 +197,21 @@ class Reads(StoredValues):
         # A run is usually loaded to be continued: its next save will want this field map.
         self._fields.put(record.id, Parent(record.id, run_id, record.step, record.field_map()))
         return found
+
+    def _decode_head(
+        self, record: CheckpointRecord, values: Mapping[bytes, Stored], strict: bool
+    ) -> Checkpoint:
+        """``values`` are this read's own: the decode may free them as it goes (see
+        ``ValueCodec._load_list``), reading them again only if it then fails."""
+        from .valuecodec import RowsReleased  # imported already: a decode needs the codec
+
+        try:
+            return self._value_codec.decode_checkpoint(
+                record, values, strict=strict, consume=True
+            )
+        except RowsReleased:
+            values = self._tx(lambda tx: self._load_values(tx, record))
+            return self._value_codec.decode_checkpoint(record, values, strict=strict)
 
     def _fallback(
         self,
