@@ -8,6 +8,7 @@ PostgreSQL driver is needed only by those who use PostgreSQL.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qsl, unquote
@@ -31,6 +32,13 @@ from .options import parse_option
 from .urls import redact
 
 DEFAULT_URL = "sqlite:///pitstop.db"
+
+# libpq's key=value connection strings ("host=h dbname=d"): refused, not taken for a path.
+_CONNINFO = re.compile(
+    r"\s*(host|hostaddr|port|dbname|user|password|passfile|service|sslmode|options"
+    r"|application_name|connect_timeout|target_session_attrs)\s*=",
+    re.IGNORECASE,
+)
 ENV_VAR = "PITSTOP_STORE"
 
 
@@ -100,6 +108,13 @@ def open_store(url: str | None = None, **options: Any) -> Store:
     if "://" not in url:
         if url.startswith(("sqlite:", "memory:", "postgres")):
             raise UnsupportedStoreError(f"{url!r}: malformed store URL (missing '//')")
+        if _CONNINFO.match(url):
+            # A libpq "host=... dbname=..." string would otherwise become a SQLite file of
+            # that name, and the run's checkpoints would go there without a word.
+            raise UnsupportedStoreError(
+                f"{redact(url)!r} looks like a libpq connection string, not a store URL; "
+                "name a PostgreSQL store by URL: postgresql://USER@HOST:PORT/DBNAME"
+            )
         url = "sqlite:///" + url
     scheme = url.split("://", 1)[0].lower()
     opener = _SCHEMES.get(scheme)
