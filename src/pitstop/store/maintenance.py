@@ -89,16 +89,10 @@ class Maintenance(StoredValues):
         )
         if found is None:
             return report
-        ids = tx.column("SELECT id FROM pitstop_checkpoints WHERE run_id = ?", (run_id,))
-        record_bytes = tx.scalar(
-            "SELECT COALESCE(SUM(LENGTH(fields) + LENGTH(metadata)), 0) "
-            "FROM pitstop_checkpoints WHERE run_id = ?",
-            (run_id,),
-        )
-        stale = [
-            bytes(h)
-            for h in tx.column("SELECT hash FROM pitstop_blob_refs WHERE run_id = ?", (run_id,))
-        ]
+        rows = [_Held(*row) for row in tx.all(_SELECT_HELD, (run_id,))]
+        ids = [r.id for r in rows]
+        record_bytes = sum(len(r.metadata) + len(r.fields) for r in rows)
+        stale = sorted(self._run_values(tx, run_id, rows))
         freed, freed_bytes = self._unshared_values(tx, run_id, stale)
         report.runs.append(run_id)
         report.checkpoints.extend(ids)
@@ -110,10 +104,31 @@ class Maintenance(StoredValues):
         for table in ("pitstop_checkpoints", "pitstop_blob_refs", "pitstop_inputs",
                       "pitstop_effects", "pitstop_runs"):
             tx.run(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
-        self._delete_values(tx, freed)
+        self._delete_values(tx, run_id, freed)
+        self._disown(tx, run_id, stale)
         self._forget_checkpoints(ids)
         self._heads.drop(run_id)
         return report
+
+    def _run_values(self, tx: Tx, run_id: str, rows: Sequence[_Held]) -> set[bytes]:
+        """Every value the checkpoints ``rows`` of a run may hold it to: those it has
+        reference rows for, and those their field maps reach (the values it owns among them),
+        with the chunks the aliases among them stand in."""
+        reached = self._reached(tx, rows)
+        reached.update(
+            bytes(h)
+            for h in tx.column("SELECT hash FROM pitstop_blob_refs WHERE run_id = ?", (run_id,))
+        )
+        return reached
+
+    def _reached(self, tx: Tx, rows: Sequence[_Held]) -> set[bytes]:
+        """The values the field maps of ``rows`` reference, chunks under nodes included, and
+        the chunks the aliases among them stand in (what garbage collection follows)."""
+        reached = self._value_codec.referenced_by_all(
+            (decode_field_map(bytes(r.fields)) for r in rows), partial(self._read_values, tx)
+        )
+        reached.update(self._alias_targets(tx, list(reached)))
+        return reached
 
     def delete_checkpoints(
         self, run_id: str, checkpoint_ids: Iterable[str], *, dry_run: bool = False
@@ -154,20 +169,8 @@ class Maintenance(StoredValues):
         doomed = [r for r in rows if r.id not in keep]
         if not doomed:
             return report
-        remaining: set[bytes] = set()
-        for r in rows:
-            if r.id in keep:
-                remaining.update(
-                    self._value_codec.referenced(
-                        decode_field_map(bytes(r.fields)), partial(self._read_values, tx)
-                    )
-                )
-        remaining.update(self._alias_targets(tx, list(remaining)))  # what aliases stand in
-        refs = [
-            bytes(h)
-            for h in tx.column("SELECT hash FROM pitstop_blob_refs WHERE run_id = ?", (run_id,))
-        ]
-        stale = [h for h in refs if h not in remaining]
+        remaining = self._reached(tx, [r for r in rows if r.id in keep])
+        stale = sorted(self._run_values(tx, run_id, doomed) - remaining)
         freed, freed_bytes = self._unshared_values(tx, run_id, stale)
         ids = [r.id for r in doomed]
         record_bytes = sum(len(r.metadata) + len(r.fields) for r in doomed)
@@ -182,7 +185,8 @@ class Maintenance(StoredValues):
                       ids, run_id)
         tx.run_chunks("DELETE FROM pitstop_blob_refs WHERE run_id = ? AND hash IN ({in})",
                       stale, run_id)
-        self._delete_values(tx, freed)
+        self._delete_values(tx, run_id, freed)
+        self._disown(tx, run_id, stale)
         tx.run(
             "UPDATE pitstop_runs SET checkpoints = checkpoints - ?, "
             "bytes = CASE WHEN bytes > ? THEN bytes - ? ELSE 0 END WHERE run_id = ?",

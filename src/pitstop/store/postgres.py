@@ -570,11 +570,15 @@ class PostgresStore(SqlStore):
                 params[:0] = [[b.hash for b in chunks], [b.data for b in chunks]]
             parts.insert(0, "gc AS (SELECT pg_advisory_xact_lock_shared(%s) AS locked)")
             params.insert(0, self._gc_key)
+            # The run owns the rows inserted here; a key stored already (found by ON
+            # CONFLICT, after waiting for a concurrent insert of it to commit) gets a
+            # reference row instead, even one the run owns: whether it still does, this
+            # statement's snapshot (taken before the GC lock) cannot say.
             parts.append(
-                "vals AS (INSERT INTO pitstop_blobs (hash, data, size, created_at) "
-                "SELECT v.hash, v.data, v.size, %s FROM gc, moved, "
+                "vals AS (INSERT INTO pitstop_blobs (hash, data, size, created_at, run_id) "
+                "SELECT v.hash, v.data, v.size, %s, moved.run_id FROM gc, moved, "
                 "unnest(%s::bytea[], %s::bytea[], %s::bigint[]) AS v(hash, data, size) "
-                "ON CONFLICT (hash) DO NOTHING)"
+                "ON CONFLICT (hash) DO NOTHING RETURNING hash)"
             )
             params += [
                 record.created_at,
@@ -585,6 +589,7 @@ class PostgresStore(SqlStore):
             parts.append(
                 "refs AS (INSERT INTO pitstop_blob_refs (run_id, hash) "
                 "SELECT moved.run_id, r.hash FROM gc, moved, unnest(%s::bytea[]) AS r(hash) "
+                "WHERE r.hash NOT IN (SELECT hash FROM vals) "
                 "ON CONFLICT (run_id, hash) DO NOTHING)"
             )
             params.append(plan.refs)
@@ -690,6 +695,7 @@ class PostgresStore(SqlStore):
         )
         return (
             not follows_and_expects_another
+            and self._owners
             and plan.new_run is None
             and not plan.consumed
             and plan.deliver_to is None

@@ -512,18 +512,28 @@ class SqlStore(Reads, Maintenance, RunTransfer, Leases, Inputs, Effects, Childre
             )
             new, aliases = plan.new, plan.aliases
             if aliases and self.rewrites_in_place:
-                grown = self._extend_in_place(tx, aliases, new, present, now)
+                grown = self._extend_in_place(tx, run_id, aliases, new, present, now)
                 if grown:
                     new = {k: b for k, b in new.items() if k not in grown}
                     aliases = [a for a in aliases if a.target not in grown]
+            # The run owns the rows it inserts and needs a reference row only for the others
+            # (a key stored already, a fork's shared values): asked of the table unless the
+            # count says that every new row was inserted here.
+            owned_all_new = False
             if not counted:
-                self._insert_values(tx, new, now, plan.packed)
-            elif self._insert_counted(tx, new, now) < len(new):
+                self._insert_values(tx, new, now, plan.packed, owner=self._owner(run_id))
+            elif self._insert_counted(tx, new, now, self._owner(run_id)) < len(new):
                 self._check_chunk_collisions(tx, run_id, new, plan.fields)
+            else:
+                owned_all_new = True
+            if owned_all_new and self._owners and all(h in plan.new for h in plan.refs):
+                unowned: list[bytes] = []
+            else:
+                unowned = self._unowned(tx, run_id, plan.refs)
             tx.many(
                 "INSERT INTO pitstop_blob_refs (run_id, hash) VALUES (?, ?) "
                 "ON CONFLICT (run_id, hash) DO NOTHING",
-                [(run_id, h) for h in plan.refs],
+                [(run_id, h) for h in unowned],
             )
             if not plan.follow_head or any(h not in plan.new for h in plan.refs):
                 self._ref_alias_targets(tx, run_id, [h for h in plan.refs if h not in plan.new])

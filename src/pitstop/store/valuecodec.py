@@ -298,6 +298,46 @@ class ValueCodec:
                 out |= self.chunks_below(ref, read)
         return out
 
+    def referenced_by_all(self, field_maps: Iterable[FieldMap], read: Reader) -> set[bytes]:
+        """:meth:`referenced` of many field maps (a run's checkpoints): each node read once,
+        however many of them share it, a level of all their trees per ``read``."""
+        out: set[bytes] = set()
+        walked: set[bytes] = set()  # nodes whose children are in `out` or pending
+        pending: list[bytes] = []
+        for fields in field_maps:
+            out |= stored_hashes(fields)  # (a manifest's root entries among them)
+            for ref in fields.values():
+                if ref.manifest is None:
+                    continue
+                layout = self._layouts.get(ref.manifest)
+                if layout is not None:
+                    out |= layout.keys()
+                    walked.update(layout.nodes)
+                    continue
+                try:
+                    root = chunking.decode_manifest(ref.manifest).root
+                except ValueError:
+                    continue
+                for entry in root:
+                    out.add(entry.key)
+                    if entry.flags & chunking.NODE and entry.key not in walked:
+                        walked.add(entry.key)
+                        pending.append(entry.key)
+        while pending:
+            found = read(pending)
+            pending = []
+            for data in found.values():
+                try:
+                    entries = chunking.unpack_entries(unframe(bytes(data))[1])
+                except ValueError:
+                    continue  # verify and loads report a bad node
+                for entry in entries:
+                    out.add(entry.key)
+                    if entry.flags & chunking.NODE and entry.key not in walked:
+                        walked.add(entry.key)
+                        pending.append(entry.key)
+        return out
+
     def missing_below(self, fields: FieldMap, blobs: Mapping[bytes, Stored]) -> list[bytes]:
         """Keys under the nodes already in ``blobs`` that ``blobs`` does not hold yet: what a
         load reads next (a level of the tree per query)."""

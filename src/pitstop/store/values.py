@@ -1,8 +1,12 @@
 """Content-addressed values: the ``pitstop_blobs`` table, its references, the blob store.
 
 Every field value bigger than a few bytes is stored once under its content hash, whichever
-run or checkpoint it belongs to; ``pitstop_blob_refs`` records which runs reference which
-values, and a value is deleted only when no run does. Values of at least ``blob_threshold``
+run or checkpoint it belongs to. A value's row names the run that stored it (its *owner*,
+``run_id``: schema version 10), which references it with no other row: its checkpoints'
+field maps say which values they use, and garbage collection reads them. Every other run
+using the value (a fork, a run that saved the same bytes, an import, a row from before
+version 10 that has no owner) has a row in ``pitstop_blob_refs``. A value is deleted only
+when no run references it either way. Values of at least ``blob_threshold``
 bytes go to a :class:`~pitstop.store.blobs.BlobStore` (files) when one is configured: their
 row then has a ``location`` and no data. Saves, loads, retention and import all store,
 read and release values through the methods here.
@@ -13,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from ..errors import StoreError
-from .backend import SqlBackend, Tx
+from .backend import SqlBackend, Tx, placeholders
 from .base import Durability
 from .blobs import Deferred, Slot
 from .records import Alias, FieldMap, NewBlob, Stored, is_chunk_key
@@ -34,14 +38,24 @@ def _body(stored: bytes) -> bytes | None:
 
 
 _INSERT_ROWS = (
+    "INSERT INTO pitstop_blobs (hash, data, size, created_at, run_id) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT (hash) DO NOTHING"
+)
+"""Value rows kept in the table, owned by the run saving them, or by none (existing ones are
+kept: same hash, same bytes, and their owner)."""
+_INSERT_UNOWNED_ROWS = (
     "INSERT INTO pitstop_blobs (hash, data, size, created_at) VALUES (?, ?, ?, ?) "
     "ON CONFLICT (hash) DO NOTHING"
 )
-"""Value rows kept in the table (existing ones are kept: same hash, same bytes)."""
+"""Value rows of no run (an import, a batch of child runs, a schema before owners)."""
 
 
 class StoredValues(SqlBackend):
     """Writing, reading and deleting content-addressed values (a part of ``SqlStore``)."""
+
+    def _owner(self, run_id: str) -> str | None:
+        """The owner a save of ``run_id`` gives the rows it inserts (None: no owners)."""
+        return run_id if self._owners else None
 
     def _external(self, blob: NewBlob) -> bool:
         """Whether ``blob`` goes to the blob store rather than the table."""
@@ -64,9 +78,10 @@ class StoredValues(SqlBackend):
 
     def _insert_values(
         self, tx: Tx, new: Mapping[bytes, NewBlob], now: float,
-        packed: Mapping[bytes, Slot] | None = None,
+        packed: Mapping[bytes, Slot] | None = None, owner: str | None = None,
     ) -> None:
-        """Insert the rows of new values (existing ones are kept: same hash, same bytes).
+        """Insert the rows of new values, owned by the run ``owner`` (None: by no run, every
+        run using them has a reference row); existing ones are kept: same hash, same bytes.
 
         A value just packed (``packed``: :meth:`_externalize`'s answer) that has a row in the
         blob store already is pointed at its new copy: the bytes just written are known
@@ -93,20 +108,28 @@ class StoredValues(SqlBackend):
                 )
             blobs = [b for b in blobs if b.hash not in present]
         if self.blobs is None or not any(self._external(b) for b in blobs):
-            tx.many(_INSERT_ROWS, [(b.hash, b.stored, b.size, now) for b in blobs])
+            if owner is None:
+                tx.many(_INSERT_UNOWNED_ROWS, [(b.hash, b.stored, b.size, now) for b in blobs])
+            else:
+                tx.many(_INSERT_ROWS, [(b.hash, b.stored, b.size, now, owner) for b in blobs])
             return
         location = self.blobs.url
         rows: list[tuple[object, ...]] = []
         for b in blobs:
             if not self._external(b):
-                rows.append((b.hash, b.stored, b.size, now, None, None, None))
+                rows.append((b.hash, b.stored, b.size, now, None, None, None, owner))
             elif (slot := packed.get(b.hash)) is not None:
-                rows.append((b.hash, b"", b.size, now, location, slot.pack, slot.offset))
+                rows.append((b.hash, b"", b.size, now, location, slot.pack, slot.offset, owner))
             else:
-                rows.append((b.hash, b"", b.size, now, location, None, None))
+                rows.append((b.hash, b"", b.size, now, location, None, None, owner))
+        columns = "hash, data, size, created_at, location, pack, pack_offset"
+        if owner is None:
+            rows = [row[:-1] for row in rows]
+        else:
+            columns += ", run_id"
         tx.many(
-            "INSERT INTO pitstop_blobs (hash, data, size, created_at, location, pack, "
-            "pack_offset) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (hash) DO UPDATE SET "
+            f"INSERT INTO pitstop_blobs ({columns}) VALUES ({placeholders(len(rows[0]))}) "
+            "ON CONFLICT (hash) DO UPDATE SET "
             "location = excluded.location, pack = excluded.pack, "
             "pack_offset = excluded.pack_offset, size = excluded.size "
             "WHERE pitstop_blobs.location IS NOT NULL AND excluded.pack IS NOT NULL",
@@ -123,19 +146,44 @@ class StoredValues(SqlBackend):
             b.size <= _PROBE_BEFORE_SEND and not self._external(b) for b in new.values()
         )
 
-    def _insert_counted(self, tx: Tx, new: Mapping[bytes, NewBlob], now: float) -> int:
-        """Insert the rows of ``new`` (existing ones are kept) and say how many were added:
+    def _insert_counted(
+        self, tx: Tx, new: Mapping[bytes, NewBlob], now: float, owner: str | None
+    ) -> int:
+        """Insert the rows of ``new``, owned by the run ``owner`` (existing ones are kept),
+        and say how many were added:
         fewer than ``len(new)`` means a key was stored already, which the caller then checks
         for a collision (:meth:`_check_chunk_collisions`, in the same transaction)."""
         if not new:
             return 0
         # The driver's own cursor, for its count (SQLite's sums executemany's rows). Not
         # Tx.many: reading rowcount there would make PostgreSQL's pipeline wait.
-        cursor = tx.cur.executemany(
-            tx.dialect.for_driver(_INSERT_ROWS),
-            [(b.hash, b.stored, b.size, now) for b in new.values()],
-        )
+        if owner is None:
+            cursor = tx.cur.executemany(
+                tx.dialect.for_driver(_INSERT_UNOWNED_ROWS),
+                [(b.hash, b.stored, b.size, now) for b in new.values()],
+            )
+        else:
+            cursor = tx.cur.executemany(
+                tx.dialect.for_driver(_INSERT_ROWS),
+                [(b.hash, b.stored, b.size, now, owner) for b in new.values()],
+            )
         return int(cursor.rowcount)
+
+    def _unowned(self, tx: Tx, run_id: str, keys: Sequence[bytes]) -> list[bytes]:
+        """Those of ``keys`` whose row the run ``run_id`` does not own: what it needs a
+        reference row for. Asked after the save's inserts, in its transaction: a row another
+        transaction inserted first (its insert made this one's wait) has that one's owner."""
+        if not keys or not self._owners:
+            return list(keys)
+        owned = {
+            bytes(h)
+            for (h,) in tx.in_chunks(
+                "SELECT hash FROM pitstop_blobs WHERE run_id = ? AND hash IN ({in})",
+                keys,
+                run_id,
+            )
+        }
+        return [h for h in keys if h not in owned]
 
     def _check_chunk_collisions(
         self, tx: Tx, run_id: str, new: Mapping[bytes, NewBlob], fields: FieldMap
@@ -237,6 +285,7 @@ class StoredValues(SqlBackend):
     def _extend_in_place(
         self,
         tx: Tx,
+        run_id: str,
         aliases: Sequence[Alias],
         new: Mapping[bytes, NewBlob],
         present: set[bytes],
@@ -250,9 +299,13 @@ class StoredValues(SqlBackend):
         its bytes its leaf page held (up to 4 KiB) free where no later row goes: a growing
         conversation's leaf pages ended 40% empty. The row rewritten with the longer chunk
         fills that place again, and the small alias rows are packed at the end.
-        Only for a chunk in no row yet, kept in the table, extending a plain table row.
+        Only for a chunk in no row yet, kept in the table, extending a plain table row that
+        the run ``run_id`` owns (the new chunk and the alias row are then its own too; a row
+        owned otherwise keeps its owner and becomes an alias where it is).
         """
         moved: set[bytes] = set()
+        if not self._owners:
+            return moved
         for alias in aliases:
             blob = new.get(alias.target)
             if (
@@ -269,16 +322,16 @@ class StoredValues(SqlBackend):
             done = tx.run(
                 "UPDATE pitstop_blobs SET hash = ?, data = ?, size = ?, created_at = ? "
                 "WHERE hash = ? AND alias IS NULL AND location IS NULL AND size = ? "
-                "AND NOT EXISTS (SELECT 1 FROM pitstop_blobs WHERE hash = ?)",
-                (alias.target, blob.stored, blob.size, now, alias.key, alias.size,
+                "AND run_id = ? AND NOT EXISTS (SELECT 1 FROM pitstop_blobs WHERE hash = ?)",
+                (alias.target, blob.stored, blob.size, now, alias.key, alias.size, run_id,
                  alias.target),
             ).rowcount
             if not done:
                 continue
             tx.run(
-                "INSERT INTO pitstop_blobs (hash, data, size, created_at, alias) "
-                "VALUES (?, ?, ?, ?, ?)",
-                (alias.key, b"", alias.size, now, alias.target),
+                "INSERT INTO pitstop_blobs (hash, data, size, created_at, alias, run_id) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (alias.key, b"", alias.size, now, alias.target, run_id),
             )
             # Aliases of the superseded chunk follow it to the new one (no chains).
             tx.run(
@@ -342,7 +395,8 @@ class StoredValues(SqlBackend):
     def _unshared_values(
         self, tx: Tx, run_id: str, hashes: Sequence[bytes]
     ) -> tuple[list[bytes], int]:
-        """Which of ``hashes`` no other run references, and their stored size."""
+        """Which of ``hashes`` no other run references (by a reference row or as the owner),
+        and their stored size."""
         if not hashes:
             return [], 0
         shared = {
@@ -353,6 +407,15 @@ class StoredValues(SqlBackend):
                 run_id,
             )
         }
+        if self._owners:
+            shared.update(
+                bytes(h)
+                for (h,) in tx.in_chunks(
+                    "SELECT hash FROM pitstop_blobs WHERE run_id <> ? AND hash IN ({in})",
+                    hashes,
+                    run_id,
+                )
+            )
         freed = [h for h in hashes if h not in shared]
         size = sum(
             int(value_size)
@@ -362,11 +425,14 @@ class StoredValues(SqlBackend):
         )
         return freed, size
 
-    def _delete_values(self, tx: Tx, hashes: Sequence[bytes]) -> None:
-        """Delete the values of ``hashes`` that nothing references any more (the caller holds
-        :meth:`_lock_gc`), their blob-store files once the transaction has committed."""
+    def _delete_values(self, tx: Tx, run_id: str, hashes: Sequence[bytes]) -> None:
+        """Delete the values of ``hashes`` that nothing references any more, now that the run
+        ``run_id`` does not (the caller holds :meth:`_lock_gc`), their blob-store files once
+        the transaction has committed."""
+        owners: tuple[str, ...] = (run_id,) if self._owners else ()
         unreferenced = (
-            "hash IN ({in}) AND NOT EXISTS "
+            ("(pitstop_blobs.run_id IS NULL OR pitstop_blobs.run_id = ?) AND " if owners else "")
+            + "hash IN ({in}) AND NOT EXISTS "
             "(SELECT 1 FROM pitstop_blob_refs r WHERE r.hash = pitstop_blobs.hash) "
             "AND NOT EXISTS (SELECT 1 FROM pitstop_blobs a WHERE a.alias = pitstop_blobs.hash)"
         )
@@ -377,13 +443,14 @@ class StoredValues(SqlBackend):
                 "SELECT hash, pack FROM pitstop_blobs WHERE location IS NOT NULL AND "
                 + unreferenced,
                 hashes,
+                *owners,
             ):
                 if pack is None:
                     files.append(bytes(h))
                 else:
                     packs.add(str(pack))
         # Re-checked under the GC lock: a concurrent writer may have started sharing one.
-        tx.run_chunks("DELETE FROM pitstop_blobs WHERE " + unreferenced, hashes)
+        tx.run_chunks("DELETE FROM pitstop_blobs WHERE " + unreferenced, hashes, *owners)
         if packs:
             # A pack goes with the last row in it; saves never add to a pack, they write
             # their own, so no later save can put a row in one found empty here.
@@ -402,6 +469,18 @@ class StoredValues(SqlBackend):
                 blobs.delete_packs(empty)
 
             tx.on_commit(delete)
+
+    def _disown(self, tx: Tx, run_id: str, hashes: Sequence[bytes]) -> None:
+        """The run ``run_id`` no longer references these values: of those it owns and that
+        are still there (another run references them), it is no longer the owner. Their
+        reference rows then decide, as for a row from before owners."""
+        if not self._owners:
+            return
+        tx.run_chunks(
+            "UPDATE pitstop_blobs SET run_id = NULL WHERE run_id = ? AND hash IN ({in})",
+            hashes,
+            run_id,
+        )
 
 
 def slot_of(pack: str | None, offset: int | None, size: int) -> Slot | None:
