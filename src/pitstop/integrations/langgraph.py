@@ -41,8 +41,10 @@ PostgreSQL stores. How LangGraph's model maps onto pitstop's:
   writes are one record keyed ``"<checkpoint id>/<task id>"``, the msgpack array of their
   ``[task_id, channel, type, bytes, task_path, idx]`` arrays; each special write is one keyed
   ``"<checkpoint id>/<task id>/<idx>"``. Regular writes are kept once and wait for the
-  transaction of the run's next checkpoint (appended to their checkpoint's row then, at most
-  ``writes_delay``; :mod:`~pitstop.integrations.langgraph_writes`); special writes (errors,
+  transaction of a checkpoint of their run: their own checkpoint's insert if its ``put``
+  comes after them (``durability="async"``), else the next one's, which appends them to
+  their checkpoint's row (at most ``writes_delay`` once their checkpoint is written;
+  :mod:`~pitstop.integrations.langgraph_writes`); special writes (errors,
   interrupts, resumes...) overwrite and commit before ``put_writes`` returns, as in
   LangGraph's savers; ``get_tuple`` returns them in ``(task_path, task_id, idx)`` order.
 * **Run status.** An interrupt marks the run ``waiting``; the next checkpoint written on it
@@ -248,10 +250,10 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
     ``store`` is a store or a store URL (then the saver opens it and :meth:`close` closes it).
     ``serde`` is LangGraph's serializer for channel values and writes (default: LangGraph's
     ``JsonPlusSerializer``). ``writes_delay``: a step's pending writes are committed in the
-    transaction of the run's next checkpoint, or on their own once they waited that many
-    seconds (default 0.02; :mod:`pitstop.integrations.langgraph_writes`); ``None`` commits
-    each ``put_writes`` before it returns. See the module documentation for how threads are
-    stored.
+    transaction of a checkpoint of their run (their own, or the next), or on their own once
+    they waited that many seconds on a written checkpoint (default 0.02;
+    :mod:`pitstop.integrations.langgraph_writes`); ``None`` commits each ``put_writes``
+    before it returns. See the module documentation for how threads are stored.
     """
 
     def __init__(
@@ -282,7 +284,8 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
 
     def close(self) -> None:
         """Commit held pending writes; close the store if this saver opened it from a URL."""
-        self._flush()
+        if self._held is not None:
+            self._held.flush()
         if self._owns_store:
             self.store.close()
 
@@ -592,21 +595,23 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
             else RunStatus.RUNNING
         )
         stored = stored_id(checkpoint_id, run_id)
-        # The parent's pending writes held for this put (see langgraph_writes): committed in
-        # its transaction, or on their own if it does not commit.
+        # Pending writes held for this put (see langgraph_writes): on this very checkpoint
+        # (made before its put, durability="async") and on written ones (its parent's),
+        # committed in its transaction, or on their own if it does not commit.
         held = None
         if self._held is not None:
             if source not in ("loop", "input"):
                 # update_state (or a fork): no next checkpoint need follow; writes on this
                 # one are committed at once.
                 self._held.wrote_branch(stored)
-            held = self._held.take(run_id)
-        carried = False
+            held = self._held.begin_put(run_id, stored)
+        carried = in_store = False
         try:
             written = carried = self._save(
                 run_id=run_id, stored=stored, state=state, parent_id=parent_id, step=step,
                 meta=meta, changed=changed, expected=expected, status=status, attach=held,
             )
+            in_store = True
         except CheckpointNotFoundError:
             if parent_id is None:
                 raise
@@ -619,9 +624,14 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
                 run_id=run_id, stored=stored, state=state, parent_id=None, step=step,
                 meta=meta, changed=None, expected=UNSET, status=RunStatus.RUNNING,
             )
+            in_store = True
         finally:
-            if held and not carried and self._held is not None:
-                self._held.commit(run_id, held)
+            if self._held is not None:
+                try:
+                    if held and not carried:
+                        self._held.commit(run_id, held)
+                finally:
+                    self._held.end_put(run_id, stored, written=in_store)
         if written:
             self._wrote.put(run_id, stored)
             self._forks.seen(stored, True)
@@ -772,11 +782,14 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         if interrupted:
             self._interrupted.put(stored, True)  # before the put of `stored` may look
         if self._held is not None:
-            if regular and self._held.hold(run_id, stored, records):
-                return  # committed with the next checkpoint (see langgraph_writes)
-            # An interrupt, an error...: no checkpoint may follow. The writes held on the run
-            # are committed now, before these.
-            earlier = self._held.take(run_id)
+            if regular and self._held.hold(
+                run_id, stored, records, written=self._known.get(stored) is not None
+            ):
+                return  # committed with a checkpoint (see langgraph_writes)
+            # An interrupt, an error...: no checkpoint may follow. The writes held on the
+            # run's written checkpoints are committed now, before these (those on one not
+            # written yet still wait for its put, which follows).
+            earlier = self._held.take_written(run_id)
             if earlier:
                 self._held.commit(run_id, earlier)
         self.store.attach(run_id, stored, records, replace=replace)
@@ -806,9 +819,9 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
     # -- maintenance -------------------------------------------------------------------------
 
     def _flush(self) -> None:
-        """Commit the pending writes held for a next checkpoint (before any read)."""
+        """Commit the pending writes held on checkpoints in the store (before any read)."""
         if self._held is not None:
-            self._held.flush()
+            self._held.flush(everything=False)
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete every namespace of the thread: checkpoints, writes and unshared values."""
