@@ -232,6 +232,14 @@ def test_writes_without_a_next_checkpoint_commit_within_the_delay(
     while not _stored_writes(reader, "t-late", root) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert _stored_writes(reader, "t-late", root) == {f"{root}/task-a"}
+    # The same on a checkpoint another saver wrote (this one has neither written nor read
+    # it): committed into its row, not kept for a put of it.
+    other = PitstopSaver(store, writes_delay=0.05)
+    other.put_writes(_cfg("t-late", root), [("counter", 2)], "task-b")
+    while len(_stored_writes(reader, "t-late", root)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _stored_writes(reader, "t-late", root) == {f"{root}/task-a", f"{root}/task-b"}
+    assert _where(reader, "t-late") == {root: "row"}
 
 
 @pytest.mark.parametrize("store_url", SHARED, indirect=True)

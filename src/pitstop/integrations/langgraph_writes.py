@@ -32,8 +32,11 @@ What is held, and for how long:
   at most (:data:`DELAY` by default): a thread of the saver commits writes held longer on
   their own (a step whose other tasks are still running, an interrupted invocation).
 * A write on a checkpoint not written yet: until its ``put`` (or, if that ``put`` has already
-  begun, until it ends: then as a write on a written checkpoint). While no ``put`` of the
-  run is running (its ``put`` failed, or never came), ``writes_delay`` at most as well.
+  begun, until it ends: then as a write on a written checkpoint), as long as a ``put`` of
+  its run is running. Once none has run for ``writes_delay``: committed then if its
+  checkpoint is in the store after all (written by another saver), else after
+  :data:`_ORPHANED` (its ``put`` failed or never came; or, on a loaded machine, the next of
+  LangGraph's chained puts is slow to start).
 * Every read or maintenance call of the saver (``get_tuple``, ``list``, ``copy_thread``...)
   first commits the writes held on written checkpoints and on any other checkpoint that is
   in the store by then; ``close()`` and the interpreter's exit commit all of them.
@@ -51,7 +54,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Final
 
 from ..cache import BoundedCache
@@ -62,6 +65,10 @@ log = logging.getLogger("pitstop.langgraph")
 DELAY: Final = 0.02
 """Seconds writes may be held before a thread of the saver commits them on their own (the
 default of ``PitstopSaver(writes_delay=...)``)."""
+
+_ORPHANED: Final = 1.0
+"""Seconds writes on a checkpoint that is not in the store are held after the last put of
+their run ended (its put failed, or never came), before they are committed on their own."""
 
 _IDLE: Final = 1.0
 """Seconds with nothing held after which the committing thread ends (it restarts on demand)."""
@@ -202,20 +209,8 @@ class HeldWrites:
                     ]
                 if unknown:  # (outside the lock: a put taking them meanwhile commits them)
                     found = set(self._store.summaries(unknown))
-            due: dict[str, Taken] = {}
             with self._lock:
-                for run_id, groups in list(self._held.items()):
-                    taken = {
-                        c: g.records
-                        for c, g in groups.items()
-                        if everything or g.written or c in found
-                    }
-                    if taken:
-                        due[run_id] = taken
-                        for c in taken:
-                            del groups[c]
-                        if not groups:
-                            del self._held[run_id]
+                due = self._pop(lambda r, c, g: everything or g.written or c in found)
             try:
                 for run_id, taken in due.items():
                     self.commit(run_id, taken)
@@ -229,6 +224,19 @@ class HeldWrites:
                                 group.records.setdefault(key, value)
                 raise
 
+    def _pop(self, due: Callable[[str, str, _Group], bool]) -> dict[str, Taken]:
+        """Take the groups ``due(run id, checkpoint id, group)`` picks (under the lock)."""
+        out: dict[str, Taken] = {}
+        for run_id, groups in list(self._held.items()):
+            taken = {c: g.records for c, g in groups.items() if due(run_id, c, g)}
+            if taken:
+                out[run_id] = taken
+                for c in taken:
+                    del groups[c]
+                if not groups:
+                    del self._held[run_id]
+        return out
+
     def _commit_late(self) -> None:
         """The thread: commit writes held longer than the delay; end after _IDLE without any."""
         idle_since = time.monotonic()
@@ -236,32 +244,48 @@ class HeldWrites:
             time.sleep(self.delay / 2)
             now = time.monotonic()
             with self._committing:
-                due: dict[str, Taken] = {}
-                with self._lock:
-                    for run_id, groups in list(self._held.items()):
-                        putting = run_id in self._putting
-                        late = {
-                            c: g.records
-                            for c, g in groups.items()
-                            if now - g.since >= self.delay and (g.written or not putting)
-                        }
-                        if late:
-                            due[run_id] = late
-                            for c in late:
-                                del groups[c]
-                            if not groups:
-                                del self._held[run_id]
-                for run_id, taken in due.items():
-                    try:
-                        self.commit(run_id, taken)
-                    except Exception:
-                        log.exception("could not commit held LangGraph writes of %r", run_id)
+                self._commit_due(now)
             with self._lock:
                 if self._held:
                     idle_since = now
                 elif now - idle_since > _IDLE:
                     self._thread = None
                     return
+
+    def _commit_due(self, now: float) -> None:
+        """Commit the writes held too long by ``now``.
+
+        Writes on a checkpoint not written here wait while a put of their run runs. Once
+        none has run for the delay, they are committed if their checkpoint is in the store
+        (written elsewhere); otherwise they wait up to _ORPHANED: on a loaded machine the
+        next of LangGraph's chained puts may take that long to start."""
+        delay = self.delay
+        with self._lock:
+            putting = self._putting
+            due = self._pop(
+                lambda r, c, g: now - g.since >= (delay if g.written else _ORPHANED)
+                and (g.written or r not in putting)
+            )
+            idle = [
+                c
+                for r, groups in self._held.items() if r not in putting
+                for c, g in groups.items() if not g.written and now - g.since >= delay
+            ]
+        if idle:
+            try:
+                found = set(self._store.summaries(idle))
+            except Exception:
+                log.exception("could not look up the checkpoints of held LangGraph writes")
+                found = set()
+            if found:
+                with self._lock:
+                    for run_id, taken in self._pop(lambda r, c, g: c in found).items():
+                        due.setdefault(run_id, {}).update(taken)
+        for run_id, taken in due.items():
+            try:
+                self.commit(run_id, taken)
+            except Exception:
+                log.exception("could not commit held LangGraph writes of %r", run_id)
 
 
 _LIVE: weakref.WeakSet[HeldWrites] = weakref.WeakSet()
