@@ -11,15 +11,19 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import ormsgpack
 import pytest
+import xxhash
 
 import pitstop
 from pitstop import RetentionPolicy
+from pitstop.serde import chunks
 from pitstop.store import Store
 from pitstop.store import schema as store_schema
 
 BACKENDS = pytest.mark.parametrize("store_url", ["sqlite", "postgres"], indirect=True)
 KEEP_ONE = RetentionPolicy(keep_last=1, keep_milestones=False)
+SCALE = (1 << 64) // chunks.LIST_PARAMS.target  # where a list item ends its chunk
 
 
 def _docs(seed: int, keys: int = 3000) -> dict[str, str]:
@@ -177,3 +181,28 @@ def test_runs_saving_the_same_values_while_others_are_deleted(
         first = check.history(f"b-{n}", limit=None)[-1]
         assert check.get(first.id).state["docs"] == docs
     assert check.verify() == []
+
+
+def test_appends_on_sqlite_ask_the_table_for_no_owner(tmp_path: Any) -> None:
+    """A chunk an append grows in place is the run's own row: no reference row, and no query
+    asking whose it is, also when the chunk is past the size that skips the insert count."""
+    rng = random.Random(5)
+    with pitstop.open_store(f"sqlite:///{tmp_path / 'a.db'}") as store:
+        store.save("r", {"log": [{"t": "x" * 3000, "n": n} for n in range(8)]})
+        statements: list[str] = []
+        store._connection().set_trace_callback(statements.append)  # type: ignore[attr-defined]
+        items: list[dict[str, str]] = []
+        while len(items) < 60:  # ~180 KiB: the open chunk reaches 64 KiB and is cut there
+            item = {"t": "".join(rng.choices(string.ascii_letters, k=3000))}
+            encoded = ormsgpack.packb(item)
+            if xxhash.xxh3_64_intdigest(encoded) < len(encoded) * SCALE:
+                continue  # it would end its chunk by its content, well before 64 KiB
+            items.append(item)
+            store.save("r", {"log": pitstop.Append([item])})
+        store._connection().set_trace_callback(None)  # type: ignore[attr-defined]
+        assert not [s for s in statements if "pitstop_blob_refs" in s or ("run_id = '" in s
+                    and s.startswith("SELECT hash FROM pitstop_blobs"))]
+        assert any(s.startswith("UPDATE pitstop_blobs SET hash") for s in statements)
+        latest: Any = store.latest("r")
+        assert latest.state["log"][8:] == items
+        assert store.verify() == []

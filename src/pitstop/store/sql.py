@@ -517,9 +517,9 @@ class SqlStore(Reads, Maintenance, RunTransfer, Leases, Inputs, Effects, Childre
                     new = {k: b for k, b in new.items() if k not in grown}
                     aliases = [a for a in aliases if a.target not in grown]
             # The run owns the rows it inserts and needs a reference row only for the others
-            # (a key stored already, a fork's shared values): asked of the table unless the
-            # count says that every new row was inserted here.
-            owned_all_new = False
+            # (a key stored already, a fork's shared values): asked of the table unless every
+            # new value was grown in place (rows it owns) or the count says it was inserted.
+            owned_all_new = not new
             if not counted:
                 self._insert_values(tx, new, now, plan.packed, owner=self._owner(run_id))
             elif self._insert_counted(tx, new, now, self._owner(run_id)) < len(new):
