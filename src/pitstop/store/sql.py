@@ -526,15 +526,8 @@ class SqlStore(Reads, Maintenance, RunTransfer, Leases, Inputs, Effects, Childre
                 self._check_chunk_collisions(tx, run_id, new, plan.fields)
             else:
                 owned_all_new = True
-            if owned_all_new and self._owners and all(h in plan.new for h in plan.refs):
-                unowned: list[bytes] = []
-            else:
-                unowned = self._unowned(tx, run_id, plan.refs)
-            tx.many(
-                "INSERT INTO pitstop_blob_refs (run_id, hash) VALUES (?, ?) "
-                "ON CONFLICT (run_id, hash) DO NOTHING",
-                [(run_id, h) for h in unowned],
-            )
+            if not (owned_all_new and self._owners and all(h in plan.new for h in plan.refs)):
+                self._reference_unowned(tx, run_id, plan.refs)
             if not plan.follow_head or any(h not in plan.new for h in plan.refs):
                 self._ref_alias_targets(tx, run_id, [h for h in plan.refs if h not in plan.new])
             if aliases:

@@ -169,21 +169,25 @@ class StoredValues(SqlBackend):
             )
         return int(cursor.rowcount)
 
-    def _unowned(self, tx: Tx, run_id: str, keys: Sequence[bytes]) -> list[bytes]:
-        """Those of ``keys`` whose row the run ``run_id`` does not own: what it needs a
-        reference row for. Asked after the save's inserts, in its transaction: a row another
-        transaction inserted first (its insert made this one's wait) has that one's owner."""
-        if not keys or not self._owners:
-            return list(keys)
-        owned = {
-            bytes(h)
-            for (h,) in tx.in_chunks(
-                "SELECT hash FROM pitstop_blobs WHERE run_id = ? AND hash IN ({in})",
-                keys,
-                run_id,
+    def _reference_unowned(self, tx: Tx, run_id: str, keys: Sequence[bytes]) -> None:
+        """Reference rows of the run ``run_id`` for those of ``keys`` whose row it does not
+        own. Run after the save's inserts, in its transaction: a row another transaction
+        inserted first (its insert made this one's wait) has that one's owner. One
+        conditional INSERT per key, nothing read back (on PostgreSQL a fetch right after the
+        pipelined inserts could be handed an INSERT's result)."""
+        if not self._owners:
+            tx.many(
+                "INSERT INTO pitstop_blob_refs (run_id, hash) VALUES (?, ?) "
+                "ON CONFLICT (run_id, hash) DO NOTHING",
+                [(run_id, h) for h in keys],
             )
-        }
-        return [h for h in keys if h not in owned]
+            return
+        tx.many(
+            "INSERT INTO pitstop_blob_refs (run_id, hash) SELECT ?, ? WHERE NOT EXISTS "
+            "(SELECT 1 FROM pitstop_blobs WHERE hash = ? AND run_id = ?) "
+            "ON CONFLICT (run_id, hash) DO NOTHING",
+            [(run_id, h, h, run_id) for h in keys],
+        )
 
     def _check_chunk_collisions(
         self, tx: Tx, run_id: str, new: Mapping[bytes, NewBlob], fields: FieldMap
