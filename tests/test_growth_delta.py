@@ -142,3 +142,28 @@ def test_a_sealed_parent_keeps_its_offsets() -> None:
         expected.append(acc)
         acc += leaf.items
     assert result.layout.leaf_starts() == expected and acc == len(value)
+
+
+def test_a_growing_field_keeps_its_last_two_layouts_and_saves_from_older_ones(
+    tmp_path: Any,
+) -> None:
+    """The process keeps the layout of a field's newest version and of its parent, not one
+    per save; a save from an older checkpoint (a branch) reads what it needs instead."""
+    import pitstop
+
+    rng = random.Random(8)
+    with pitstop.open_store(f"sqlite:///{tmp_path / 'a.db'}") as store:
+        msgs = [{"t": _text(rng, 2000)} for _ in range(20)]
+        ids = [store.save("r", {"m": msgs}).id]
+        for _ in range(30):
+            msg = {"t": _text(rng, 2000)}
+            msgs.append(msg)
+            ids.append(store.save("r", {"m": Append([msg])}).id)
+        codec = store._value_codec  # type: ignore[attr-defined]
+        assert len(codec._layouts) == 2  # the newest version and its parent
+        old = store.get(ids[5])
+        branch = [*old.state["m"], {"t": "branch"}]
+        store.save("r", {"m": Append([{"t": "branch"}])}, parent_id=ids[5])
+        assert store.latest("r").state["m"] == branch  # type: ignore[union-attr]
+        assert store.get(ids[-1]).state["m"] == msgs
+        assert store.verify() == []

@@ -101,6 +101,7 @@ class ValueCodec:
         # Layouts of chunked values this process wrote or read, by manifest: the next save
         # of the field compares against it (and a delta re-chunks from it) with no read.
         self._layouts: OrderedDict[bytes, chunking.Layout] = OrderedDict()
+        self._lineage: dict[bytes, bytes] = {}  # a kept layout's manifest -> its parent's
         # Arrays and tensors are written from their own memory when the serialiser can hand
         # them over out of band (msgpack can; pickle keeps them in its own bytes).
         self._dumps_parts = getattr(self.serializer, "dumps_parts", None)
@@ -110,14 +111,28 @@ class ValueCodec:
 
     _LAYOUTS_KEPT = 256
 
-    def _remember(self, manifest: bytes, layout: chunking.Layout) -> None:
+    def _remember(
+        self, manifest: bytes, layout: chunking.Layout, parent: bytes | None = None
+    ) -> None:
+        """Keep ``layout`` for the next save of its field. ``parent``: the manifest of the
+        version it was made from; that one is kept too (a save from it again, a retry, finds
+        it), the version before it is dropped. A growing list's versions are each a new set
+        of lists over all its leaves: 256 of one conversation's kept were most of what
+        Python's garbage collector walked on every full collection, for no save to use."""
         layouts = self._layouts
         layouts[manifest] = layout
+        if parent is not None:
+            lineage = self._lineage
+            lineage[manifest] = parent
+            older = lineage.pop(parent, None)
+            if older is not None:
+                layouts.pop(older, None)
         if len(layouts) > self._LAYOUTS_KEPT:
-            try:  # noqa: SIM105 - a racing eviction may have taken it
-                layouts.popitem(last=False)
-            except KeyError:
-                pass
+            try:
+                evicted, _ = layouts.popitem(last=False)
+            except KeyError:  # a racing eviction took it
+                return
+            self._lineage.pop(evicted, None)
 
     def chunk_keys_of(self, ref: FieldRef) -> set[bytes]:
         """The chunk keys of a chunked field this process knows the layout of (else its
@@ -187,7 +202,9 @@ class ValueCodec:
                 chunking.assemble(layout.kind, None, layout.items, layout.leaves, result.new)
             )
         manifest = layout.manifest()
-        self._remember(manifest, layout)
+        self._remember(
+            manifest, layout, previous.manifest if parent is not None and previous else None
+        )
         compress = layout.kind == "dict" or (
             layout.kind == "list" and self.seal_chunks and self.compress_threshold is not None
         )
