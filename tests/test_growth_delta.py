@@ -167,3 +167,20 @@ def test_a_growing_field_keeps_its_last_two_layouts_and_saves_from_older_ones(
         assert store.latest("r").state["m"] == branch  # type: ignore[union-attr]
         assert store.get(ids[-1]).state["m"] == msgs
         assert store.verify() == []
+
+
+def test_an_unchanged_or_reverted_value_keeps_its_layout(tmp_path: Any) -> None:
+    """A save of the same value again (its manifest is its parent's) or of an earlier
+    version (A, B, A) keeps the layout it just made: the next save reuses its chunks."""
+    import pitstop
+
+    rng = random.Random(9)
+    with pitstop.open_store(f"sqlite:///{tmp_path / 'a.db'}") as store:
+        a = [{"t": _text(rng, 300)} for _ in range(100)]
+        b = [*a, {"t": "b"}]
+        codec = store._value_codec  # type: ignore[attr-defined]
+        for value in (a, a, b, a, a):
+            saved = store.save("r", {"m": value})
+            manifest = store._parent(saved.id).fields["m"].manifest  # type: ignore[attr-defined]
+            assert manifest is not None and manifest in codec._layouts
+        assert store.latest("r").state["m"] == a  # type: ignore[union-attr]

@@ -121,11 +121,11 @@ class ValueCodec:
         Python's garbage collector walked on every full collection, for no save to use."""
         layouts = self._layouts
         layouts[manifest] = layout
-        if parent is not None:
+        if parent is not None and parent != manifest:  # (an unchanged value is its parent)
             lineage = self._lineage
             lineage[manifest] = parent
             older = lineage.pop(parent, None)
-            if older is not None:
+            if older is not None and older != manifest:  # (not a value changed back)
                 layouts.pop(older, None)
         if len(layouts) > self._LAYOUTS_KEPT:
             try:
