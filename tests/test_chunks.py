@@ -88,12 +88,12 @@ def test_list_groups_decode_to_the_list_a_group_at_a_time() -> None:
     layout = save(msgs, None, chunks)
     groups = list(list_groups(layout.leaves, chunks))
     assert 4 <= len(groups) < len(layout.leaves)  # ~64 KiB each, not one per leaf
-    assert SER.loads_lists(groups) == msgs
-    assert SER.loads_lists(list_groups([], chunks)) == []
+    assert SER._loads_lists(groups) == msgs
+    assert SER._loads_lists(list_groups([], chunks)) == []
     with pytest.raises(Exception, match="not a list"):
-        SER.loads_lists([SER.dumps({"a": 1})])
+        SER._loads_lists([SER.dumps({"a": 1})])
     with pytest.raises(Exception, match="msgpack"):  # bytes after the end: refused
-        SER.loads_lists([groups[0] + b"\x01"])
+        SER._loads_lists([groups[0] + b"\x01"])
 
 
 def test_append_rewrites_only_the_open_chunk() -> None:

@@ -143,6 +143,44 @@ def test_a_damaged_leaf_is_named_by_the_process_that_knows_the_layout(
 
 
 @pytest.mark.parametrize("store_url", ["sqlite", "postgres"], indirect=True)
+def test_a_known_layout_restores_from_its_leaves_alone_in_one_query(
+    open_store: Callable[..., Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process that knows the layout reads the leaves' rows and no node's, in one
+    statement; should it forget the layout between the read and the decode (another
+    thread's values pushing it out), the restore reads everything again rather than call
+    the absent node rows missing."""
+    store = open_store()
+    msgs = _conversation(store)
+    head = store.latest("conv")
+    assert head is not None
+    leaves, nodes = _layout_keys(store, head.id)
+    assert nodes
+    reads: list[list[bytes]] = []
+    read_rows = store._read_values_deferred  # type: ignore[attr-defined]
+
+    def counting(tx: Any, hashes: Any) -> Any:
+        reads.append(list(hashes))
+        return read_rows(tx, hashes)
+
+    monkeypatch.setattr(store, "_read_values_deferred", counting)
+    assert store.latest("conv").state["messages"] == msgs  # type: ignore[union-attr]
+    assert len(reads) == 1 and set(reads[0]) == set(leaves)  # no node, one statement
+
+    def forgetting(tx: Any, hashes: Any) -> Any:
+        found = counting(tx, hashes)
+        store._value_codec._layouts.clear()  # type: ignore[attr-defined]
+        return found
+
+    reads.clear()
+    monkeypatch.setattr(store, "_read_values_deferred", forgetting)
+    assert store.latest("conv").state["messages"] == msgs  # type: ignore[union-attr]
+    assert set(nodes) <= {key for keys in reads for key in keys}  # read again, whole
+    _run, latest = store.latest_with_run("conv")
+    assert latest is not None and latest.state["messages"] == msgs
+
+
+@pytest.mark.parametrize("store_url", ["sqlite", "postgres"], indirect=True)
 def test_a_damaged_node_is_found_by_a_fresh_process_and_verify(
     open_store: Callable[..., Store],
 ) -> None:

@@ -474,7 +474,7 @@ class MsgpackSerializer:
         """Decode ``data``; ``strict=False`` gives ``UnknownObject`` for unregistered classes."""
         return self._loads(data, strict, None)
 
-    def loads_lists(self, lists: Iterable[bytes], *, strict: bool = True) -> list[object]:
+    def _loads_lists(self, lists: Iterable[bytes], *, strict: bool = True) -> list[object]:
         """The items of ``lists`` (each the bytes of one encoded list) in one list: what
         :meth:`loads` gives for the one list of all their items, decoded a piece at a time.
         Raises on whatever the fast decode refuses, with no path named: decode the whole

@@ -76,14 +76,21 @@ class Reads(StoredValues):
         record = CheckpointRecord(*row)
         return record, self._load_values(tx, record)
 
-    def _load_values(self, tx: Tx, record: CheckpointRecord) -> dict[bytes, Stored]:
+    def _load_values(
+        self, tx: Tx, record: CheckpointRecord, *, partial: bool = False
+    ) -> dict[bytes, Stored]:
+        """The stored values ``record`` references. ``partial``: for a decode with
+        ``partial=True`` (:meth:`_decode_head`), which needs no node row of a chunked value
+        whose layout this process knows: those are not read (see ``ValueCodec.load_keys``)."""
         try:
             fields = record.field_map()
         except CorruptCheckpointError:
             return {}  # decoding the record reports it (and a fallback passes it)
-        values = self._read_values_deferred(tx, list(stored_hashes(fields)))
+        codec = self._value_codec
+        first = codec.load_keys(fields) if partial else list(stored_hashes(fields))
+        values = self._read_values_deferred(tx, first)
         # A chunked value's tree, a level per query (a value of thousands of chunks is two).
-        while missing := self._value_codec.missing_below(fields, values):
+        while missing := codec.missing_below(fields, values, nodes=not partial):
             found = self._read_values_deferred(tx, missing)
             if not found:
                 break  # missing chunks: the decode names the field
@@ -140,7 +147,7 @@ class Reads(StoredValues):
             head = CheckpointRecord(*row[1:])
             if head.id is None:
                 return row[0], None, {}
-            return row[0], head, self._load_values(tx, head)
+            return row[0], head, self._load_values(tx, head, partial=True)
 
         head_id, record, values = self._tx(read)
         return self._head(run_id, head_id, record, values, fallback, strict)
@@ -151,7 +158,9 @@ class Reads(StoredValues):
         def read(tx: Tx) -> tuple[Any, CheckpointRecord | None, dict[bytes, Stored]]:
             row = tx.one(SELECT_RUN_AND_HEAD, (run_id,))
             head = _head_of(row) if row is not None else None
-            return row, head, self._load_values(tx, head) if head is not None else {}
+            return row, head, (
+                self._load_values(tx, head, partial=True) if head is not None else {}
+            )
 
         # Small states live entirely in the record: then one statement reads everything;
         # otherwise the values are read too, from one snapshot.
@@ -201,13 +210,14 @@ class Reads(StoredValues):
     def _decode_head(
         self, record: CheckpointRecord, values: Mapping[bytes, Stored], strict: bool
     ) -> Checkpoint:
-        """``values`` are this read's own: the decode may free them as it goes (see
-        ``ValueCodec._load_list``), reading them again only if it then fails."""
+        """``values`` are this read's own, read with ``partial=True``: the decode may free
+        them as it goes (see ``ValueCodec._load_list``), reading them again (all of them)
+        only if it then fails or needs a row not read."""
         from .valuecodec import RowsReleased  # imported already: a decode needs the codec
 
         try:
             return self._value_codec.decode_checkpoint(
-                record, values, strict=strict, consume=True
+                record, values, strict=strict, consume=True, partial=True
             )
         except RowsReleased:
             values = self._tx(lambda tx: self._load_values(tx, record))

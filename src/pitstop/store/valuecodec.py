@@ -355,16 +355,39 @@ class ValueCodec:
                         pending.append(entry.key)
         return out
 
-    def missing_below(self, fields: FieldMap, blobs: Mapping[bytes, Stored]) -> list[bytes]:
+    def load_keys(self, fields: FieldMap) -> list[bytes]:
+        """The value-table keys a load of ``fields`` reads first, when what it reads will be
+        decoded with ``partial=True`` (see :meth:`decode_checkpoint`): whole values, the
+        leaves of each chunked value whose layout this process knows (its decode takes the
+        nodes from that layout, so their rows are not read: one query, not two, and a
+        conversation's 60-odd node rows fewer), and the root entries of the others."""
+        out: dict[bytes, None] = {}
+        for ref in fields.values():
+            if ref.manifest is None:
+                if ref.inline is None:
+                    out[ref.hash] = None
+                continue
+            layout = self._layouts.get(ref.manifest)
+            if layout is not None:
+                out.update(dict.fromkeys(map(_FIRST, layout.leaves)))
+            else:
+                out.update(dict.fromkeys(_manifest_roots(ref.manifest)))
+        return list(out)
+
+    def missing_below(
+        self, fields: FieldMap, blobs: Mapping[bytes, Stored], *, nodes: bool = True
+    ) -> list[bytes]:
         """Keys under the nodes already in ``blobs`` that ``blobs`` does not hold yet: what a
-        load reads next (a level of the tree per query)."""
+        load reads next (a level of the tree per query). ``nodes=False``: of a value whose
+        layout this process knows, only the leaves (see :meth:`load_keys`)."""
         out: list[bytes] = []
         for ref in fields.values():
             if ref.manifest is None:
                 continue
             layout = self._layouts.get(ref.manifest)
             if layout is not None:  # known here: every key at once, no node decoded
-                out.extend(key for key in layout.keys() if key not in blobs)  # noqa: SIM118 - Layout.keys()
+                keys = layout.keys() if nodes else map(_FIRST, layout.leaves)
+                out.extend(key for key in keys if key not in blobs)
                 continue
             try:
                 root = chunking.decode_manifest(ref.manifest).root
@@ -397,6 +420,7 @@ class ValueCodec:
         run_id: str | None = None,
         field: str | None = None,
         consume: bool = False,
+        partial: bool = False,
     ) -> Any:
         def corrupt(message: str) -> CorruptCheckpointError:
             return CorruptCheckpointError(
@@ -412,6 +436,8 @@ class ValueCodec:
         def raw_of(key: bytes) -> bytes | memoryview:
             data = _bytes_of(blobs.get(key))
             if data is None:
+                if partial:  # perhaps a node not read (its layout was known then): read all
+                    raise RowsReleased
                 raise corrupt(f"chunk {key.hex()[2:18]} is missing from the store")
             try:
                 fmt, raw = unframe_view(data if type(data) is bytes else bytes(data))
@@ -759,7 +785,7 @@ class ValueCodec:
                 rows.pop(key, None)
 
         try:
-            value = reader.loads_lists(chunking.list_groups(leaves, raws, release), strict=strict)
+            value = reader._loads_lists(chunking.list_groups(leaves, raws, release), strict=strict)
         except Exception:
             value = None
         if value is not None and len(value) == items:
@@ -813,11 +839,14 @@ class ValueCodec:
         *,
         strict: bool = True,
         consume: bool = False,
+        partial: bool = False,
     ) -> Checkpoint:
         """The checkpoint from its record and stored values. ``consume``: ``blobs`` is the
         caller's own read, which a chunked list may empty as it decodes (only when the record
         has one chunked field: two may share chunks); :class:`RowsReleased` then asks the
-        caller to read the values again and decode without it."""
+        caller to read the values again and decode without it. ``partial``: ``blobs`` was
+        read by :meth:`load_keys`, without the node rows of layouts known then; should the
+        decode need one (the layout was forgotten since), :class:`RowsReleased` too."""
         record.verify()
         fields = record.field_map()
         consume = consume and sum(ref.manifest is not None for ref in fields.values()) == 1
@@ -839,6 +868,7 @@ class ValueCodec:
                 run_id=record.run_id,
                 field=name,
                 consume=consume,
+                partial=partial,
             )
             for name, ref in fields.items()
         }
