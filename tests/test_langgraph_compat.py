@@ -6,6 +6,7 @@ checkout with tests/external/langgraph_suite.py.)"""
 from __future__ import annotations
 
 import operator
+from collections import ChainMap
 from typing import Annotated, Any, TypedDict
 
 import pytest
@@ -169,3 +170,33 @@ def test_thread_with_string_versions_continues(store: Store) -> None:
     assert graph.get_state(cfg).values["notes"] == ["written", "more", "written"]
     assert saver.get_next_version(None, None) == 1 and saver.get_next_version(7, None) == 8
     assert saver.get_next_version(max(versions.values()), None) > max(versions.values())
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {},
+        {"configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": "c"}},
+        {
+            "metadata": ChainMap({"thread_id": "t", "user": "a\0b"}),
+            "configurable": {"thread_id": "t", "__pregel_x": 1, "run": 2, "ratio": 0.5,
+                             "flag": True, "obj": object(), "source": "not copied",
+                             "writes": "dropped", "user": "second", "nul": "x\0"},
+        },
+        {"metadata": {"b": 1, "a": 2}, "configurable": {"a": 3, "c": "4"}},
+    ],
+)
+def test_checkpoint_metadata_is_langgraphs(config: Any) -> None:
+    # What put stores is what LangGraph's savers store, key order included; asked twice,
+    # since the second call uses what the first worked out.
+    from langgraph.checkpoint.base import get_serializable_checkpoint_metadata
+
+    from pitstop.integrations.langgraph_meta import checkpoint_metadata
+
+    metadata = {"source": "loop", "step": 3, "parents": {}, "writes": {"n": 1}, "s": "y\0"}
+    expected = get_serializable_checkpoint_metadata(config, metadata)  # type: ignore[arg-type]
+    for _ in range(2):
+        got = checkpoint_metadata(config, metadata)  # type: ignore[arg-type]
+        assert got == expected
+        assert list(got) == list(expected)
+    assert "writes" in metadata  # the caller's metadata is left alone

@@ -97,7 +97,6 @@ from langgraph.checkpoint.base import (
     CheckpointMetadata,
     CheckpointTuple,
     get_checkpoint_id,
-    get_serializable_checkpoint_metadata,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.types import INTERRUPT
@@ -116,6 +115,7 @@ from ..model import CheckpointSummary, Run, RunStatus
 from ..store import RetentionPolicy, Store, open_store
 from ..store.base import UNSET, Unset
 from .langgraph_forks import ForkGuard
+from .langgraph_meta import checkpoint_metadata
 from .langgraph_values import (
     due_nodes,
     pack_typed,
@@ -506,15 +506,11 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
     ) -> None:
         versions = frame.get("channel_versions") or {}
         seen = frame.get("versions_seen") or {}
-        self._known.put(
-            stored,
-            _Known(
-                frozenset(fields),
-                dict(versions),
-                {k: dict(v) for k, v in seen.items()},
-                running,
-            ),
-        )
+        # Copies: a caller may change the checkpoint it handed over. The versions decide
+        # which channels the next put stores; versions_seen only names the nodes that ran
+        # (the CLI's step_name), so its per-node dicts (LangGraph never changes them in a
+        # checkpoint it has handed to put) are not copied one by one on every put.
+        self._known.put(stored, _Known(frozenset(fields), dict(versions), dict(seen), running))
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -531,13 +527,18 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         :class:`ThreadConflictError` rather than fork a thread another writer moved on.
         """
         conf = config["configurable"]
-        thread_id, ns, run_id = _where(config)
+        thread_id = str(conf["thread_id"])
+        ns = conf.get("checkpoint_ns") or ""
+        run_id = f"{thread_id}{_NS_SEP}{ns}" if ns else thread_id  # run_id_for, inlined
         checkpoint_id = checkpoint["id"]
         parent = conf.get("checkpoint_id") or None
-        lg_meta = get_serializable_checkpoint_metadata(config, metadata)
+        lg_meta = checkpoint_metadata(config, metadata)  # as LangGraph's savers store it
         values = checkpoint["channel_values"]
         versions = checkpoint["channel_versions"]
-        frame = {k: v for k, v in checkpoint.items() if k not in _NOT_FRAME}
+        # The checkpoint but its id and values (_NOT_FRAME): a copy and two pops cost a
+        # fraction of a comprehension over its keys.
+        frame: dict[str, Any] = dict(checkpoint)
+        del frame["id"], frame["channel_values"]
         source = lg_meta.get("source")
         step = lg_meta.get("step")
         step = step if type(step) is int else None
@@ -635,12 +636,8 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         if written:
             self._wrote.put(run_id, stored)
             self._forks.seen(stored, True)
-            for name, value in state.items():
-                if type(value) is Applied or type(value) is list:
-                    encoded = value.value if type(value) is Applied else value
-                    # A copy: the list LangGraph holds may be appended to in place.
-                    item = _Items(stored, list(values[name]), cast(builtins.list[bytes], encoded))
-                    self._items.put(f"{run_id}\0{name}", item)
+            if Applied in (kinds := set(map(type, state.values()))) or list in kinds:
+                self._remember_items(run_id, stored, values, state)
         interrupted = self._interrupted.get(stored)
         if interrupted:
             # An interrupt was recorded on this checkpoint while it was being written: the
@@ -648,6 +645,17 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
             self._mark_waiting(run_id)
         self._remember(stored, values, frame, running=written and not interrupted)
         return _config(thread_id, ns, checkpoint_id)
+
+    def _remember_items(
+        self, run_id: str, stored: str, values: Mapping[str, Any], state: Mapping[str, Any]
+    ) -> None:
+        """Keep the list channels just written item by item, for the next put to extend."""
+        for name, value in state.items():
+            if type(value) is Applied or type(value) is list:
+                encoded = value.value if type(value) is Applied else value
+                # A copy: the list LangGraph holds may be appended to in place.
+                item = _Items(stored, list(values[name]), cast(builtins.list[bytes], encoded))
+                self._items.put(f"{run_id}\0{name}", item)
 
     def _encode(self, run_id: str | None, name: str, value: Any, parent_id: str | None) -> Any:
         """A channel value as stored: one packed ``dumps_typed`` pair, or for a long list one

@@ -50,10 +50,19 @@ def _insert_effects_sql(
     return _insert_effects_text(len(rows), replace), [p for row in rows for p in row]
 
 
-@lru_cache(maxsize=8)
+_APPEND_ATTACHED_SQL: dict[str, str] = {}
+
+
 def append_attached_sql(dialect: Dialect) -> str:
-    """:data:`~pitstop.store.schema.APPEND_ATTACHED` with the dialect's column type."""
-    return dialect.ddl(APPEND_ATTACHED)
+    """:data:`~pitstop.store.schema.APPEND_ATTACHED` with the dialect's column type.
+
+    Cached by the dialect's name, not by the dialect (as ``lru_cache`` would): a dialect is
+    a frozen dataclass whose generated ``__hash__`` hashes every field, and this runs on
+    every step that carries a LangGraph step's pending writes."""
+    sql = _APPEND_ATTACHED_SQL.get(dialect.name)
+    if sql is None:
+        sql = _APPEND_ATTACHED_SQL[dialect.name] = dialect.ddl(APPEND_ATTACHED)
+    return sql
 
 
 class Attachment(NamedTuple):

@@ -87,7 +87,7 @@ class _HeadMoved(Exception):
         self.actual = actual
 
 
-_DELTAS = (Append, Merge)
+_DELTAS = frozenset({Append, Merge})
 
 
 @dataclass(slots=True)
@@ -303,7 +303,8 @@ class SqlStore(Reads, Maintenance, RunTransfer, Leases, Inputs, Effects, Childre
                 # when a run starts; the write checks that, so no read of the head first.)
                 parent_id = self._head_id(run_id)
         parent = self._parent(parent_id) if parent_id is not None else None
-        if type(state) is dict and (deltas := [k for k, v in state.items() if type(v) in _DELTAS]):
+        if type(state) is dict and not _DELTAS.isdisjoint(map(type, state.values())):
+            deltas = [k for k, v in state.items() if type(v) in _DELTAS]
             state = self._resolve_deltas(state, deltas, parent_id)
         fields, new, raws, aliases = self._value_codec.encode_state(
             run_id,
@@ -380,20 +381,21 @@ class SqlStore(Reads, Maintenance, RunTransfer, Leases, Inputs, Effects, Childre
                 for row in self._effect_rows(run_id, results, attached, record.created_at)
             ]
         if attach:
-            attachments = [
-                self._attachment(run_id, target, results, record.created_at, False)
-                for target, results in attach.items()
-                if results
-            ]
-            mine = [a for a in attachments if a.checkpoint_id == checkpoint_id]
-            if mine:
-                record.writes = mine[0].frames  # outside the checksum: set after it
-            plan.attach = [a for a in attachments if a.checkpoint_id != checkpoint_id]
+            others = []
+            for target, results in attach.items():
+                if results:
+                    attachment = self._attachment(run_id, target, results, record.created_at,
+                                                  False)
+                    if target == checkpoint_id:
+                        record.writes = attachment.frames  # outside the checksum: set after it
+                    else:
+                        others.append(attachment)
+            plan.attach = others
         # Known before the write, so a background writer can chain the next checkpoint on it.
         self._fields.put(checkpoint_id, Parent(checkpoint_id, run_id, record.step, fields))
         if raws:
             self._raws.put(checkpoint_id, raws)
-        if any(type(v) is Applied for v in state.values()):
+        if Applied in map(type, state.values()):
             state = {k: v.value if type(v) is Applied else v for k, v in state.items()}
         return PreparedSave(record.id, run_id, parent_id, record.step, state, plan)
 

@@ -56,6 +56,10 @@ Reader = Callable[[list[bytes]], Mapping[bytes, bytes]]
 """Stored rows by key (those found), for walking a chunked value's nodes."""
 
 
+_INLINE_HEADS: dict[int, bytes] = {}
+"""Format id -> the frame header of an inline value in that format (a save's every field)."""
+
+
 class ValueCodec:
     """Turns values into stored values and back, verified; a state into a field map.
 
@@ -660,7 +664,9 @@ class ValueCodec:
         raws: dict[str, bytes] = {}
         aliases: list[Alias] = []
         fmt = self.serializer.format_id
-        inline_head = frame(b"", fmt, compress_threshold=None)  # the format byte, checked once
+        inline_head = _INLINE_HEADS.get(fmt)  # the format byte, checked once
+        if inline_head is None:
+            inline_head = _INLINE_HEADS[fmt] = frame(b"", fmt, compress_threshold=None)
         for name, value in state.items():
             if name in reuse:
                 fields[name] = parent[name]
@@ -672,34 +678,44 @@ class ValueCodec:
             previous = parent.get(name)
             applied: Applied | None = value if type(value) is Applied else None
             full = value if applied is None else applied.value
-            kind = chunking.kind_of(full)
             if (
-                kind != "ndarray"
-                and self._dumps_parts is not None
-                and partchunks.may_hold_buffers()
-                and partchunks.holds_buffers(full)
+                type(full) is bytes
+                and len(full) < chunking.CHUNKED_MIN
+                and (previous is None or previous.manifest is None)
             ):
-                ref, blobs = self._encode_parts(run_id, name, full, previous, views)
-                if previous is not None and ref.same_as(previous):
-                    fields[name] = previous
-                else:
-                    fields[name] = ref
-                    new.update(blobs)
-                continue
-            if kind is not None and self._worth_chunking(full, kind, previous):
-                chunked = self._encode_chunked(run_id, name, full, previous, applied, views)
-                if not isinstance(chunked, bytes):
-                    ref, blobs, extended = chunked
+                # A short byte string, the usual field of an integration that serialises its
+                # values itself (LangGraph's channels): stored whole, as the checks below
+                # would decide (no buffers in it, too short to chunk), without running them.
+                raw = self._dumps(full, run_id, "", name)
+            else:
+                kind = chunking.kind_of(full)
+                if (
+                    kind != "ndarray"
+                    and self._dumps_parts is not None
+                    and partchunks.may_hold_buffers()
+                    and partchunks.holds_buffers(full)
+                ):
+                    ref, blobs = self._encode_parts(run_id, name, full, previous, views)
                     if previous is not None and ref.same_as(previous):
                         fields[name] = previous
                     else:
                         fields[name] = ref
                         new.update(blobs)
-                        aliases.extend(extended)
                     continue
-                raw = chunked
-            else:
-                raw = self._dumps(full, run_id, "", name)
+                if kind is not None and self._worth_chunking(full, kind, previous):
+                    chunked = self._encode_chunked(run_id, name, full, previous, applied, views)
+                    if not isinstance(chunked, bytes):
+                        ref, blobs, extended = chunked
+                        if previous is not None and ref.same_as(previous):
+                            fields[name] = previous
+                        else:
+                            fields[name] = ref
+                            new.update(blobs)
+                            aliases.extend(extended)
+                        continue
+                    raw = chunked
+                else:
+                    raw = self._dumps(full, run_id, "", name)
             if keep and len(raw) <= RAW_KEEP_MAX:
                 known = parent_raw.get(name)
                 if known is not None and known == raw and name in parent:
