@@ -3,6 +3,7 @@ step), or on their own within a bounded delay; special writes before put_writes 
 
 from __future__ import annotations
 
+import logging
 import operator
 import time
 from collections.abc import Callable
@@ -281,6 +282,27 @@ def test_reads_see_held_writes_and_a_refused_put_still_commits_them(store: Store
     with pytest.raises(ThreadConflictError):
         _put(saver, "t-read", step, "loop")
     assert _stored_writes(store, "t-read", step) == {f"{step}/task-b"}
+
+
+@pytest.mark.parametrize("store_url", SHARED, indirect=True)
+def test_closing_the_store_under_a_saver_commits_its_held_writes(
+    open_store: Callable[..., Store], caplog: pytest.LogCaptureFixture
+) -> None:
+    store, reader = open_store(), open_store()  # two handles: like two processes
+    saver = PitstopSaver(store, writes_delay=0.05)
+    root = _put(saver, "t-close", None, "input")
+    saver.put_writes(_cfg("t-close", root), [("counter", 1)], "task-a")
+    never = empty_checkpoint()  # a checkpoint whose put never comes
+    saver.put_writes(_cfg("t-close", never["id"]), [("counter", 2)], "task-b")
+    # The store is closed, not the saver (as a `with open_store(...)` block does): what the
+    # saver held is committed first, and its thread finds nothing left to do on a closed
+    # store (it used to log a failed lookup every tick).
+    with caplog.at_level(logging.WARNING, logger="pitstop"):
+        store.close()
+        time.sleep(0.3)
+    assert _stored_writes(reader, "t-close", root) == {f"{root}/task-a"}
+    assert _where(reader, "t-close") == {root: "row", never["id"]: "effects"}
+    assert [r.getMessage() for r in caplog.records] == []
 
 
 @pytest.mark.parametrize("store_url", SHARED, indirect=True)

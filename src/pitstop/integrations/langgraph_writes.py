@@ -108,6 +108,9 @@ class HeldWrites:
         self._branches: BoundedCache[bool] = BoundedCache(4096)
         self._thread: threading.Thread | None = None
         _LIVE.add(self)
+        # Closing the store without closing the saver (a `with open_store(...)` block around
+        # the graph) commits what is held while the store still works.
+        store._call_before_close(self.flush)
 
     def wrote_branch(self, checkpoint_id: str) -> None:
         """``checkpoint_id`` was written here, but not as a loop or input step: writes on it

@@ -11,6 +11,8 @@ about any backend.
 from __future__ import annotations
 
 import enum
+import logging
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -736,6 +738,31 @@ class Store(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections and files. The store is unusable afterwards."""
+
+    def _call_before_close(self, callback: Callable[[], None]) -> None:
+        """Have ``callback`` (a bound method) run when :meth:`close` begins, while the store
+        still works: a LangGraph saver over this store commits the pending writes it holds
+        there, so closing the store without closing the saver loses none. Held weakly: the
+        store does not keep its callers alive."""
+        callbacks: list[weakref.WeakMethod[Callable[[], None]]] | None
+        callbacks = self.__dict__.get("_before_close")
+        if callbacks is None:
+            callbacks = self.__dict__["_before_close"] = []
+        callbacks.append(weakref.WeakMethod(callback))
+
+    def _run_before_close(self) -> None:
+        """Run the callbacks :meth:`_call_before_close` registered (each once; a failure is
+        logged, never stops the close)."""
+        for ref in self.__dict__.pop("_before_close", ()):
+            callback = ref()
+            if callback is None:
+                continue
+            try:
+                callback()
+            except Exception:
+                logging.getLogger("pitstop.store").exception(
+                    "%s: could not finish %r before closing", self.url, callback
+                )
 
     def __enter__(self) -> Store:
         return self

@@ -909,6 +909,7 @@ class PostgresStore(SqlStore):
         )
 
     def close(self) -> None:
+        self._run_before_close()
         with self._lock:
             pool, self._pool = self._pool, None
             self._closed = True

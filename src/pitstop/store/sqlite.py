@@ -533,6 +533,7 @@ class SQLiteStore(SqlStore):
         return [str(line) for (line,) in rows if line != "ok"]
 
     def close(self) -> None:
+        self._run_before_close()
         if self._wal is not None:
             self._wal.stop()
         with self._lock:
