@@ -39,16 +39,24 @@ def _edit(docs: dict[str, str], rng: random.Random) -> None:
     docs[f"doc-{rng.randrange(len(docs)):05d}"] = "".join(rng.choices(string.ascii_letters, k=60))
 
 
+def _save_edits(
+    store: Store, run_id: str, seed: int, saves: int
+) -> tuple[dict[str, str], random.Random]:
+    """Save ``saves`` versions of a dict, one key edited in each; the last version and the rng."""
+    rng = random.Random(seed)
+    docs = _docs(seed)
+    for _ in range(saves):
+        _edit(docs, rng)
+        store.save(run_id, {"docs": docs})
+    return docs, rng
+
+
 @BACKENDS
 def test_a_run_owns_what_it_stores_and_a_fork_references_it(
     open_store: Callable[..., Store],
 ) -> None:
     store = open_store()
-    rng = random.Random(1)
-    docs = _docs(1)
-    for _ in range(20):
-        _edit(docs, rng)
-        store.save("src", {"docs": docs})
+    docs, _ = _save_edits(store, "src", 1, 20)
     values = _count(store, "SELECT COUNT(*) FROM pitstop_blobs")
     assert values > 100  # chunks and index nodes
     # One run: every row is its own, and it needs no reference row for them (PostgreSQL's
@@ -73,11 +81,7 @@ def test_a_run_owns_what_it_stores_and_a_fork_references_it(
 def test_a_prune_from_another_handle_walks_the_trees(open_store: Callable[..., Store]) -> None:
     """The pruning handle has none of the writer's layouts: it reads every node it needs."""
     writer, pruner = open_store(), open_store()
-    rng = random.Random(2)
-    docs = _docs(2)
-    for _ in range(30):
-        _edit(docs, rng)
-        writer.save("r", {"docs": docs})
+    docs, rng = _save_edits(writer, "r", 2, 30)
     before = _count(pruner, "SELECT COUNT(*) FROM pitstop_blobs")
     report = pruner.prune(KEEP_ONE)
     assert len(report.checkpoints) == 29 and report.blobs > 0
