@@ -142,6 +142,95 @@ def test_a_damaged_leaf_is_named_by_the_process_that_knows_the_layout(
     assert info.value.checkpoint_id == head.id
 
 
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+@pytest.mark.parametrize("store_url", ["sqlite", "memory", "postgres"], indirect=True)
+def test_a_damaged_leaf_is_named_wherever_the_one_pass_decode_meets_it(
+    open_store: Callable[..., Store], where: str
+) -> None:
+    """SQLite checks and decodes a leaf at a time, dropping each row once decoded: damage
+    in the first leaf stops it before any row is dropped, later damage after some are; the
+    restore then reads the rows again and names the damaged chunk either way."""
+    store = open_store()
+    _conversation(store, turns=80)
+    head = store.latest("conv")
+    assert head is not None
+    leaves, _ = _layout_keys(store, head.id)
+    _damage(store, leaves[{"first": 0, "middle": len(leaves) // 2, "last": -1}[where]])
+    with pytest.raises(CorruptCheckpointError, match=r"checksum mismatch|compressed") as info:
+        store.latest("conv")
+    assert (info.value.run_id, info.value.field, info.value.checkpoint_id) == (
+        "conv", "messages", head.id)
+    with pytest.raises(CorruptCheckpointError, match=r"checksum mismatch|compressed"):
+        store.latest_with_run("conv")
+
+
+def test_list_from_rows_checks_every_row_and_drops_each_once_decoded() -> None:
+    """The one-pass decode of a list's leaves from their rows (SQLite's path): the list and
+    its format when every row is a plain row that matches its key; None for a row altered,
+    compressed, missing or of another format, for the per-chunk path to read and name.
+    ``consume`` empties the caller's rows, unless a chunk is used twice."""
+    from pitstop.serde import MsgpackSerializer, frame
+    from pitstop.store.leafrows import list_from_rows
+
+    ser = MsgpackSerializer()
+    rng = random.Random(6)
+    msgs = [{"i": i, "content": "".join(rng.choices(string.ascii_letters, k=900))}
+            for i in range(300)]
+    cut = chunking.split(msgs, ser.dumps, ser.format_id)
+    assert cut is not None
+    leaves = cut.layout.leaves
+    assert len(leaves) > 8  # several groups of leaves
+    chunks = {key: bytes(raw) for key, raw in cut.new.items()}
+    rows = {e.key: frame(chunks[e.key], ser.format_id, compress_threshold=None,
+                         checksum=False) for e in leaves}
+    readers = {ser.format_id: ser}
+    mine = dict(rows)
+    assert list_from_rows(readers, leaves, mine, strict=True, consume=True) == (
+        ser.format_id, msgs)
+    assert mine == {}
+    twice = [*leaves, leaves[0]]  # a chunk used twice: the rows are kept
+    mine = dict(rows)
+    found = list_from_rows(readers, twice, mine, strict=True, consume=True)
+    assert found == (ser.format_id, msgs + msgs[: leaves[0].items]) and mine == rows
+    assert list_from_rows(readers, [], rows, strict=True) is None
+    for key in (leaves[0].key, leaves[len(leaves) // 2].key, leaves[-1].key):
+        data = rows[key]
+        for bad in (data[:-1] + bytes([data[-1] ^ 1]),  # altered
+                    frame(chunks[key], ser.format_id, compress_threshold=1, checksum=False),
+                    bytes([7]) + data[1:]):  # another format
+            assert list_from_rows(readers, leaves, {**rows, key: bad}, strict=True) is None
+        missing = {k: v for k, v in rows.items() if k != key}
+        assert list_from_rows(readers, leaves, missing, strict=True, consume=True) is None
+
+
+@pytest.mark.parametrize("store_url", ["sqlite", "postgres"], indirect=True)
+def test_a_loads_rows_are_read_alike_plain_aliased_in_files_or_missing(
+    open_store: Callable[..., Store], tmp_path: Any
+) -> None:
+    """A load reads plain rows by a statement of two columns (SQLite) and the others (an
+    alias of a grown chunk's prefix, a value in the blob directory) the general way: the
+    same rows as the general read, and nothing for a key not stored."""
+    store = open_store(blobs=str(tmp_path / "blobs"), blob_threshold=100_000)
+    _conversation(store, turns=40)
+    store.save("big", {"blob": random.Random(2).randbytes(300_000)})
+    keys = store._tx(  # type: ignore[attr-defined]
+        lambda tx: [bytes(h) for (h,) in tx.all("SELECT hash FROM pitstop_blobs")])
+    kinds = store._tx(  # type: ignore[attr-defined]
+        lambda tx: tx.all("SELECT alias IS NOT NULL, location IS NOT NULL FROM pitstop_blobs"))
+    assert any(a for a, _ in kinds) == store.rewrites_in_place  # type: ignore[attr-defined]
+    assert any(f for _, f in kinds)
+    wanted = [*keys, b"\x01" + bytes(16), keys[0]]  # one not stored, one asked twice
+
+    def both(tx: Any) -> tuple[dict[bytes, Any], dict[bytes, bytes]]:
+        return (store._read_values_deferred(tx, wanted),  # type: ignore[attr-defined]
+                store._read_values(tx, wanted))  # type: ignore[attr-defined]
+
+    deferred, plain = store._tx(both)  # type: ignore[attr-defined]
+    assert set(deferred) == set(plain) == set(keys)
+    for key, data in deferred.items():
+        assert (data if type(data) is bytes else data.read()) == plain[key]
+
+
 @pytest.mark.parametrize("store_url", ["sqlite", "postgres"], indirect=True)
 def test_a_known_layout_restores_from_its_leaves_alone_in_one_query(
     open_store: Callable[..., Store], monkeypatch: pytest.MonkeyPatch

@@ -420,7 +420,7 @@ def _encode_dict_item(dumps: Dumps, key: Any, value: Any) -> bytes | None:
     return encoded + dumps(value)
 
 
-def _container_header(kind: str, n: int) -> bytes:
+def container_header(kind: str, n: int) -> bytes:
     if kind == "list":
         small, mid, big = 0x90, 0xDC, 0xDD
     else:
@@ -718,7 +718,7 @@ def _split_guided(
 def encoded_size(layout: Layout) -> int:
     """Bytes of the value's serialised form (as ``dumps`` of the whole value would be)."""
     if layout.kind in ("list", "dict"):
-        return len(_container_header(layout.kind, layout.items)) + layout.size
+        return len(container_header(layout.kind, layout.items)) + layout.size
     return layout.size
 
 
@@ -865,7 +865,7 @@ def assemble(
     returned as ``bytes``), or the value itself for buffers (returned as is)."""
     parts = [raws[leaf.key] for leaf in leaves]
     if kind in ("list", "dict"):
-        return b"".join([_container_header(kind, items), *parts])
+        return b"".join([container_header(kind, items), *parts])
     if kind == "bytes":
         return b"".join(parts)
     if kind == "bytearray":
@@ -908,10 +908,10 @@ def list_groups(
         count += leaf.items
         size += len(raw)
         if size >= LIST_GROUP_BYTES:
-            yield b"".join([_container_header("list", count), *part])
+            yield b"".join([container_header("list", count), *part])
             part, count, size = [], 0, 0
     if part or not leaves:
-        yield b"".join([_container_header("list", count), *part])
+        yield b"".join([container_header("list", count), *part])
 
 
 def check_chunk(key: bytes, format_id: int, raw: bytes | memoryview) -> bool:
@@ -935,6 +935,7 @@ __all__ = [
     "check_chunk",
     "chunk_key",
     "chunk_keys",
+    "container_header",
     "decode_manifest",
     "encode_manifest",
     "expand",

@@ -12,21 +12,18 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, cast
 
-import xxhash
-
 from ..delta import Applied, dirty_positions
 from ..errors import CorruptCheckpointError, MalformedValueError, SerializationError
 from ..model import Checkpoint
 from ..serde import Serializer, digest, frame, partchunks, unframe
 from ..serde import chunks as chunking
 from ..serde.framing import (
-    COMPRESSED,
     FORMAT_MASK,
-    decompress_many,
     is_compressed,
     unframe_view,
 )
 from .blobs import Deferred
+from .leafrows import list_from_rows, plain_chunks
 from .records import (
     _CHUNK_COMPRESS_MIN,
     INLINE_MAX,
@@ -486,16 +483,25 @@ class ValueCodec:
                 manifest, (meta, items, root, leaves, nodes), blobs, raw_of, formats,
                 corrupt=corrupt,
             )
-        raws: Mapping[bytes, bytes | memoryview] | None = _plain_chunks(leaves, blobs, formats)
+
+        def remember(fmt: int) -> None:
+            if known is None:
+                keyed = fmt | (self._chunk_format & chunking.SHA256_KEYS)  # the next save's
+                self._remember(manifest, chunking.Layout(kind, meta, items, root, leaves,
+                                                         nodes, keyed))
+
+        if kind == "list" and (known is not None or sum(e.items for e in leaves) == items):
+            fast = self._list_from_rows(items, leaves, blobs, strict=strict, consume=consume)
+            if fast is not None:
+                remember(fast[0])
+                return fast[1]
+        raws: Mapping[bytes, bytes | memoryview] | None = plain_chunks(leaves, blobs, formats)
         if raws is None:  # not all plain xxh3 chunks of one format: one by one, named
             raws = {leaf.key: raw_of(leaf.key) for leaf in leaves}
         if known is None and sum(leaf.items for leaf in leaves) != items:
             raise corrupt("chunk manifest does not add up (altered?)")
         fmt = formats.pop() if len(formats) == 1 else self.serializer.format_id
-        if known is None:
-            keyed = fmt | (self._chunk_format & chunking.SHA256_KEYS)  # the next save's keys
-            layout = chunking.Layout(kind, meta, items, root, leaves, nodes, keyed)
-            self._remember(manifest, layout)
+        remember(fmt)
         if kind == "list":
             owned = consume and type(blobs) is dict and type(raws) is dict
             value = self._load_list(
@@ -767,6 +773,29 @@ class ValueCodec:
             fmt, raw, strict=strict, checkpoint_id=checkpoint_id, run_id=run_id, field=field
         )
 
+    def _list_from_rows(
+        self,
+        items: int,
+        leaves: Sequence[chunking.Entry],
+        blobs: Mapping[bytes, Stored],
+        *,
+        strict: bool,
+        consume: bool,
+    ) -> tuple[int, list[object]] | None:
+        """A chunked list and its format, checked and decoded in one pass over its rows
+        (see :func:`~pitstop.store.leafrows.list_from_rows`), or None: rows it does not
+        take, or a failed check or decode, which the general path then names. ``consume``:
+        rows are dropped from ``blobs`` as they are decoded; after a failure
+        :class:`RowsReleased` then asks for a new read."""
+        held = len(blobs)
+        found = list_from_rows(self._list_readers, leaves, blobs, strict=strict,
+                               consume=consume)
+        if found is not None and len(found[1]) == items:
+            return found
+        if len(blobs) != held:
+            raise RowsReleased
+        return None
+
     def _load_list(
         self,
         fmt: int,
@@ -892,45 +921,6 @@ class ValueCodec:
 
 
 _FIRST: Final = operator.itemgetter(0)
-
-
-def _plain_chunks(
-    leaves: Sequence[chunking.Entry], blobs: Mapping[bytes, Stored], formats: set[int]
-) -> dict[bytes, bytes | memoryview] | None:
-    """The leaves' bytes (views after the header, or decompressed), checked against their
-    keys, when all are table rows of one format keyed by xxh3: what a restore of a
-    conversation reads, checked in a few tight loops instead of a call per chunk (hundreds
-    or thousands of them). None for anything else (or a row that does not decompress),
-    which the per-chunk path reads, checks and names."""
-    keys = list(map(_FIRST, leaves))
-    found = list(map(blobs.get, keys))
-    if set(map(type, found)) != {bytes} or set(map(_FIRST, keys)) != {chunking.KEY_XXH3}:
-        return None
-    rows = cast(list[bytes], found)
-    try:
-        heads = set(map(_FIRST, rows))
-    except IndexError:  # an empty row
-        return None
-    fmts = {head & ~COMPRESSED for head in heads}
-    if len(fmts) != 1:
-        return None
-    (fmt,) = fmts
-    if fmt & ~FORMAT_MASK:  # not a header this version writes
-        return None
-    views: list[bytes | memoryview] = [memoryview(data)[1:] for data in rows]
-    if heads != {fmt}:  # compressed rows among them (a list's chunks on PostgreSQL)
-        packed = [i for i, data in enumerate(rows) if data[0] & COMPRESSED]
-        try:
-            unpacked = decompress_many([views[i] for i in packed])
-        except ValueError:
-            return None
-        for i, view in zip(packed, unpacked, strict=True):
-            views[i] = view
-    digest = xxhash.xxh3_128_digest
-    if [b"\x01" + digest(view, seed=fmt) for view in views] != keys:
-        return None
-    formats.add(fmt)
-    return dict(zip(keys, views, strict=True))
 
 
 def _chunk_filler(

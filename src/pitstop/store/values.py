@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from ..errors import StoreError
-from .backend import SqlBackend, Tx, placeholders
+from .backend import CHUNK, SqlBackend, Tx, placeholders
 from .base import Durability
 from .blobs import Deferred, Slot
 from .records import Alias, FieldMap, NewBlob, Stored, is_chunk_key
@@ -48,6 +48,12 @@ _INSERT_UNOWNED_ROWS = (
     "ON CONFLICT (hash) DO NOTHING"
 )
 """Value rows of no run (an import, a batch of child runs, a schema before owners)."""
+_SELECT_PLAIN = (
+    "WITH k(h) AS (VALUES {keys}) SELECT b.hash, CASE WHEN b.location IS NULL AND b.alias "
+    "IS NULL THEN b.data END FROM k CROSS JOIN pitstop_blobs b ON b.hash = k.h"
+)
+"""The rows of some keys (those present), ``data`` None unless a plain row: in the table,
+not an alias (see :meth:`StoredValues._read_values_deferred`)."""
 
 
 class StoredValues(SqlBackend):
@@ -231,7 +237,25 @@ class StoredValues(SqlBackend):
         """:meth:`_read_values`, with values in the blob store left unread (:class:`Deferred`,
         the files read after the transaction): a load reads an array's chunks straight into
         its buffer. A missing file is found (and named) then."""
-        return self._read_rows(tx, hashes, defer=True)
+        if self.dialect.array_in:
+            return self._read_rows(tx, hashes, defer=True)
+        # A load's rows are nearly all plain rows (bytes in the table): those are read by a
+        # statement of two columns over a list of the keys, and only the others (an alias, a
+        # file) by the general one. SQLite keeps a row's columns in order and ``data`` of a
+        # chunk is KiBs of overflow pages: reading the five columns after it cost a
+        # 2,000-message restore ~0.2 ms, and sorting an ``IN`` list of 256 keys ~0.1 ms more.
+        out: dict[bytes, Stored] = {}
+        other: list[bytes] = []
+        for i in range(0, len(hashes), CHUNK):
+            part = hashes[i : i + CHUNK]
+            for h, data in tx.all(_SELECT_PLAIN.format(keys=", ".join(["(?)"] * len(part))), part):
+                if data is None:
+                    other.append(bytes(h))
+                else:
+                    out[bytes(h)] = bytes(data)
+        if other:
+            out.update(self._read_rows(tx, other, defer=True))
+        return out
 
     def _read_values(self, tx: Tx, hashes: Sequence[bytes]) -> dict[bytes, bytes]:
         """Stored values by hash, from the table or the blob store (absent ones left out);
