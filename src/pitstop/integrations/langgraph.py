@@ -114,6 +114,7 @@ from ..model import Checkpoint as StoredCheckpoint
 from ..model import CheckpointSummary, Run, RunStatus
 from ..store import RetentionPolicy, Store, open_store
 from ..store.base import UNSET, Unset
+from ..store.steps import StepSaves
 from .langgraph_forks import ForkGuard
 from .langgraph_meta import checkpoint_metadata
 from .langgraph_values import (
@@ -277,6 +278,9 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         self._forks = ForkGuard()  # see "No silent forks" in the module docs
         # (run id, channel) -> the list channel as last written there (_Items).
         self._items: BoundedCache[_Items] = BoundedCache(1024)
+        # The store's path for a step's small checkpoint (pitstop.store.steps), if any.
+        steps = self.store if isinstance(self.store, StepSaves) and self.store.step_saves else None
+        self._save_step = steps.save_step if steps is not None else None
         # Pending writes held for the next checkpoint's transaction (None: not grouped).
         self._held = HeldWrites(self.store, writes_delay) if writes_delay is not None else None
 
@@ -703,24 +707,20 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         """Write the checkpoint (and ``attach``, held pending writes by checkpoint, in the
         same transaction); False if this very checkpoint was already there (nothing
         written)."""
+        # Like the status: a checkpoint continuing this saver's own head is on a run whose
+        # workflow is already set (unnamed, the UPDATE is smaller). An interrupt recorded on
+        # it meanwhile has marked the run waiting.
+        options: dict[str, Any] = {
+            "parent_id": parent_id, "step": step, "expected_head": expected,
+            "workflow": None if status is None else WORKFLOW, "checkpoint_id": stored,
+            "status": None if self._interrupted.get(stored) else status, "attach": attach}
         for attempt in (1, 2):
             try:
-                self.store.save(
-                    run_id,
-                    state,
-                    parent_id=parent_id,
-                    step=step,
-                    metadata=meta,
-                    changed=changed,
-                    # Like the status: a checkpoint continuing this saver's own head is on a
-                    # run whose workflow is already set (unnamed, the UPDATE is smaller).
-                    workflow=None if status is None else WORKFLOW,
-                    # An interrupt recorded on it meanwhile has marked the run waiting.
-                    status=None if self._interrupted.get(stored) else status,
-                    expected_head=expected,
-                    checkpoint_id=stored,
-                    attach=attach,
-                )
+                step_path = self._save_step  # a loop step, without the store's general path
+                if step_path is not None and changed is not None and parent_id is not None \
+                        and step_path(run_id, state, changed=changed, metadata=meta, **options):
+                    return True
+                self.store.save(run_id, state, changed=changed, metadata=meta, **options)
                 return True
             except SerializationError as exc:
                 if attempt == 2 or not (exc.path or "").startswith("metadata"):

@@ -27,7 +27,9 @@ import ormsgpack
 
 from ..errors import CorruptCheckpointError
 
-_HEADER = struct.Struct(">II")
+FRAME_HEADER = struct.Struct(">II")
+"""A frame's header: its payload's length and CRC-32."""
+_HEADER = FRAME_HEADER
 
 
 def frame_records(rows: Iterable[tuple[str, bytes, bytes]], *, replace: bool) -> bytes:

@@ -7,6 +7,7 @@ each a module named for what it holds:
 
 ========================  ===================================================================
 ``sql.py`` (this module)  saving checkpoints, creating and updating runs: the hot path
+``steps.py``              a step's small checkpoint on the head, without the shared path
 ``reads.py``              loading checkpoints (and ``fallback``), history, listing runs
 ``backend.py``            the backend hooks, :class:`~pitstop.store.backend.Dialect`,
                           :class:`~pitstop.store.backend.Tx`, transactions with retries
@@ -34,7 +35,6 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from functools import lru_cache
 from typing import Any, NamedTuple
 
 from ..delta import ABSENT, Append, Applied, Merge
@@ -52,7 +52,7 @@ from .backend import Tx
 from .base import UNSET, Durability, Lease, PreparedSave, Unset
 from .blobs import Slot
 from .children import CHILD_INPUT, Children
-from .effects import Attachment, Effects
+from .effects import Attachment
 from .inputs import Inputs
 from .maintenance import Maintenance
 from .ownership import Leases
@@ -75,6 +75,7 @@ from .schema import (
     RunRow,
     check_id,
 )
+from .steps import StepSaves, head_update_sql
 from .transfer import RunTransfer
 
 log = logging.getLogger("pitstop.store")
@@ -174,41 +175,11 @@ def head_update(plan: WritePlan, null_safe_eq: str) -> tuple[str, list[Any]]:
         params += (lease.owner, lease.token)
     else:
         params.append(record.created_at)
-    sql = _head_update_sql(
+    sql = head_update_sql(
         null_safe_eq, status is not None, workflow is not None, plan.sets_waiting,
         plan.release, checks_head, lease is not None,
     )
     return sql, params
-
-
-@lru_cache(maxsize=256)
-def _head_update_sql(
-    null_safe_eq: str,
-    sets_status: bool,
-    sets_workflow: bool,
-    sets_waiting: bool,
-    releases: bool,
-    checks_head: bool,
-    leased: bool,
-) -> str:
-    sets = ["head_id = ?", "step = ?", "updated_at = ?", "checkpoints = checkpoints + 1",
-            "bytes = bytes + ?"]
-    if sets_status:
-        sets.append("status = ?")
-    if sets_workflow:
-        sets.append("workflow = ?")
-    if sets_waiting:
-        sets += ["waiting_for = ?", "wake_at = ?"]
-    if releases:
-        sets.append("lease_owner = NULL, lease_expires = NULL")
-    where = ["run_id = ?"]
-    if checks_head:
-        where.append(f"head_id {null_safe_eq} ?")
-    if leased:
-        where.append("lease_owner = ? AND fence = ?")
-    else:
-        where.append("(lease_owner IS NULL OR lease_expires IS NULL OR lease_expires <= ?)")
-    return f"UPDATE pitstop_runs SET {', '.join(sets)} WHERE " + " AND ".join(where)
 
 
 class _Guard(NamedTuple):
@@ -244,7 +215,7 @@ def _stored_metadata(run_id: str, text: str | None) -> dict[str, Any]:
     return {"unreadable_metadata": text}
 
 
-class SqlStore(Reads, Maintenance, RunTransfer, Leases, Inputs, Effects, Children):
+class SqlStore(Reads, Maintenance, RunTransfer, Leases, Inputs, StepSaves, Children):
     """A :class:`Store` over a SQL database; backends supply connections and a dialect."""
 
     # -- checkpoints ---------------------------------------------------------------------------

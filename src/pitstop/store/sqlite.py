@@ -357,6 +357,7 @@ class SQLiteStore(SqlStore):
     """A store in one SQLite file (or in memory, for :class:`~pitstop.store.MemoryStore`)."""
 
     dialect = SQLITE
+    step_saves = True  # (one writer at a time, statements in-process: see store.steps)
 
     def __init__(
         self,
