@@ -145,8 +145,9 @@ class _WalCheckpointer:
 
     def _run(self) -> None:
         try:
-            conn = sqlite3.connect(self._path, timeout=0, isolation_level=None,
-                                   check_same_thread=False)
+            with self._busy:  # opening and closing take SQLite's mutexes too
+                conn = sqlite3.connect(self._path, timeout=0, isolation_level=None,
+                                       check_same_thread=False)
         except sqlite3.Error:
             log.exception("could not open %r to checkpoint its WAL", self._path)
             return
@@ -161,7 +162,8 @@ class _WalCheckpointer:
                     conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
                 self.runs += 1
         finally:
-            conn.close()
+            with self._busy:
+                conn.close()
 
 
 _CHECKPOINTERS: weakref.WeakSet[_WalCheckpointer] = weakref.WeakSet()
