@@ -21,6 +21,7 @@ from pitstop.serde.chunks import (
     CUT,
     LIST_PARAMS,
     Layout,
+    Split,
     assemble,
     check_chunk,
     decode_manifest,
@@ -58,10 +59,21 @@ def restore(layout: Layout, chunks: dict[bytes, bytes]) -> Any:
 def save(value: Any, parent: Layout | None, chunks: dict[bytes, bytes]) -> Layout:
     result = split(value, SER.dumps, SER.format_id, parent)
     assert result is not None
-    for key in result.new:
-        assert parent is None or key not in parent.keys()  # noqa: SIM118 - Layout.keys()
+    check_new(result, parent)
     chunks.update(result.new)
     return result.layout
+
+
+def check_new(result: Split, parent: Layout | None) -> None:
+    """Every node of the new tree the parent lacks is written, and no node the parent has;
+    a new leaf is the parent's only where a chunk cut afresh equals one elsewhere in it
+    (written again, to no effect)."""
+    old_nodes = parent.nodes.keys() if parent is not None else set()
+    assert result.layout.nodes.keys() - old_nodes <= result.new.keys()
+    assert not result.new.keys() & old_nodes
+    if parent is not None:
+        fresh = {e.key for e in result.layout.leaves}.difference(e.key for e in parent.leaves)
+        assert fresh <= result.new.keys()
 
 
 def test_list_round_trip_and_shape() -> None:
@@ -145,6 +157,66 @@ def test_sealed_growth_writes_each_item_once_and_keeps_records_small() -> None:
     assert len(layout.leaves) > 550
     assert max(roots) <= 40 and sum(roots) / len(roots) < 10
     assert restore(layout, chunks) == msgs
+
+
+def test_whole_value_save_checks_for_raw_buffers_only_after_an_unchanged_plain_prefix() -> None:
+    """With the serialiser's two-step dumps the chunker scans for bin headers only after
+    the prefix it found unchanged, and only when the parent's prefix held none: the layouts
+    are those of plain ``dumps``, and a bytearray anywhere keeps its type."""
+    rng = random.Random(7)
+    msgs: list[Any] = [message(rng) for _ in range(60)]
+    chunks: dict[bytes, bytes] = {}
+    layout = plain = save(msgs, None, chunks)
+    for _ in range(30):
+        msgs = [*msgs, message(rng)]
+        result = split(msgs, SER.dumps, SER.format_id, sealed(layout), exact=SER)
+        reference = split(msgs, SER.dumps, SER.format_id, sealed(plain))
+        assert result is not None and reference is not None
+        check_new(result, sealed(layout))
+        assert result.layout.leaves == reference.layout.leaves
+        assert result.new.keys() == reference.new.keys()
+        chunks.update(result.new)
+        layout, plain = result.layout, reference.layout
+        assert layout.prefix is not None and layout.prefix[3]  # random text: no 0xc4-0xc6
+        assert plain.prefix is not None and not plain.prefix[3]  # (not checked in two steps)
+    assert restore(layout, chunks) == msgs
+
+    # A bytearray appended, or in place of an equal bytes value in the kept prefix: each
+    # is found, and loads back a bytearray.
+    msgs = [*msgs, {"blob": bytearray(b"appended")}]
+    for edit in range(2):
+        result = split(msgs, SER.dumps, SER.format_id, sealed(layout), exact=SER)
+        assert result is not None
+        chunks.update(result.new)
+        layout = result.layout
+        back = restore(layout, chunks)
+        assert back == msgs and type(back[-1]["blob"]) is bytearray
+        assert layout.prefix is not None and not layout.prefix[3]
+        if edit == 0:
+            msgs = list(msgs)
+            msgs[3] = {"blob": b"same bytes"}
+            result = split(msgs, SER.dumps, SER.format_id, sealed(layout), exact=SER)
+            assert result is not None
+            chunks.update(result.new)
+            layout = result.layout
+            msgs = list(msgs)
+            msgs[3] = {"blob": bytearray(b"same bytes")}  # equal bytes once packed
+    assert type(restore(layout, chunks)[3]["blob"]) is bytearray
+
+
+def test_two_step_dumps_is_dumps() -> None:
+    """``dumps_unchecked`` then ``checked`` give what ``dumps`` gives, and say whether the
+    bytes after ``start`` hold a bin header byte."""
+    for value in ([1, "text"], {"a": b"\xc4"}, [bytearray(b"x")], [{"b": [bytearray(b"y")]}]):
+        packed = SER.dumps_unchecked(value)
+        assert packed is not None
+        encoded, clean = SER.checked(value, packed, 0)
+        assert encoded == SER.dumps(value)
+        assert clean == (value == [1, "text"])
+        assert type(SER.loads(encoded)) is type(value)
+    assert SER.checked([b"x"], SER.dumps([b"x"]), 3) == (SER.dumps([b"x"]), True)
+    assert SER.dumps_unchecked((1, 2)) is None  # not a list or dict: dumps alone
+    assert SER.dumps_unchecked([{1, 2}]) is None  # not plain data
 
 
 def test_delta_path_cuts_like_the_whole_value_path() -> None:

@@ -166,6 +166,23 @@ def test_in_place_edit_of_an_early_item_is_stored(store: Store) -> None:
     assert shared  # only the chunk holding item 3 (and the tree above it) is new
 
 
+def test_a_bytearray_in_a_grown_list_keeps_its_type(store: Store) -> None:
+    """A whole-value save checks only the part after the unchanged prefix for raw buffers
+    (while the prefix holds no bin header): a bytearray appended, or put where equal bytes
+    were in that prefix, still loads back a bytearray."""
+    msgs: list[Any] = _grow(store, "conv", 40)
+    msgs.append({"role": "tool", "content": bytearray(b"appended")})
+    store.save("conv", {"messages": msgs, "turn": 40})
+    msgs[2] = {"role": "tool", "content": b"equal bytes"}
+    store.save("conv", {"messages": msgs, "turn": 41})
+    msgs[2] = {"role": "tool", "content": bytearray(b"equal bytes")}
+    last = store.save("conv", {"messages": msgs, "turn": 42})
+    for ckpt in (store.latest("conv"), store.get(last.id)):
+        assert ckpt is not None and ckpt.state["messages"] == msgs
+        assert type(ckpt.state["messages"][2]["content"]) is bytearray
+        assert type(ckpt.state["messages"][-1]["content"]) is bytearray
+
+
 def test_append_and_merge_as_values_in_store_save(store: Store) -> None:
     rng = random.Random(5)
     first = [_message(rng, i) for i in range(80)]

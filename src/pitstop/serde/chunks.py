@@ -39,7 +39,7 @@ import operator
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, Protocol
 
 import ormsgpack
 import xxhash
@@ -178,9 +178,11 @@ class Layout:
     format_id: int = 0
     starts: list[int] = field(default_factory=list)
     """Item offset of each leaf (computed on demand)."""
-    prefix: tuple[int, int, bytes] | None = None
-    """``(leaves, bytes, xxh3-128)`` of the first final leaves' bytes, if known: a whole-value
-    save compares them with the new value's bytes in one hash, not one per leaf."""
+    prefix: tuple[int, int, bytes, bool] | None = None
+    """``(leaves, bytes, xxh3-128, plain)`` of the first final leaves' bytes, if known: a
+    whole-value save compares them with the new value's bytes in one hash, not one per leaf.
+    ``plain``: they hold no byte that begins a msgpack bin (0xc4-0xc6), so the next save's
+    check for raw buffers starts after them (:func:`_split_guided`)."""
     index: dict[bytes, tuple[Entry, list[Entry]]] = field(default_factory=dict)
     """The nodes by their last entry's key (:data:`NodeIndex`), for the next version's tree."""
     levels: list[tuple[list[Entry], list[Entry], list[int]]] = field(default_factory=list)
@@ -279,6 +281,7 @@ class _Builder:
         self.reuse_nodes = parent.nodes if parent is not None else {}
         self.nodes: dict[bytes, list[Entry]] = {}
         self.index: NodeIndex = {}
+        self.packed: dict[bytes, bytes] = {}
 
     def node(self, entries: list[Entry]) -> Entry:
         last = entries[-1].key
@@ -286,7 +289,9 @@ class _Builder:
         if found is not None and found[1] == entries:
             entry, entries = found
         else:
-            key = chunk_key(self.format_id, _pack_entries(entries))
+            packed = _pack_entries(entries)
+            key = chunk_key(self.format_id, packed)
+            self.packed[key] = packed
             items = size = 0
             for e in entries:
                 items += e.items
@@ -347,9 +352,19 @@ Levels = list[tuple[list[Entry], list[Entry], list[int]]]
 """A tree's levels, bottom up: each level's entries, the nodes grouping them, where each ends."""
 
 
-def build_tree(
-    leaves: list[Entry], format_id: int, parent: Layout | None = None
-) -> tuple[list[Entry], dict[bytes, list[Entry]], NodeIndex, Levels]:
+class Tree(NamedTuple):
+    """What :func:`build_tree` makes. ``packed``: the nodes not taken from the parent's tree,
+    encoded, the only ones that can be new (checked against the parent's nodes, not all of
+    the tree's, and written as they are, not encoded again)."""
+
+    root: list[Entry]
+    nodes: dict[bytes, list[Entry]]
+    node_index: NodeIndex
+    levels: Levels
+    packed: dict[bytes, bytes]
+
+
+def build_tree(leaves: list[Entry], format_id: int, parent: Layout | None = None) -> Tree:
     """The root entries over ``leaves``, the nodes they reference, their index and levels
     (what ``parent``'s tree shares with this one is taken from it, not packed and hashed
     again).
@@ -377,13 +392,13 @@ def build_tree(
         tails.append(trailing)
         level = sealed
     if not tails:
-        return list(level), builder.nodes, builder.index, levels
+        return Tree(list(level), builder.nodes, builder.index, levels, builder.packed)
     head = list(level)
     for trailing in reversed(tails[1:]):
         head = [builder.node(head), *trailing] if len(head) > 1 else head + trailing
     if len(head) > 1:
         head = [builder.node(head)]
-    return [*head, *tails[0]], builder.nodes, builder.index, levels
+    return Tree([*head, *tails[0]], builder.nodes, builder.index, levels, builder.packed)
 
 
 # -- item encodings ---------------------------------------------------------------------------
@@ -450,6 +465,14 @@ def _cuts(encodings: Sequence[bytes], params: Params) -> list[tuple[int, int, bo
     return ranges
 
 
+class Exact(Protocol):
+    """A serialiser's ``dumps`` in two steps (:class:`~pitstop.serde.codec.MsgpackSerializer`):
+    the plain encoding, then its check for what it cannot hold exactly, from an offset."""
+
+    def dumps_unchecked(self, value: Any) -> bytes | None: ...
+    def checked(self, value: Any, packed: bytes, start: int) -> tuple[bytes, bool]: ...
+
+
 class Split(NamedTuple):
     """A value cut into chunks, relative to its parent's layout."""
 
@@ -479,7 +502,7 @@ def _finish(
     chunk of ``raws`` not in it is written as new even if the parent has it elsewhere, which
     costs a write that changes nothing (the store keeps the row it has) but no pass over
     the parent's leaves."""
-    root, nodes, index, levels = build_tree(leaves, format_id, parent)
+    root, nodes, index, levels, packed = build_tree(leaves, format_id, parent)
     layout = Layout(kind, meta, items, root, leaves, nodes, format_id, index=index, levels=levels)
     if parent is not None and shared and parent.kind == kind:
         old_starts = parent.leaf_starts()
@@ -492,8 +515,11 @@ def _finish(
     if known is None:
         known = {e.key for e in parent.leaves} if parent is not None else set()
     new = {k: raw for k, raw in raws.items() if k not in known}
-    for key in nodes.keys() - parent.nodes.keys() if parent is not None else nodes:
-        new[key] = _pack_entries(nodes[key])
+    # Only a node packed anew can be new: a pass over those few, not over every node.
+    old_nodes = parent.nodes if parent is not None else {}
+    for key, encoded in packed.items():
+        if key not in old_nodes:
+            new[key] = encoded
     extended: list[tuple[bytes, bytes, int]] = []
     if parent is not None and parent.kind == kind and parent.leaves:
         last = parent.leaves[-1]
@@ -564,10 +590,12 @@ def split(
     parent: Layout | None = None,
     *,
     dict_params: Params = DICT_PARAMS,
+    exact: Exact | None = None,
 ) -> Split | None:
     """``value`` as chunks, or None if it is not a chunked kind (or a dict msgpack cannot
     hold as a plain map). Every item is serialised once; chunks the parent has are found by
-    their keys. ``dict_params``: where a dict is cut (a list always at :data:`LIST_PARAMS`)."""
+    their keys. ``dict_params``: where a dict is cut (a list always at :data:`LIST_PARAMS`).
+    ``exact``: ``dumps`` in two steps, if the serialiser has them (see :func:`_split_guided`)."""
     kind = kind_of(value)
     if kind is None:
         return None
@@ -575,7 +603,7 @@ def split(
     leaves: list[Entry] = []
     if kind in ("list", "dict"):
         if parent is not None and parent.kind == kind and parent.leaves:
-            return _split_guided(kind, value, dumps, format_id, parent, dict_params)
+            return _split_guided(kind, value, dumps, format_id, parent, dict_params, exact)
         encodings = _encode_items(kind, value, dumps, 0, len(value))
         if encodings is None:
             return None
@@ -618,7 +646,8 @@ def _header_size(n: int) -> int:
 
 
 def _split_guided(
-    kind: str, value: Any, dumps: Dumps, format_id: int, parent: Layout, dict_params: Params
+    kind: str, value: Any, dumps: Dumps, format_id: int, parent: Layout, dict_params: Params,
+    exact: Exact | None = None,
 ) -> Split | None:
     """``value`` cut where its parent was, where it can be. The value is serialised once,
     whole; each of the parent's chunks is then compared, by its key, with the bytes at its
@@ -630,13 +659,19 @@ def _split_guided(
     Equal bytes from the start are the same items (msgpack items delimit themselves). For
     the suffix the bytes are checked to begin where the re-serialised middle ends; if not,
     nothing after the prefix is reused.
+
+    With ``exact``, the check of the whole encoding for raw buffers (a scan of it for three
+    byte values) skips the kept prefix when the parent's prefix held none of those bytes:
+    equal bytes hold the same bin headers, so none.
     """
     n = len(value)
     items = list(value.items()) if kind == "dict" else None
     old = parent.leaves
     starts = parent.leaf_starts()
-    whole = dumps(value)
-    body = memoryview(whole)[_header_size(n) :]
+    packed = exact.dumps_unchecked(value) if exact is not None else None
+    whole = dumps(value) if packed is None else packed
+    header = _header_size(n)
+    body = memoryview(whole)[header:]
     total = len(body)
     digest = xxhash.xxh3_128_digest
     leaves: list[Entry] = []
@@ -646,14 +681,28 @@ def _split_guided(
     offset = 0
     count = len(old)
     span = parent.prefix
+    # One pass of the hash over the value's bytes, not two: the state after the parent's
+    # prefix is carried on to the end of this version's (its next save checks that one).
+    prefix_hash: Any = None
+    hashed = 0  # bytes prefix_hash has seen
     if (
         span is not None
         and span[0] <= count
         and starts[span[0] - 1] + old[span[0] - 1].items <= n
         and span[1] <= total
-        and digest(body[: span[1]], seed=format_id) == span[2]
     ):
-        i, offset = span[0], span[1]  # the parent's final chunks, checked in one hash
+        prefix_hash = xxhash.xxh3_128(body[: span[1]], seed=format_id)
+        if prefix_hash.digest() == span[2]:
+            i, offset = span[0], span[1]  # the parent's final chunks, checked in one hash
+            hashed = offset
+        else:
+            prefix_hash = None
+    plain = False  # whether the body holds no bin header byte (see Layout.prefix)
+    if exact is not None and packed is not None:
+        clean_to = header + (hashed if span is not None and span[3] else 0)
+        whole, plain = exact.checked(value, packed, clean_to)
+        if whole is not packed:  # a raw buffer (rare): its exact bytes are not those hashed
+            return _split_guided(kind, value, dumps, format_id, parent, dict_params)
     while i < count:
         entry = old[i]
         if not entry.flags & CUT or starts[i] + entry.items > n or offset + entry.size > total:
@@ -700,7 +749,10 @@ def _split_guided(
         final = cut or (k == len(ranges) - 1 and bool(suffix))  # cut before a kept suffix
         leaves.append(Entry(key, b - a, len(raw), CUT if final else 0))
     leaves.extend(suffix)
-    result = _finish(kind, None, n, leaves, raws, format_id, parent, shared=i)
+    # Only the parent's chunks between the kept prefix and suffix can be among the new ones
+    # (one equal to a chunk elsewhere is written again, to no effect): no set of every key.
+    replaced = {e.key for e in old[i : count - len(suffix)]}
+    result = _finish(kind, None, n, leaves, raws, format_id, parent, shared=i, known=replaced)
     # What the next whole-value save checks in one hash: the bytes of the final chunks
     # before the last one (the last may become a kept suffix, shifted).
     kept = len(leaves) - 1
@@ -711,7 +763,12 @@ def _split_guided(
             end = offset + sum(e.size for e in leaves[i:kept])
         else:
             end = sum(e.size for e in leaves[:kept])
-        result.layout.prefix = (kept, end, digest(body[:end], seed=format_id))
+        if prefix_hash is not None and end >= hashed:
+            prefix_hash.update(body[hashed:end])
+            key = prefix_hash.digest()
+        else:
+            key = digest(body[:end], seed=format_id)
+        result.layout.prefix = (kept, end, key, plain)
     return result
 
 
@@ -930,6 +987,7 @@ __all__ = [
     "Layout",
     "Manifest",
     "Split",
+    "Tree",
     "assemble",
     "build_tree",
     "check_chunk",

@@ -91,7 +91,7 @@ def split_parts(
     lengths = [len(skeleton), [v.nbytes for v in views]]
     total = len(skeleton) + sum(v.nbytes for v in views)
     same_kind = parent if parent is not None and parent.kind == KIND else None
-    root, nodes, index, levels = build_tree(leaves, format_id, same_kind)
+    root, nodes, index, levels, _ = build_tree(leaves, format_id, same_kind)
     layout = Layout(
         KIND, lengths, total, root, leaves, nodes, format_id, index=index, levels=levels
     )

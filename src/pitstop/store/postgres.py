@@ -556,6 +556,8 @@ class PostgresStore(SqlStore):
             # collision) leaves the head where it is: the shared path then says why. A
             # stored one not comparable here (a prefix, a blob-store file) goes there too.
             head_sql += " AND NOT EXISTS (SELECT 1 FROM clash)"
+        # Arrays of bytea go as %b, in binary: as text psycopg escapes every element in Python
+        # (a late save of a 2,000-turn conversation: ~50 us of its ~0.3 ms client side).
         parts = ["moved AS (" + POSTGRES.for_driver(head_sql) + " RETURNING run_id)"]
         if plan.refs:
             # The GC lock (see _lock_values) is taken when `gc` is first read, before any
@@ -563,7 +565,7 @@ class PostgresStore(SqlStore):
             if chunks:
                 parts.insert(
                     0,
-                    "clash AS (SELECT 1 FROM unnest(%s::bytea[], %s::bytea[]) AS c(hash, data) "
+                    "clash AS (SELECT 1 FROM unnest(%b::bytea[], %b::bytea[]) AS c(hash, data) "
                     "JOIN pitstop_blobs b ON b.hash = c.hash WHERE b.alias IS NOT NULL "
                     "OR b.location IS NOT NULL OR b.data <> c.data)",
                 )
@@ -577,7 +579,7 @@ class PostgresStore(SqlStore):
             parts.append(
                 "vals AS (INSERT INTO pitstop_blobs (hash, data, size, created_at, run_id) "
                 "SELECT v.hash, v.data, v.size, %s, moved.run_id FROM gc, moved, "
-                "unnest(%s::bytea[], %s::bytea[], %s::bigint[]) AS v(hash, data, size) "
+                "unnest(%b::bytea[], %b::bytea[], %s::bigint[]) AS v(hash, data, size) "
                 "ON CONFLICT (hash) DO NOTHING RETURNING hash)"
             )
             params += [
@@ -588,7 +590,7 @@ class PostgresStore(SqlStore):
             ]
             parts.append(
                 "refs AS (INSERT INTO pitstop_blob_refs (run_id, hash) "
-                "SELECT moved.run_id, r.hash FROM gc, moved, unnest(%s::bytea[]) AS r(hash) "
+                "SELECT moved.run_id, r.hash FROM gc, moved, unnest(%b::bytea[]) AS r(hash) "
                 "WHERE r.hash NOT IN (SELECT hash FROM vals) "
                 "ON CONFLICT (run_id, hash) DO NOTHING)"
             )
@@ -601,13 +603,13 @@ class PostgresStore(SqlStore):
             targets = [a.target for a in plan.aliases]
             parts.append(
                 "follow AS (UPDATE pitstop_blobs b SET alias = t.target FROM gc, moved, "
-                "unnest(%s::bytea[], %s::bytea[]) AS t(key, target) WHERE b.alias = t.key)"
+                "unnest(%b::bytea[], %b::bytea[]) AS t(key, target) WHERE b.alias = t.key)"
             )
             params += [keys, targets]
             parts.append(
                 "aliased AS (UPDATE pitstop_blobs b SET data = '', alias = t.target "
                 "FROM gc, moved, "
-                "unnest(%s::bytea[], %s::bytea[], %s::bigint[]) AS t(key, target, size) "
+                "unnest(%b::bytea[], %b::bytea[], %s::bigint[]) AS t(key, target, size) "
                 "WHERE b.hash = t.key AND b.alias IS NULL AND b.location IS NULL "
                 "AND b.size = t.size)"
             )
@@ -618,7 +620,7 @@ class PostgresStore(SqlStore):
             parts.append(
                 "efx AS (INSERT INTO pitstop_effects (run_id, key, checkpoint_id, result, hash, "
                 "created_at) SELECT moved.run_id, e.key, e.checkpoint_id, e.result, e.hash, %s "
-                "FROM moved, unnest(%s::text[], %s::text[], %s::bytea[], %s::bytea[]) "
+                "FROM moved, unnest(%s::text[], %s::text[], %b::bytea[], %b::bytea[]) "
                 "AS e(key, checkpoint_id, result, hash) ON CONFLICT (run_id, key) DO NOTHING)"
             )
             params += [
@@ -639,7 +641,7 @@ class PostgresStore(SqlStore):
             parts.append(
                 f"attx{n} AS (INSERT INTO pitstop_effects (run_id, key, checkpoint_id, result, "
                 "hash, created_at) SELECT moved.run_id, e.key, %s, e.result, e.hash, %s "
-                "FROM moved, unnest(%s::text[], %s::bytea[], %s::bytea[]) AS e(key, result, hash) "
+                "FROM moved, unnest(%s::text[], %b::bytea[], %b::bytea[]) AS e(key, result, hash) "
                 f"WHERE NOT EXISTS (SELECT 1 FROM att{n}) ON CONFLICT (run_id, key) DO NOTHING)"
             )
             params += [

@@ -90,6 +90,12 @@ class ValueCodec:
         superseded chunk an alias): see :func:`pitstop.serde.chunks.sealed`; and cut dicts
         into larger chunks (:data:`~pitstop.serde.chunks.SEALED_DICT_PARAMS`). For a store
         that keeps every row it writes."""
+        # pitstop's own msgpack (not a subclass, whose dumps may differ) encodes a chunked
+        # value and checks it in two steps: the chunker then skips the check over the
+        # prefix it finds unchanged (see pitstop.serde.chunks._split_guided).
+        self._exact: chunking.Exact | None = (
+            self.serializer if type(self.serializer) is MsgpackSerializer else None
+        )
         safe = MsgpackSerializer(getattr(self.serializer, "registry", None))
         self._readers: dict[int, Serializer] = {safe.format_id: safe}
         self._readers[self.serializer.format_id] = self.serializer
@@ -189,7 +195,8 @@ class ValueCodec:
                 )
             else:
                 result = chunking.split(
-                    value, self.serializer.dumps, fmt, parent, dict_params=cuts
+                    value, self.serializer.dumps, fmt, parent, dict_params=cuts,
+                    exact=self._exact,
                 )
         except Exception:
             result = None
