@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from pathlib import Path
@@ -48,50 +47,17 @@ def test_a_store_that_only_reads_starts_no_thread(tmp_path: Path) -> None:
         assert len(_checkpoint_threads()) == before
 
 
-def test_a_forked_child_checkpoints_on_a_thread_of_its_own(tmp_path: Path) -> None:
-    store = pitstop.open_store(f"sqlite:///{tmp_path / 'runs.db'}")
-    assert isinstance(store, SQLiteStore) and store._wal is not None
-    try:
-        for i in range(200):  # the parent's thread is started
-            store.save("parent", {"i": i})
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child reports through its exit status
-            code = 1
-            try:
-                runs = store._wal.runs
-                for i in range(300):
-                    store.save("child", {"i": i})
-                deadline = time.monotonic() + 60
-                while store._wal.runs == runs and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                code = 0 if store._wal.runs > runs and _checkpoint_threads() else 2
-            finally:
-                os._exit(code)
-        assert _wait_or_kill(pid, 120) == 0  # -1: the child hung (was killed)
-        assert store.latest("child").state["i"] == 299  # type: ignore[union-attr]
-    finally:
-        store.close()
-
-
-def _wait_or_kill(pid: int, seconds: float) -> int:
-    """The child's exit code, or -1 after killing a child that is still running (hung)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.01)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    return -1
-
-
-_FORKS = """
-import os, sys, time
+# The fork tests run in a fresh interpreter: a thread of another test of this process (say a
+# LangGraph saver's, committing held writes to its own SQLite file) inside SQLite at the fork
+# would hang the child as the store's own thread once did, and only the store's own thread is
+# what they check.
+_FORK_PRELUDE = """
+import os, sys, threading, time
 import pitstop
 from pitstop.store.sqlite import SQLiteStore
 
 def wait_or_kill(pid, seconds):
+    # The child's exit code, or -1 after killing a child still running (hung).
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         done, status = os.waitpid(pid, os.WNOHANG)
@@ -104,6 +70,37 @@ def wait_or_kill(pid, seconds):
 
 store = pitstop.open_store("sqlite:///" + sys.argv[1])
 assert isinstance(store, SQLiteStore) and store._wal is not None
+"""
+
+_CHILD_CHECKPOINTS = _FORK_PRELUDE + """
+for i in range(200):  # the parent's thread is started
+    store.save("parent", {"i": i})
+pid = os.fork()
+if pid == 0:
+    code = 1
+    try:
+        runs = store._wal.runs
+        for i in range(300):
+            store.save("child", {"i": i})
+        deadline = time.monotonic() + 60
+        while store._wal.runs == runs and time.monotonic() < deadline:
+            time.sleep(0.01)
+        threads = [t for t in threading.enumerate() if t.name == "pitstop-wal-checkpoint"]
+        code = 0 if store._wal.runs > runs and threads else 2
+    finally:
+        os._exit(code)
+print(wait_or_kill(pid, 120), store.latest("child").state["i"])
+store.close()
+"""
+
+
+def test_a_forked_child_checkpoints_on_a_thread_of_its_own(tmp_path: Path) -> None:
+    done = run_python(_CHILD_CHECKPOINTS, str(tmp_path / "runs.db"), timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0", "299"]  # -1: the child hung (was killed)
+
+
+_FORKS = _FORK_PRELUDE + """
 codes = []
 for n in range(20):
     for i in range(150):
@@ -125,10 +122,7 @@ print(codes)
 def test_fork_while_the_thread_checkpoints_never_hangs_the_child(tmp_path: Path) -> None:
     # A fork while the thread held one of SQLite's mutexes left the child blocked forever in
     # its first connect; fork() now waits until the thread is outside SQLite. Each fork
-    # follows a burst of saves, so the thread is likely mid-checkpoint when it happens. In a
-    # fresh interpreter: a thread of another test of this process (say a LangGraph saver's,
-    # committing held writes to its own SQLite file) inside SQLite at the fork would hang the
-    # child the same way, and only the store's own thread is what this checks.
+    # follows a burst of saves, so the thread is likely mid-checkpoint when it happens.
     done = run_python(_FORKS, str(tmp_path / "runs.db"), timeout=900)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str([0] * 20)  # -1: that child hung and was killed
