@@ -27,9 +27,7 @@ import ormsgpack
 
 from ..errors import CorruptCheckpointError
 
-FRAME_HEADER = struct.Struct(">II")
-"""A frame's header: its payload's length and CRC-32."""
-_HEADER = FRAME_HEADER
+_HEADER = struct.Struct(">II")
 
 
 def frame_records(rows: Iterable[tuple[str, bytes, bytes]], *, replace: bool) -> bytes:

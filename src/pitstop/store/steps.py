@@ -28,16 +28,11 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
-from hashlib import sha256
 from typing import Any, Final
-from zlib import crc32
-
-import ormsgpack
 
 from ..model import RunStatus
-from .attached import FRAME_HEADER as _FRAME_HEADER
 from .base import Unset
-from .effects import Attachment, Effects
+from .effects import Effects
 from .records import (
     INLINE_MAX,
     CheckpointRecord,
@@ -165,7 +160,7 @@ class StepSaves(Effects):
         if attach:
             for target, results in attach.items():
                 if results:
-                    attachment = self._step_attachment(run_id, target, results, now)
+                    attachment = self._attachment(run_id, target, results, now, False)
                     if target == checkpoint_id:
                         record.writes = attachment.frames  # outside the checksum
                     else:
@@ -206,40 +201,6 @@ class StepSaves(Effects):
             raise
         self._heads.put(run_id, checkpoint_id)
         return True
-
-    def _step_attachment(
-        self, run_id: str, target: str, results: Mapping[str, Any], now: float
-    ) -> Attachment:
-        """``Effects._attachment`` (kept once, not replaced) for byte-string records: the
-        same frames, each value framed and content-hashed as ``encode_value`` does, in one
-        loop instead of four calls a record. Anything else (and a record long enough to be
-        compressed) takes ``_attachment``. (Framing is not imported: listing runs must not
-        load zstd; a short value's frame is its format byte and its bytes.)"""
-        codec = self._value_codec
-        serializer = codec.serializer
-        fmt = serializer.format_id
-        mark = bytes((fmt,))
-        threshold = codec.compress_threshold
-        rows = []
-        out = bytearray()
-        for key, value in results.items():
-            if type(value) is not bytes or type(key) is not str:
-                return self._attachment(run_id, target, results, now, False)
-            try:
-                raw = serializer.dumps(value)
-            except Exception:
-                # _attachment names the record in the error.
-                return self._attachment(run_id, target, results, now, False)
-            if threshold is not None and len(raw) >= threshold:
-                # Maybe compressed when framed: _attachment decides, as for any value.
-                return self._attachment(run_id, target, results, now, False)
-            hash_ = sha256(mark + raw).digest()  # = framing.digest(fmt, raw)
-            data = mark + raw  # = framing.frame(raw, fmt): too short to compress
-            payload = ormsgpack.packb([key, data, hash_, False])
-            out += _FRAME_HEADER.pack(len(payload), crc32(payload))
-            out += payload
-            rows.append((run_id, key, target, data, hash_, now))
-        return Attachment(target, bytes(out), rows, False)
 
 
 __all__ = ["StepSaves", "head_update_sql"]
