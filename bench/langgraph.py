@@ -99,8 +99,8 @@ from langgraph.graph import END, START, StateGraph
 
 import pitstop
 from pitstop.integrations.langgraph import PitstopSaver
-from pitstop.store.attached import frame_records, read_frames
-from pitstop.store.schema import APPEND_ATTACHED, UNATTACHED_COLUMNS
+from pitstop.store.encoding.attached import frame_records, read_frames
+from pitstop.store.engine.schema import APPEND_ATTACHED, UNATTACHED_COLUMNS
 
 PG_URL = os.environ.get("PITSTOP_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 MiB = 1024 * 1024

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _have_postgres_backend() -> bool:
     try:
-        import pitstop.store.postgres  # noqa: F401
+        import pitstop.store.backends.postgres  # noqa: F401
     except ImportError:
         return False
     return True

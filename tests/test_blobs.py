@@ -12,8 +12,8 @@ import pytest
 
 import pitstop
 from pitstop import CorruptCheckpointError, RetentionPolicy, RunStatus, StoreError
-from pitstop.store import schema as store_schema
-from pitstop.store.blobs import DirectoryBlobStore
+from pitstop.store.encoding.blobs import DirectoryBlobStore
+from pitstop.store.engine import schema as store_schema
 
 BIG = os.urandom(300_000)  # incompressible: its stored size stays above the threshold
 BIG2 = os.urandom(300_000)

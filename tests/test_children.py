@@ -665,7 +665,7 @@ def test_cancelling_a_parent_while_its_children_complete_ends_consistent() -> No
     """Twenty children completing on threads while their parent is cancelled: every child ends
     completed (before the cancel) or cancelled, none is left running or queued, the parent
     ends cancelled, and the parent's inbox holds exactly the children that completed first."""
-    from pitstop.store.children import child_input
+    from pitstop.store.engine.children import child_input
 
     schema, url = _pg_store()
     parent = pitstop.Workflow("race-parent")

@@ -31,7 +31,7 @@ from conftest import BACKENDS, ROOT, drop_pg_schema, pg_schema_url
 from pitstop import RetentionPolicy, RunStatus, Store
 from pitstop.cli.app import all_commands, run
 from pitstop.cli.state import diff, lookup, parse_path
-from pitstop.store import schema as store_schema
+from pitstop.store.engine import schema as store_schema
 
 # The workflow the tests operate, written to a file for subprocesses and executed here for
 # in-process use: one definition for both.

@@ -29,8 +29,8 @@ NEVER_FOR_LISTING = [
     "numpy",
     "asyncio",
     "rich",
-    # What encodes and decodes values (pitstop.store.valuecodec): rows and counts need none.
-    "pitstop.store.valuecodec",
+    # What encodes and decodes values (store.encoding.valuecodec): rows and counts need none.
+    "pitstop.store.encoding.valuecodec",
     "pitstop.serde.chunks",
     "pitstop.serde.partchunks",
     "pitstop.serde.framing",
@@ -113,14 +113,14 @@ def test_on_postgresql_too(postgres_url: str) -> None:
 def test_show_imports_the_codec_it_needs(sqlite_url: str) -> None:
     # The other side of the lazy imports: a command that decodes a state gets the codec.
     loaded = loaded_by("show", "done", "--store", sqlite_url)
-    assert {"pitstop.serde.codec", "pitstop.store.valuecodec"} <= loaded
+    assert {"pitstop.serde.codec", "pitstop.store.encoding.valuecodec"} <= loaded
 
 
 def test_the_row_layer_knows_the_chunk_key_size() -> None:
     # records.py keeps its own copy so that reading rows does not import the chunker.
     from pitstop.serde.chunks import KEY_SIZE
-    from pitstop.store.records import CHUNK_KEY_SIZE, ValueCodec
-    from pitstop.store.valuecodec import ValueCodec as moved
+    from pitstop.store.encoding.records import CHUNK_KEY_SIZE, ValueCodec
+    from pitstop.store.encoding.valuecodec import ValueCodec as moved
 
     assert CHUNK_KEY_SIZE == KEY_SIZE
     assert ValueCodec is moved  # the old home still resolves
@@ -136,7 +136,7 @@ def test_import_pitstop_is_cheap_and_its_names_all_resolve() -> None:
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     loaded = packages(set(result["before"]))
-    assert not loaded & {*NEVER_FOR_LISTING, "click", "pitstop.store.sqlite",
+    assert not loaded & {*NEVER_FOR_LISTING, "click", "pitstop.store.backends.sqlite",
                          "pitstop.serde.chunks"}, sorted(loaded)
     assert result["missing"] == []  # every public name still there, loaded on first use
 

@@ -1,7 +1,7 @@
 """``pitstop export`` streams a run's records, not only its values.
 
 A run with very many checkpoints, inputs and effect records is read a page of rows at a time
-into temporary files (``Store.export_run(stream=True)``, ``pitstop.store.spool``), inside
+into temporary files (``Store.export_run(stream=True)``, ``pitstop.store.engine.spool``), inside
 the export's one read transaction: memory holds a page, not the run. The archive is byte for
 byte the one written from the same records held in lists, and imports back whole. Real
 SQLite files and PostgreSQL schemas.
@@ -22,7 +22,7 @@ import pytest
 import pitstop
 from conftest import BACKENDS, drop_pg_schema, pg_schema_url
 from pitstop import archive
-from pitstop.store import spool
+from pitstop.store.engine import spool
 
 SQL_BACKENDS = [b for b in BACKENDS if b != "memory"]
 

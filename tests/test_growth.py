@@ -20,7 +20,7 @@ import pitstop
 from conftest import ROOT
 from pitstop import Append, CorruptCheckpointError, Merge, RetentionPolicy, Store
 from pitstop.delta import combine
-from pitstop.store.records import decode_field_map, is_chunk_key
+from pitstop.store.encoding.records import decode_field_map, is_chunk_key
 
 
 def test_apply_and_combine() -> None:
@@ -543,7 +543,7 @@ def test_gc_never_deletes_a_chunk_a_concurrent_save_references(open_store: Any) 
 def test_a_store_from_before_chunks_is_upgraded_and_keeps_its_values(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pitstop.store import schema as sqlmod
+    from pitstop.store.engine import schema as sqlmod
 
     url = f"sqlite:///{tmp_path / 'old.db'}"
     rng = random.Random(9)

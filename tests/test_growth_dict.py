@@ -12,7 +12,7 @@ from typing import Any
 from pitstop import Merge, Store
 from pitstop.serde import unframe
 from pitstop.serde.framing import is_compressed
-from pitstop.store.records import is_chunk_key
+from pitstop.store.encoding.records import is_chunk_key
 
 
 def _text(rng: random.Random, n: int = 100) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from pitstop import RetentionPolicy, Store
-from pitstop.store.backend import CHUNK, _as_any
+from pitstop.store.engine.backend import CHUNK, _as_any
 
 
 def test_only_one_in_list_is_rewritten() -> None:

@@ -24,14 +24,14 @@ import pytest
 
 import pitstop
 from conftest import PG_URL, drop_pg_schema, pg_schema_url
-from pitstop.store import schema as store_schema
-from pitstop.store.sqlite import SQLITE
+from pitstop.store.backends.sqlite import SQLITE
+from pitstop.store.engine import schema as store_schema
 
 STATEMENT = store_schema.MIGRATIONS[4][2][0]
 
 
 def test_a_statement_for_one_dialect_runs_on_it_alone() -> None:
-    postgres = pytest.importorskip("pitstop.store.postgres")
+    postgres = pytest.importorskip("pitstop.store.backends.postgres")
     assert store_schema.MIGRATIONS[4][0] == 5
     assert SQLITE.ddl(STATEMENT) == ""
     assert postgres.POSTGRES.ddl(STATEMENT) == (

@@ -15,7 +15,7 @@ import pytest
 from pitstop import CorruptCheckpointError, Store
 from pitstop.serde import chunks as chunking
 from pitstop.serde import unframe
-from pitstop.store.records import decode_field_map
+from pitstop.store.encoding.records import decode_field_map
 
 
 def _conversation(store: Store, turns: int = 150) -> list[dict[str, Any]]:
@@ -170,7 +170,7 @@ def test_list_from_rows_checks_every_row_and_drops_each_once_decoded() -> None:
     compressed, missing or of another format, for the per-chunk path to read and name.
     ``consume`` empties the caller's rows, unless a chunk is used twice."""
     from pitstop.serde import MsgpackSerializer, frame
-    from pitstop.store.leafrows import list_from_rows
+    from pitstop.store.encoding.leafrows import list_from_rows
 
     ser = MsgpackSerializer()
     rng = random.Random(6)

@@ -27,8 +27,8 @@ import pitstop
 from conftest import BACKENDS, PG_URL, drop_pg_schema, pg_schema_url
 from pitstop import Store
 from pitstop.cli.app import run as cli_run
-from pitstop.store.records import CheckpointRecord, decode_field_map, encode_field_map
-from pitstop.store.schema import SELECT_CHECKPOINT
+from pitstop.store.encoding.records import CheckpointRecord, decode_field_map, encode_field_map
+from pitstop.store.engine.schema import SELECT_CHECKPOINT
 
 SQL_BACKENDS = [b for b in BACKENDS if b != "memory"]
 
@@ -451,7 +451,7 @@ def test_good_url_options_still_open(tmp_path: Path) -> None:
 
 @pytest.mark.skipif("postgres" not in BACKENDS, reason="no PostgreSQL backend")
 def test_a_schema_name_of_63_bytes_is_taken_and_one_of_64_refused() -> None:
-    from pitstop.store.postgres import PostgresStore
+    from pitstop.store.backends.postgres import PostgresStore
 
     name = f"h{uuid.uuid4().hex[:8]}_" + "é" * 26 + "x"  # 10 + 52 + 1 = 63 bytes
     assert len(name.encode()) == 63
@@ -749,7 +749,7 @@ def test_fallback_on_a_branched_run_stays_on_the_runs_own_branch(url: str) -> No
     own; the two checkpoints of its branch rot. By stored order the newest valid one is 4,
     a state the run abandoned; along the head's ancestry (the records' checksums hold, so
     their parent links are true) it is the branch point, 1."""
-    from pitstop.store.records import decode_field_map
+    from pitstop.store.encoding.records import decode_field_map
 
     with pitstop.open_store(url) as store:
         ids = _five(store)

@@ -549,7 +549,7 @@ def test_run_status_is_written_only_when_it_may_have_changed(
 
     monkeypatch.setattr(store, "save", spy)
     save_step = getattr(store, "save_step", None)
-    if save_step is not None:  # a loop step's save on SQLite (pitstop.store.steps)
+    if save_step is not None:  # a loop step's save on SQLite (pitstop.store.engine.steps)
 
         def spy_step(*args: Any, **kwargs: Any) -> Any:
             written = save_step(*args, **kwargs)

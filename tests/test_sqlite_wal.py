@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pitstop
 from conftest import run_python
-from pitstop.store.sqlite import SQLiteStore
+from pitstop.store.backends.sqlite import SQLiteStore
 
 
 def _checkpoint_threads() -> list[threading.Thread]:
@@ -54,7 +54,7 @@ def test_a_store_that_only_reads_starts_no_thread(tmp_path: Path) -> None:
 _FORK_PRELUDE = """
 import os, sys, threading, time
 import pitstop
-from pitstop.store.sqlite import SQLiteStore
+from pitstop.store.backends.sqlite import SQLiteStore
 
 def wait_or_kill(pid, seconds):
     # The child's exit code, or -1 after killing a child still running (hung).

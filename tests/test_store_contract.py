@@ -464,7 +464,7 @@ def test_retention_policy_validates() -> None:
 
 def _corrupt_blob(store: Store, checkpoint_id: str, field: str) -> None:
     """Flip bytes of a stored value behind the store's back (through its own connection)."""
-    from pitstop.store.records import decode_field_map
+    from pitstop.store.encoding.records import decode_field_map
 
     def edit(tx: Any) -> None:
         fields = tx.one("SELECT fields FROM pitstop_checkpoints WHERE id = ?", (checkpoint_id,))[0]
@@ -730,7 +730,7 @@ def test_async_api_has_the_same_shape(store: Store) -> None:
 
 
 def test_schema_version_is_recorded(store: Store) -> None:
-    from pitstop.store.schema import LATEST_SCHEMA
+    from pitstop.store.engine.schema import LATEST_SCHEMA
 
     assert store.schema_version() == LATEST_SCHEMA  # type: ignore[attr-defined]
     assert store.migrate() == LATEST_SCHEMA
@@ -843,7 +843,7 @@ def test_a_branch_from_a_pruned_away_value_is_refused_not_dangling(
 
 
 def test_async_store_has_every_public_method() -> None:
-    from pitstop.store.aio import AsyncStore
+    from pitstop.store.contract.aio import AsyncStore
 
     public = {n for n in dir(Store) if not n.startswith("_") and callable(getattr(Store, n))}
     assert public - set(dir(AsyncStore)) == set()

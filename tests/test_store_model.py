@@ -24,7 +24,7 @@ import pitstop
 from conftest import BACKENDS, drop_pg_schema, pg_schema_url
 from pitstop import RetentionPolicy
 from pitstop.serde import MsgpackSerializer, digest
-from pitstop.store.records import INLINE_MAX
+from pitstop.store.encoding.records import INLINE_MAX
 
 RUNS = ["a", "b", "c"]
 FIELDS = ["messages", "plan", "count", "blob"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from pitstop import RunStatus, Store
-from pitstop.store import schema
+from pitstop.store.engine import schema
 
 
 def _columns(store: Store, table: str) -> tuple[str, ...]:

@@ -1,4 +1,4 @@
-"""``save_step`` (pitstop.store.steps): a step's small checkpoint written without the shared
+"""``save_step`` (pitstop.store.engine.steps): a step's small checkpoint written without the shared
 path, exactly as the shared path writes it, and nothing written whenever it is not that case
 (the shared path then takes the save and its rules apply)."""
 
@@ -12,7 +12,7 @@ import pytest
 
 import pitstop
 from pitstop import ConflictError, RunBusyError, RunStatus
-from pitstop.store.sql import SqlStore
+from pitstop.store.engine.sql import SqlStore
 
 _COLUMNS = "id, run_id, parent_id, step, schema_version, metadata, fields, size, added, writes"
 _RUN = "run_id, workflow, status, head_id, step, waiting_for, wake_at, checkpoints, bytes"
@@ -90,7 +90,7 @@ def test_what_is_not_a_step_is_left_to_the_shared_path(store: SqlStore) -> None:
                                   "checkpoint_id": "c1", "changed": ["n"], **options}
         return store.save_step("r", {"n": b"\x01"} if state is None else state, **kwargs)
 
-    assert not step(expected_head=pitstop.store.base.UNSET)  # a branch: any head
+    assert not step(expected_head=pitstop.store.contract.base.UNSET)  # a branch: any head
     assert not step(status=RunStatus.WAITING)
     assert not step(metadata={"waiting_for": ["x"]})
     assert not step({"n": b"x" * 100})  # too long to keep inline
@@ -128,6 +128,6 @@ def test_an_id_already_taken_is_left_to_the_shared_path(store: SqlStore) -> None
 
 
 def test_postgres_writes_steps_in_its_own_statement() -> None:
-    from pitstop.store.postgres import PostgresStore
+    from pitstop.store.backends.postgres import PostgresStore
 
     assert not PostgresStore.step_saves

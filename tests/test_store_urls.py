@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import pitstop
-from pitstop.store.urls import redact
+from pitstop.store.contract.urls import redact
 
 
 def test_redact_hides_userinfo_passwords_and_password_options() -> None:

@@ -19,7 +19,7 @@ import pitstop
 from pitstop import RetentionPolicy
 from pitstop.serde import chunks
 from pitstop.store import Store
-from pitstop.store import schema as store_schema
+from pitstop.store.engine import schema as store_schema
 
 BACKENDS = pytest.mark.parametrize("store_url", ["sqlite", "postgres"], indirect=True)
 KEEP_ONE = RetentionPolicy(keep_last=1, keep_milestones=False)

@@ -64,10 +64,10 @@ import zstandard
 from pitstop.errors import ArchiveError, CorruptCheckpointError
 from pitstop.ids import new_id
 from pitstop.model import Run
-from pitstop.store.base import Progress, Store
-from pitstop.store.records import CheckpointRecord, encode_metadata
-from pitstop.store.rowcheck import export_problem
-from pitstop.store.transfer import (
+from pitstop.store.contract.base import Progress, Store
+from pitstop.store.encoding.records import CheckpointRecord, encode_metadata
+from pitstop.store.engine.rowcheck import export_problem
+from pitstop.store.transfer.runs import (
     CheckedValues,
     EffectRecord,
     InputRecord,

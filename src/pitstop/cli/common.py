@@ -23,7 +23,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from pitstop.errors import CheckpointNotFoundError, RunNotFoundError, StoreSchemaError
 from pitstop.store import DEFAULT_URL, ENV_VAR, Store, open_store
-from pitstop.store.urls import redact
+from pitstop.store.contract.urls import redact
 
 from .render import Output
 
@@ -388,7 +388,7 @@ def resolve(store: Store, ref: str) -> str:
 
 def _checkpoint_prefix(store: Store, ref: str) -> str | None:
     """The one checkpoint whose id starts with ``ref``; an error listing them if several."""
-    from pitstop.store.lookup import checkpoints_with_prefix
+    from pitstop.store.contract.lookup import checkpoints_with_prefix
 
     if "@" in ref or len(ref) < MIN_PREFIX:
         return None

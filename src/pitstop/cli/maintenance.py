@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from pitstop.errors import RunExistsError, StoreSchemaError
-from pitstop.store.vacuum import Space, VacuumReport, free_bytes, free_space
-from pitstop.store.vacuum import vacuum as vacuum_store
+from pitstop.store.backends.vacuum import Space, VacuumReport, free_bytes, free_space
+from pitstop.store.backends.vacuum import vacuum as vacuum_store
 
 from .common import EXIT_OK, EXIT_PROBLEMS, CliError, Session, connect, run_reference, short
 from .group import DURATION, command
 from .render import Column, human_bytes, local_time
 
 if TYPE_CHECKING:
-    from pitstop.store.base import Progress
+    from pitstop.store.contract.base import Progress
 
 
 @command("stats", examples=["pitstop stats", "pitstop stats --store postgresql://db/pitstop",

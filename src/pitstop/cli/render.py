@@ -26,7 +26,7 @@ from pitstop.model import RunStatus
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from pitstop.store.base import Progress
+    from pitstop.store.contract.base import Progress
 
 STATUS_STYLE = {
     RunStatus.QUEUED.value: "blue",

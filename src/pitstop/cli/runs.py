@@ -18,7 +18,7 @@ from .render import Cell, Column, age, human_bytes, status_cell, styled
 if TYPE_CHECKING:
     from pitstop.failures import RunFailure
     from pitstop.owners import Ownership
-    from pitstop.store.base import Problem
+    from pitstop.store.contract.base import Problem
 
 RUN_COLUMNS = [
     Column("id", style="bold", max_width=40),

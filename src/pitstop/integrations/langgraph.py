@@ -113,8 +113,8 @@ from ..errors import (
 from ..model import Checkpoint as StoredCheckpoint
 from ..model import CheckpointSummary, Run, RunStatus
 from ..store import RetentionPolicy, Store, open_store
-from ..store.base import UNSET, Unset
-from ..store.steps import StepSaves
+from ..store.contract.base import UNSET, Unset
+from ..store.engine.steps import StepSaves
 from .langgraph_forks import ForkGuard
 from .langgraph_meta import checkpoint_metadata
 from .langgraph_values import (
@@ -278,7 +278,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         self._forks = ForkGuard()  # see "No silent forks" in the module docs
         # (run id, channel) -> the list channel as last written there (_Items).
         self._items: BoundedCache[_Items] = BoundedCache(1024)
-        # The store's path for a step's small checkpoint (pitstop.store.steps), if any.
+        # The store's path for a step's small checkpoint (pitstop.store.engine.steps), if any.
         steps = self.store if isinstance(self.store, StepSaves) and self.store.step_saves else None
         self._save_step = steps.save_step if steps is not None else None
         # Pending writes held for the next checkpoint's transaction (None: not grouped).

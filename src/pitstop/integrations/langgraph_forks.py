@@ -19,7 +19,7 @@ import threading
 from typing import Any, Final
 
 from ..cache import BoundedCache
-from ..store.base import UNSET, Unset
+from ..store.contract.base import UNSET, Unset
 
 READS_KEPT: Final = 16384
 """Checkpoints whose read (or write) is remembered to tell continuations from branches: each

@@ -6,7 +6,7 @@ thread, and the step's next checkpoint (``put``) right after the step; it never 
 that commits each call on its own pays two commits per step. :class:`HeldWrites` lets the
 saver hold the regular writes made on a checkpoint and hand them to a ``put`` on their run,
 which commits them with its checkpoint in one transaction (``Store.save(attach=...)``): one
-commit per step, the writes in their checkpoint's row (:mod:`pitstop.store.attached`).
+commit per step, the writes in their checkpoint's row (:mod:`pitstop.store.encoding.attached`).
 
 Two cases, told apart by whether the checkpoint the writes are made on is *written* (this
 saver committed or read it, so it is in the store):

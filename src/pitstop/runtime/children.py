@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ChildFailedError, ChildRunError, RunBusyError, RunExistsError
 from ..errors import RunNotFoundError as _RunNotFound
 from ..model import Checkpoint, Run, RunStatus
-from ..store.children import child_input
+from ..store.engine.children import child_input
 
 if TYPE_CHECKING:
     from .context import StepContext

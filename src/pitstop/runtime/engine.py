@@ -573,7 +573,7 @@ class Execution:
     def _wait_children(self, spec: StepSpec, names: list[str]) -> Generator[Op, Any, RunResult]:
         """Park the run until its unfinished children finish: the step runs again then.
         The transaction finishing the last child makes the run runnable (see
-        :mod:`pitstop.store.children`), and so does this checkpoint if they all finished
+        :mod:`pitstop.store.engine.children`), and so does this checkpoint if they all finished
         since the step looked."""
         self.fields = self.step_start_fields
         self.deltas = self.step_start_deltas

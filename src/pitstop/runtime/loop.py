@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from ..errors import LeaseLostError
 from ..model import Checkpoint
 from ..store import RetentionPolicy, Store, open_store
-from ..store.base import Durability
+from ..store.contract.base import Durability
 from .iteration import Position, Resumable
 from .leases import acquire, keeper, owner_id
 from .policies import CheckpointPolicy

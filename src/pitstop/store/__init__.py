@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote
 
 from ..errors import StoreError, UnsupportedStoreError
-from .base import (
+from .contract.base import (
     UNSET,
     Durability,
     Input,
@@ -28,8 +28,8 @@ from .base import (
     Store,
     StoreStats,
 )
-from .options import parse_option
-from .urls import redact
+from .contract.options import parse_option
+from .contract.urls import redact
 
 DEFAULT_URL = "sqlite:///pitstop.db"
 
@@ -43,7 +43,7 @@ ENV_VAR = "PITSTOP_STORE"
 
 
 def _sqlite(url: str, options: dict[str, Any]) -> Store:
-    from .sqlite import SQLiteStore
+    from .backends.sqlite import SQLiteStore
 
     if not url.startswith("sqlite:///"):
         raise UnsupportedStoreError(
@@ -56,14 +56,14 @@ def _sqlite(url: str, options: dict[str, Any]) -> Store:
 
 
 def _memory(url: str, options: dict[str, Any]) -> Store:
-    from .memory import MemoryStore
+    from .backends.memory import MemoryStore
 
     return MemoryStore(**_pick(options, "serializer", "compress_threshold", "chunk_hash"))
 
 
 def _postgres(url: str, options: dict[str, Any]) -> Store:
     try:
-        from .postgres import PostgresStore
+        from .backends.postgres import PostgresStore
     except ImportError as exc:
         raise StoreError(
             f"{redact(url)}: the PostgreSQL store needs the postgres extra: "

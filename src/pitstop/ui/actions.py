@@ -147,7 +147,7 @@ class Actions:
         add: bool = False,
         new_run_id: str | None = None,
     ) -> dict[str, Any]:
-        from ..store.base import UNSET
+        from ..store.contract.base import UNSET
 
         summary = self.store.summary(checkpoint_id)
         origin = self.store.get_run(summary.run_id)

@@ -1,6 +1,6 @@
 """ValueCodec: values to stored (framed, hashed, maybe chunked) bytes and back, verified.
 
-Split from :mod:`pitstop.store.records` so that what only reads rows and field maps (the
+Split from :mod:`pitstop.store.encoding.records` so that what only reads rows and field maps (the
 ``pitstop runs``/``stats`` commands) does not import the chunker, zstd, xxhash and the thread
 pools; a store imports this module when it first encodes or decodes a value.
 """
@@ -12,12 +12,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, cast
 
-from ..delta import Applied, dirty_positions
-from ..errors import CorruptCheckpointError, MalformedValueError, SerializationError
-from ..model import Checkpoint
-from ..serde import Serializer, digest, frame, partchunks, unframe
-from ..serde import chunks as chunking
-from ..serde.framing import (
+from ...delta import Applied, dirty_positions
+from ...errors import CorruptCheckpointError, MalformedValueError, SerializationError
+from ...model import Checkpoint
+from ...serde import Serializer, digest, frame, partchunks, unframe
+from ...serde import chunks as chunking
+from ...serde.framing import (
     FORMAT_MASK,
     is_compressed,
     unframe_view,
@@ -42,7 +42,7 @@ from .records import (
 )
 
 if TYPE_CHECKING:
-    from ..serde.codec import MsgpackSerializer
+    from ...serde.codec import MsgpackSerializer
 
 
 class RowsReleased(Exception):
@@ -76,7 +76,7 @@ class ValueCodec:
     ) -> None:
         # Here rather than at the top: a store that only reads run rows never builds a
         # ValueCodec, so it never imports the codec (see SqlBackend._value_codec).
-        from ..serde.codec import MsgpackSerializer
+        from ...serde.codec import MsgpackSerializer
 
         self.serializer: Serializer = serializer or MsgpackSerializer()
         self.compress_threshold = compress_threshold
@@ -790,7 +790,7 @@ class ValueCodec:
         consume: bool,
     ) -> tuple[int, list[object]] | None:
         """A chunked list and its format, checked and decoded in one pass over its rows
-        (see :func:`~pitstop.store.leafrows.list_from_rows`), or None: rows it does not
+        (see :func:`~pitstop.store.encoding.leafrows.list_from_rows`), or None: rows it does not
         take, or a failed check or decode, which the general path then names. ``consume``:
         rows are dropped from ``blobs`` as they are decoded; after a failure
         :class:`RowsReleased` then asks for a new read."""

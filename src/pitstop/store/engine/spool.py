@@ -38,7 +38,7 @@ class RecordSpool(Collection[R]):
 
     Sized and iterable (each iteration independent of the others); not indexable. A store's
     records are unique by its keys, so an export checks a spool for duplicates no more
-    (:func:`pitstop.store.rowcheck.export_problem`)."""
+    (:func:`pitstop.store.engine.rowcheck.export_problem`)."""
 
     __slots__ = ("_count", "_end", "_file", "_make")
 

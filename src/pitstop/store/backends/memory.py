@@ -7,7 +7,7 @@ step. It is shared by the threads of one process and invisible to any other proc
 
 from __future__ import annotations
 
-from ..serde import Serializer
+from ...serde import Serializer
 from .sqlite import SQLiteStore
 
 

@@ -7,7 +7,7 @@ Durability (WAL journal; one transaction per checkpoint):
   failure may be lost (never torn: the store stays consistent, it just ends earlier). Large
   values in the blob directory are complete files before the commit but not synced, so after
   power loss one of the last checkpoints may also be left with a damaged file, which every
-  load detects (see :mod:`pitstop.store.blobs`).
+  load detects (see :mod:`pitstop.store.encoding.blobs`).
 * ``full``: ``synchronous=FULL``. Every commit is fsynced before ``save`` returns, so a
   checkpoint that was saved survives power loss too. Costs one fsync per checkpoint (and
   one per blob-directory file it adds, issued together).
@@ -36,14 +36,14 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Final
 
-from ..errors import CorruptCheckpointError, StoreError
-from ..process import current_pid
-from ..serde import Serializer
-from . import options
-from .backend import Dialect, Tx
-from .base import Durability
-from .blobs import BlobStore, DirectoryBlobStore
-from .sql import SqlStore
+from ...errors import CorruptCheckpointError, StoreError
+from ...process import current_pid
+from ...serde import Serializer
+from ..contract import options
+from ..contract.base import Durability
+from ..encoding.blobs import BlobStore, DirectoryBlobStore
+from ..engine.backend import Dialect, Tx
+from ..engine.sql import SqlStore
 
 
 class SQLiteDialect(Dialect):

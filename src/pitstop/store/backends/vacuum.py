@@ -20,8 +20,8 @@ import sqlite3
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..errors import StoreError
-from .base import Store
+from ...errors import StoreError
+from ..contract.base import Store
 
 if TYPE_CHECKING:
     import psycopg

@@ -13,9 +13,9 @@ import time
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from ..errors import LeaseLostError, RunBusyError, RunNotFoundError
+from ...errors import LeaseLostError, RunBusyError, RunNotFoundError
+from ..contract.base import Lease
 from .backend import SqlBackend, Tx, placeholders
-from .base import Lease
 
 
 class _Claimed(NamedTuple):

@@ -5,10 +5,10 @@ Everything about the database layout lives here, once:
 * :data:`MIGRATIONS` creates and changes the tables and indexes, forward only; a store records
   each version it applied in ``pitstop_schema``. :data:`LATEST_SCHEMA` is the version this
   pitstop reads and writes. A released migration is never edited: a change is a new entry.
-  :meth:`SqlBackend.migrate <pitstop.store.backend.SqlBackend.migrate>` applies them.
+  :meth:`SqlBackend.migrate <pitstop.store.engine.backend.SqlBackend.migrate>` applies them.
 * Each table's current columns are defined by one class, whose fields are the columns:
   :class:`RunRow` for ``pitstop_runs``,
-  :class:`~pitstop.store.records.CheckpointRecord` for ``pitstop_checkpoints``,
+  :class:`~pitstop.store.encoding.records.CheckpointRecord` for ``pitstop_checkpoints``,
   :class:`InputRecord` and :class:`EffectRecord` for inputs and effect records. The
   :class:`Table` constants and the SQL below (column lists, the checkpoint INSERT, the summary
   and run-with-head SELECTs) are built from those classes, and a row read with those columns
@@ -27,9 +27,9 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
-from ..errors import CorruptCheckpointError
-from ..model import CheckpointSummary, Run, RunStatus, utc
-from .records import CheckpointRecord
+from ...errors import CorruptCheckpointError
+from ...model import CheckpointSummary, Run, RunStatus, utc
+from ..encoding.records import CheckpointRecord
 from .rowcheck import run_problem
 
 # --------------------------------------------------------------------------------------------
@@ -207,8 +207,8 @@ VALUE_OWNERS = 10
 
 LATEST_SCHEMA = MIGRATIONS[-1][0]
 """The schema version this pitstop reads and writes. Read as ``schema.LATEST_SCHEMA`` at call
-time (by :meth:`SqlBackend.migrate <pitstop.store.backend.SqlBackend.migrate>`), so a test can
-play an older release by patching it."""
+time (by :meth:`SqlBackend.migrate <pitstop.store.engine.backend.SqlBackend.migrate>`), so a
+test can play an older release by patching it."""
 
 SCHEMA_TABLE = (
     "CREATE TABLE IF NOT EXISTS pitstop_schema (version INTEGER PRIMARY KEY, "
@@ -389,7 +389,8 @@ from before migration 8, or records attached before the checkpoint existed), the
 framed records (key and hash NULL)."""
 
 FOOTPRINT = "added + LENGTH(fields) + LENGTH(metadata)"
-"""SQL for :attr:`CheckpointRecord.footprint <pitstop.store.records.CheckpointRecord.footprint>`."""
+"""SQL for :attr:`CheckpointRecord.footprint
+<pitstop.store.encoding.records.CheckpointRecord.footprint>`."""
 
 # A summary row is what CheckpointSummary._from_row takes, in the order of its _fill
 # parameters: each a checkpoints column, but for the metadata JSON and the footprint.

@@ -7,7 +7,7 @@ field maps say which values they use, and garbage collection reads them. Every o
 using the value (a fork, a run that saved the same bytes, an import, a row from before
 version 10 that has no owner) has a row in ``pitstop_blob_refs``. A value is deleted only
 when no run references it either way. Values of at least ``blob_threshold``
-bytes go to a :class:`~pitstop.store.blobs.BlobStore` (files) when one is configured: their
+bytes go to a :class:`~pitstop.store.encoding.blobs.BlobStore` (files) when one is configured: their
 row then has a ``location`` and no data. Saves, loads, retention and import all store,
 read and release values through the methods here.
 """
@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from ..errors import StoreError
+from ...errors import StoreError
+from ..contract.base import Durability
+from ..encoding.blobs import Deferred, Slot
+from ..encoding.records import Alias, FieldMap, NewBlob, Stored, is_chunk_key
 from .backend import CHUNK, SqlBackend, Tx, placeholders
-from .base import Durability
-from .blobs import Deferred, Slot
-from .records import Alias, FieldMap, NewBlob, Stored, is_chunk_key
 
 # Values bigger than this are looked up before being sent, so an existing one is not shipped
 # to the database again just to be discarded by ON CONFLICT.
@@ -29,7 +29,7 @@ _PROBE_BEFORE_SEND = 64 * 1024
 
 def _body(stored: bytes) -> bytes | None:
     """A stored value's raw bytes (None: not a frame pitstop reads)."""
-    from ..serde import unframe  # (not at import: see pitstop.store.valuecodec)
+    from ...serde import unframe  # (not at import: see pitstop.store.encoding.valuecodec)
 
     try:
         return unframe(stored)[1]
@@ -73,7 +73,7 @@ class StoredValues(SqlBackend):
         """Write large values to the blob store before any row references them: synced with
         durability ``full``; with ``normal`` (the store's default, or this save's) complete
         and renamed into place but left to the OS to write back, as the commit that follows
-        is (see :mod:`pitstop.store.blobs`). Returns where the packed ones went, for
+        is (see :mod:`pitstop.store.encoding.blobs`). Returns where the packed ones went, for
         :meth:`_insert_values` to record."""
         if self.blobs is None:
             return {}

@@ -2,7 +2,7 @@
 restore of a conversation does with hundreds or thousands of chunks, instead of a call per
 chunk. Anything these do not take (a row in the blob store, a key of another hash, a frame
 of another format, a failed check) gives None, and the per-chunk path of
-:class:`~pitstop.store.valuecodec.ValueCodec` reads, checks and names it.
+:class:`~pitstop.store.encoding.valuecodec.ValueCodec` reads, checks and names it.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Final, cast
 
 import xxhash
 
-from ..serde import chunks as chunking
-from ..serde.framing import COMPRESSED, FORMAT_MASK, decompress_many
+from ...serde import chunks as chunking
+from ...serde.framing import COMPRESSED, FORMAT_MASK, decompress_many
 from .records import Stored
 
 if TYPE_CHECKING:
-    from ..serde.codec import MsgpackSerializer
+    from ...serde.codec import MsgpackSerializer
 
 _FIRST: Final = operator.itemgetter(0)
 

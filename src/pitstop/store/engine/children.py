@@ -16,8 +16,8 @@ import json
 import time
 from typing import Any
 
-from ..ids import new_id
-from ..model import Run, RunStatus
+from ...ids import new_id
+from ...model import Run, RunStatus
 from .backend import SqlBackend, Tx
 from .schema import RUNS, SELECT_RUN, RunRow
 

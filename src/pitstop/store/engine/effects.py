@@ -6,8 +6,8 @@ names the checkpoint its step started from: pruning that checkpoint drops the re
 Results are framed and content-hashed like field values and verified on read.
 
 Records *attached* to a checkpoint (:meth:`Effects.attach`, ``Store.save(attach=...)``) are
-kept in the checkpoint's row instead (:mod:`pitstop.store.attached`), or, when the checkpoint
-is not written yet, as effect records naming it; :meth:`Effects.attachments` reads both.
+kept in the checkpoint's row instead (:mod:`pitstop.store.encoding.attached`), or, when the
+checkpoint is not written yet, as effect records naming it; :meth:`Effects.attachments` reads both.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any, NamedTuple
 
-from .attached import frame_records, merged
+from ..encoding.attached import frame_records, merged
 from .backend import CHUNK, Dialect, SqlBackend, Tx
 from .schema import APPEND_ATTACHED, EFFECTS, SELECT_ATTACHED
 
@@ -54,7 +54,7 @@ _APPEND_ATTACHED_SQL: dict[str, str] = {}
 
 
 def append_attached_sql(dialect: Dialect) -> str:
-    """:data:`~pitstop.store.schema.APPEND_ATTACHED` with the dialect's column type.
+    """:data:`~pitstop.store.engine.schema.APPEND_ATTACHED` with the dialect's column type.
 
     Cached by the dialect's name, not by the dialect (as ``lru_cache`` would): a dialect is
     a frozen dataclass whose generated ``__hash__`` hashes every field, and this runs on

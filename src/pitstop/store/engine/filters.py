@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from ..model import RunStatus
+from ...model import RunStatus
 
 _STATUSES = ", ".join(s.value for s in RunStatus)
 

@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from ..errors import CheckpointNotFoundError
-from ..model import Checkpoint, CheckpointSummary, Run, RunStatus
+from ...errors import CheckpointNotFoundError
+from ...model import Checkpoint, CheckpointSummary, Run, RunStatus
 
 if TYPE_CHECKING:
-    from ..serde import Serializer
+    from ...serde import Serializer
+    from ..transfer.runs import RunExport
     from .aio import AsyncStore
-    from .transfer import RunExport
 
 
 class Unset(enum.Enum):
@@ -404,7 +404,7 @@ class Store(ABC):
 
         Unchanged fields are shared with the source, not copied. The source is untouched.
         """
-        from ..ids import new_id
+        from ...ids import new_id
 
         source = self.get(checkpoint_id)
         origin = self.get_run(source.run_id)

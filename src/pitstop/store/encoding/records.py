@@ -10,7 +10,8 @@ A checkpoint is stored as one small record plus one content-addressed value per 
 
 Every backend writes and reads through this module: what is verified, and how, lives here once.
 Turning values into those framed, hashed (maybe chunked) bytes and back is
-:class:`pitstop.store.valuecodec.ValueCodec`, kept apart so that reading rows imports no codec.
+:class:`pitstop.store.encoding.valuecodec.ValueCodec`, kept apart so that reading rows imports
+no codec.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple, TypeAlias
 import orjson
 import ormsgpack
 
-from ..errors import CorruptCheckpointError, SerializationError
-from ..model import Checkpoint, CheckpointSummary
+from ...errors import CorruptCheckpointError, SerializationError
+from ...model import Checkpoint, CheckpointSummary
 
 if TYPE_CHECKING:
     from .blobs import Deferred
@@ -106,7 +107,7 @@ def decode_field_map(data: bytes) -> FieldMap:
 
 
 def _manifest_roots(manifest: bytes) -> list[bytes]:
-    from ..serde import chunks as chunking  # only a chunked value has a manifest
+    from ...serde import chunks as chunking  # only a chunked value has a manifest
 
     try:
         return [entry.key for entry in chunking.decode_manifest(manifest).root]
@@ -209,7 +210,7 @@ class Parent(NamedTuple):
 class CheckpointRecord:
     """A ``pitstop_checkpoints`` row: a checkpoint as stored, everything but the field values.
 
-    Its fields are the table's columns in table order: :mod:`pitstop.store.schema` builds the
+    Its fields are the table's columns in table order: :mod:`pitstop.store.engine.schema` builds the
     SQL column lists from them, and a row read with those columns is ``CheckpointRecord(*row)``.
     """
 
@@ -226,7 +227,7 @@ class CheckpointRecord:
     checksum: str = ""
     writes: bytes | None = None
     """Records attached to the checkpoint after it was written (an integration's pending
-    writes), framed one by one, each with its own checksum (:mod:`pitstop.store.attached`);
+    writes), framed one by one, each with its own checksum (:mod:`pitstop.store.encoding.attached`);
     outside the record's checksum, which they would otherwise change: the checkpoint itself
     stays immutable."""
 
@@ -372,7 +373,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # ValueCodec lived here; it moved to pitstop.store.valuecodec (see that module's docstring).
+    # ValueCodec lived here; it moved to pitstop.store.encoding.valuecodec (see its docstring).
     if name == "ValueCodec":
         from .valuecodec import ValueCodec
 

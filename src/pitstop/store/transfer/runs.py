@@ -3,7 +3,7 @@
 Moving a run between stores (SQLite to PostgreSQL and back) must not re-serialise anything:
 the checkpoint records keep their ids, parents and checksums, and the field values keep their
 stored bytes and content hashes, so the copy is bit-for-bit the original and still verifies.
-:class:`RunExport` holds those raw pieces (rows of :mod:`pitstop.store.schema`) and checks
+:class:`RunExport` holds those raw pieces (rows of :mod:`pitstop.store.engine.schema`) and checks
 them; :class:`RunTransfer` is the part of ``SqlStore`` that reads one from a store
 (``export_run``) and writes one into a store (``import_run``). ``pitstop.archive`` puts a
 :class:`RunExport` in a file.
@@ -16,14 +16,14 @@ from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConflictError, CorruptCheckpointError, RunExistsError, RunNotFoundError
-from ..model import Run, RunStatus
-from .attached import read_frames
-from .backend import CHUNK, Tx
-from .base import Progress
-from .records import CheckpointRecord, NewBlob, stored_hashes
-from .rowcheck import export_problem
-from .schema import (
+from ...errors import ConflictError, CorruptCheckpointError, RunExistsError, RunNotFoundError
+from ...model import Run, RunStatus
+from ..contract.base import Progress
+from ..encoding.attached import read_frames
+from ..encoding.records import CheckpointRecord, NewBlob, stored_hashes
+from ..engine.backend import CHUNK, Tx
+from ..engine.rowcheck import export_problem
+from ..engine.schema import (
     CHECKPOINTS,
     EFFECTS,
     EXPORTED_RUN_COLUMNS,
@@ -36,8 +36,8 @@ from .schema import (
     RunRecord,
     check_id,
 )
-from .spool import spool_rows
-from .values import StoredValues
+from ..engine.spool import spool_rows
+from ..engine.values import StoredValues
 
 
 class CheckedValues(Mapping[bytes, bytes]):
@@ -52,7 +52,7 @@ class RunExport:
     run: RunRecord
     checkpoints: Collection[CheckpointRecord] = field(default_factory=list)
     """Oldest first (by id, so every parent in the run comes before its children). A list,
-    or (a streamed export) a :class:`~pitstop.store.spool.RecordSpool` read back from a
+    or (a streamed export) a :class:`~pitstop.store.engine.spool.RecordSpool` read back from a
     temporary file each time it is iterated; so are :attr:`inputs` and :attr:`effects`."""
     blobs: Mapping[bytes, bytes] = field(default_factory=dict)
     """Every separately stored value the checkpoints reference: content hash -> stored
@@ -71,7 +71,7 @@ class RunExport:
         Importers call this before writing anything, so a damaged or hand-edited export is
         refused as a whole instead of leaving a half-imported run behind: first the type and
         range of every field and that no record appears twice
-        (:func:`~pitstop.store.rowcheck.export_problem`), then checksums and references.
+        (:func:`~pitstop.store.engine.rowcheck.export_problem`), then checksums and references.
         """
         problem = export_problem(self)
         if problem:
@@ -136,8 +136,10 @@ class RunExport:
 
 def missing_chunks(manifest: bytes, blobs: Mapping[bytes, bytes]) -> bytes | None:
     """A chunk of a chunked value that ``blobs`` lacks (walking its nodes), or None."""
-    from ..serde import chunks as chunking  # (not at import: see pitstop.store.valuecodec)
-    from ..serde import unframe
+    from ...serde import (
+        chunks as chunking,  # (not at import: see pitstop.store.encoding.valuecodec)
+    )
+    from ...serde import unframe
 
     try:
         pending = list(chunking.decode_manifest(manifest).root)
@@ -158,8 +160,8 @@ def missing_chunks(manifest: bytes, blobs: Mapping[bytes, bytes]) -> bytes | Non
 
 def check_value(data: bytes, expected: bytes, *, run_id: str, what: str) -> None:
     """Raise unless ``data`` is a readable frame whose content hash is ``expected``."""
-    from ..serde import chunks as chunking
-    from ..serde import digest, unframe
+    from ...serde import chunks as chunking
+    from ...serde import digest, unframe
 
     try:
         fmt, raw = unframe(bytes(data))
@@ -275,7 +277,7 @@ class RunTransfer(StoredValues):
         return self._tx(read)
 
     def _stream(self, tx: Tx, data: RunExport) -> RunExport:
-        """``data`` with its records spooled (:func:`~pitstop.store.spool.spool_rows`: read
+        """``data`` with its records spooled (:func:`~pitstop.store.engine.spool.spool_rows`: read
         a page at a time into temporary files, in the order and with the values the
         statements above return) and :class:`LazyValues`: the keys every checkpoint
         references (chunks under nodes found by reading the nodes alone, never the chunks)

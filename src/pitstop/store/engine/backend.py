@@ -1,6 +1,6 @@
 """The backend boundary: what a SQL database provides so that pitstop's store runs on it.
 
-:class:`~pitstop.store.sql.SqlStore` holds every query, written once with ``?`` placeholders
+:class:`~pitstop.store.engine.sql.SqlStore` holds every query, written once with ``?`` placeholders
 and portable SQL (``INSERT ... ON CONFLICT``, ``COALESCE``, ``RETURNING``); values always
 travel as parameters, never in the SQL text. A backend is a subclass of it that supplies
 connections, transactions and a few decisions, through the hooks declared in one place,
@@ -72,16 +72,16 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..cache import BoundedCache
-from ..errors import StoreError, StoreSchemaError
-from ..serde import Serializer
+from ...cache import BoundedCache
+from ...errors import StoreError, StoreSchemaError
+from ...serde import Serializer
+from ..contract.base import Durability, Store
+from ..encoding.blobs import BlobStore, open_blob_store
+from ..encoding.records import Parent, check_chunk_hash
 from . import schema
-from .base import Durability, Store
-from .blobs import BlobStore, open_blob_store
-from .records import Parent, check_chunk_hash
 
 if TYPE_CHECKING:
-    from .valuecodec import ValueCodec
+    from ..encoding.valuecodec import ValueCodec
 
 T = TypeVar("T")
 
@@ -262,7 +262,7 @@ class Backoff:
 
 
 class SqlBackend(Store):
-    """What every part of :class:`~pitstop.store.sql.SqlStore` stands on: the store's shared
+    """What every part of :class:`~pitstop.store.engine.sql.SqlStore` stands on: the store's shared
     state, transactions with retries, the schema check, and the hooks a backend provides
     (see the module docstring for the list)."""
 
@@ -279,7 +279,7 @@ class SqlBackend(Store):
 
     _owners: bool = True
     """Whether the store's value rows name the run that owns them (schema version 10 on; set
-    when the store is opened): see :mod:`pitstop.store.values`."""
+    when the store is opened): see :mod:`pitstop.store.engine.values`."""
 
     def __init__(
         self,
@@ -317,7 +317,9 @@ class SqlBackend(Store):
         if codec is None:
             with self._codec_lock:
                 if self._codec is None:
-                    from .valuecodec import ValueCodec  # the chunker, zstd: see its docstring
+                    from ..encoding.valuecodec import (
+                        ValueCodec,  # the chunker, zstd: see its docstring
+                    )
 
                     made = ValueCodec(*self._codec_options)
                     made.seal_chunks = not self.rewrites_in_place

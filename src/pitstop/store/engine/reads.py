@@ -1,4 +1,4 @@
-"""Reading checkpoints, history and runs: the part of :class:`~pitstop.store.sql.SqlStore`
+"""Reading checkpoints, history and runs: the part of :class:`~pitstop.store.engine.sql.SqlStore`
 that never writes.
 
 A load is one transaction (one snapshot) that reads the record and the values it references,
@@ -16,12 +16,12 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from ..errors import CheckpointNotFoundError, CorruptCheckpointError, RunNotFoundError
-from ..model import Checkpoint, CheckpointSummary, Run, RunStatus
+from ...errors import CheckpointNotFoundError, CorruptCheckpointError, RunNotFoundError
+from ...model import Checkpoint, CheckpointSummary, Run, RunStatus
+from ..contract.base import Problem, RunList
+from ..encoding.records import CheckpointRecord, Parent, Stored, stored_hashes
 from . import filters
 from .backend import Tx, placeholders
-from .base import Problem, RunList
-from .records import CheckpointRecord, Parent, Stored, stored_hashes
 from .schema import (
     CHECKPOINTS,
     RUN_COLUMN_COUNT,
@@ -213,7 +213,7 @@ class Reads(StoredValues):
         """``values`` are this read's own, read with ``partial=True``: the decode may free
         them as it goes (see ``ValueCodec._load_list``), reading them again (all of them)
         only if it then fails or needs a row not read."""
-        from .valuecodec import RowsReleased  # imported already: a decode needs the codec
+        from ..encoding.valuecodec import RowsReleased  # imported already: a decode needs the codec
 
         try:
             return self._value_codec.decode_checkpoint(

@@ -21,13 +21,13 @@ import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..model import RunStatus
-from .records import CHUNK_KEY_SIZE
+from ...model import RunStatus
+from ..encoding.records import CHUNK_KEY_SIZE
 
 if TYPE_CHECKING:
-    from .records import CheckpointRecord
+    from ..encoding.records import CheckpointRecord
+    from ..transfer.runs import RunExport
     from .schema import EffectRecord, InputRecord, RunRecord
-    from .transfer import RunExport
 
 INT32 = (-(2**31), 2**31 - 1)
 """INTEGER columns (step, priority, checkpoints): 32 bits on PostgreSQL."""
@@ -175,9 +175,9 @@ def export_problem(data: RunExport) -> str | None:
     """What makes ``data`` unfit to import, naming the record ("run record 'x': ..."), or
     None. Types and ranges, and that no record appears twice (but in records spooled from a
     store, unique by its keys: no set of every id is built for a streamed export); checksums
-    and references are :meth:`RunExport.verify <pitstop.store.transfer.RunExport.verify>`'s."""
+    and references are :meth:`RunExport.verify <pitstop.store.transfer.runs.RunExport.verify>`'s."""
+    from ..transfer.runs import CheckedValues
     from .spool import RecordSpool
-    from .transfer import CheckedValues
 
     run_id = getattr(data.run, "run_id", None)
     problem = run_problem(data.run)

@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Final, NamedTuple
 
-from ..errors import StoreError
+from ...errors import StoreError
 
 Pieces = Sequence[bytes | memoryview]
 """A value given as pieces to write one after the other (a header and an array's memory)."""

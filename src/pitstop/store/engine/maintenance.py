@@ -1,7 +1,7 @@
 """Retention and maintenance: deleting runs and checkpoints, pruning, stats, verify.
 
 Nothing here is on the save path. Deletions run in write transactions that lock the run's
-row first; values are released through :mod:`pitstop.store.values`, under the backend's
+row first; values are released through :mod:`pitstop.store.engine.values`, under the backend's
 garbage-collection lock (``_lock_gc``), so a concurrent save never loses a value it is about
 to reference. ``verify`` reads the store in pages, each in a transaction of its own.
 """
@@ -14,12 +14,12 @@ from collections.abc import Iterable, Sequence
 from functools import partial
 from typing import Any, Literal, NamedTuple
 
-from ..errors import CorruptCheckpointError, RunNotFoundError
-from ..model import RunStatus
-from .attached import read_frames
+from ...errors import CorruptCheckpointError, RunNotFoundError
+from ...model import RunStatus
+from ..contract.base import Problem, Problems, Progress, PruneReport, RetentionPolicy, StoreStats
+from ..encoding.attached import read_frames
+from ..encoding.records import CheckpointRecord, FieldRef, decode_field_map, is_chunk_key
 from .backend import CHUNK, Tx, placeholders
-from .base import Problem, Problems, Progress, PruneReport, RetentionPolicy, StoreStats
-from .records import CheckpointRecord, FieldRef, decode_field_map, is_chunk_key
 from .rowcheck import run_problem
 from .schema import SELECT_CHECKPOINT, SELECT_RUN, RunRow
 from .values import StoredValues, slot_of

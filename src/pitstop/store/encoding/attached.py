@@ -3,7 +3,7 @@
 An integration's pending writes (LangGraph's ``put_writes``) belong to one checkpoint and are
 read with it. As effect records they cost every step a ``pitstop_effects`` row and two index
 entries, three b-trees of pages in the commit; appended to the ``writes`` column of their
-checkpoint's row (:data:`~pitstop.store.schema.APPEND_ATTACHED`) they touch the page the next
+checkpoint's row (:data:`~pitstop.store.engine.schema.APPEND_ATTACHED`) they touch the page the next
 checkpoint is inserted into anyway. They go with the row: pruning, deleting, exporting or
 archiving the checkpoint takes them along.
 
@@ -25,7 +25,7 @@ from typing import Any
 
 import ormsgpack
 
-from ..errors import CorruptCheckpointError
+from ...errors import CorruptCheckpointError
 
 _HEADER = struct.Struct(">II")
 
@@ -82,7 +82,7 @@ def merged(
     rows: Iterable[Sequence[Any]], *, run_id: str | None = None,
     checkpoint_id: str | None = None,
 ) -> dict[str, tuple[bytes, bytes]]:
-    """Key -> (result, hash) of what :data:`~pitstop.store.schema.SELECT_ATTACHED` read: the
+    """Key -> (result, hash) of what :data:`~pitstop.store.engine.schema.SELECT_ATTACHED` read: the
     effect records first, then each row's frames by the rules above."""
     out: dict[str, tuple[bytes, bytes]] = {}
     framed = []

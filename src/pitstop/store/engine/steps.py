@@ -3,7 +3,7 @@
 An integration that serialises its values itself (the LangGraph saver) saves, at every step of
 a graph, a checkpoint whose changed fields are a few short byte strings, as a child of the
 run's head, with the previous step's records attached. The shared path
-(:meth:`SqlStore.prepare <pitstop.store.sql.SqlStore.prepare>`, then one transaction) decides
+(:meth:`SqlStore.prepare <pitstop.store.engine.sql.SqlStore.prepare>`, then one transaction) decides
 everything it could be asked on every such save: deltas, chunking, buffers, new values and
 their references, leases, waiting runs, consumed inputs, children, retries on a moved head.
 For a tiny state that generality was most of the save: about 2,000 Python opcodes of it,
@@ -30,10 +30,9 @@ from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from typing import Any, Final
 
-from ..model import RunStatus
-from .base import Unset
-from .effects import Effects
-from .records import (
+from ...model import RunStatus
+from ..contract.base import Unset
+from ..encoding.records import (
     INLINE_MAX,
     CheckpointRecord,
     FieldMap,
@@ -42,6 +41,7 @@ from .records import (
     encode_field_map,
     encode_metadata,
 )
+from .effects import Effects
 from .schema import INSERT_CHECKPOINT, INSERT_UNATTACHED_CHECKPOINT, check_id
 
 _STEP_BYTES_MAX: Final = INLINE_MAX

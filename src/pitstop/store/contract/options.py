@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import UnsupportedStoreError
+from ...errors import UnsupportedStoreError
 
 # PostgreSQL cuts identifiers to NAMEDATALEN - 1 bytes without an error, so two schema names
 # that differ only after that many bytes would be one schema: refused instead.

@@ -12,11 +12,11 @@ import json
 import time
 from typing import Any
 
-from ..errors import InputError, RunNotFoundError
-from ..ids import new_id
-from ..model import RunStatus, utc
+from ...errors import InputError, RunNotFoundError
+from ...ids import new_id
+from ...model import RunStatus, utc
+from ..contract.base import Input
 from .backend import SqlBackend, Tx
-from .base import Input
 from .schema import check_id
 
 

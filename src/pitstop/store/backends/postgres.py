@@ -1,6 +1,6 @@
 """PostgreSQL: the shared store for many processes on many machines (psycopg 3 + psycopg_pool).
 
-Everything the store does is the shared SQL of :class:`~pitstop.store.sql.SqlStore`; this
+Everything the store does is the shared SQL of :class:`~pitstop.store.engine.sql.SqlStore`; this
 module only supplies connections, the dialect and the few PostgreSQL-specific decisions:
 
 * **Connections.** A ``psycopg_pool`` pool per store. Every pooled connection is set up once
@@ -34,10 +34,11 @@ module only supplies connections, the dialect and the few PostgreSQL-specific de
   ``connect_timeout`` with a one-line :class:`~pitstop.StoreError` naming the server (password
   redacted); established connections use TCP keepalives so a vanished server is noticed,
   and a connection on which nothing moves for ``statement_timeout + connect_timeout`` (a
-  network that stopped forwarding without closing) is dropped as lost (pitstop.store.pgconn).
+  network that stopped forwarding without closing) is dropped as lost
+  (pitstop.store.backends.pgconn).
 * **Large values.** Every byte of a transaction is sent before its pipeline syncs
-  (:func:`~pitstop.store.pgconn.flush_all`): psycopg's own sync may keep a large value's tail
-  in libpq's buffer while it waits for the server, which waits for that tail.
+  (:func:`~pitstop.store.backends.pgconn.flush_all`): psycopg's own sync may keep a large
+  value's tail in libpq's buffer while it waits for the server, which waits for that tail.
 * **Garbage collection.** Unlike SQLite, saves run concurrently with prune/delete here; the
   ``_lock_values``/``_lock_gc`` advisory locks (see there) keep a value from being deleted
   while a concurrent save starts referencing it.
@@ -73,17 +74,17 @@ from pitstop.errors import ConflictError, StoreError, UnsupportedStoreError
 from pitstop.model import Checkpoint, RunStatus
 from pitstop.process import current_pid
 from pitstop.serde import Serializer
-from pitstop.store.backend import Dialect, Tx
-from pitstop.store.base import UNSET, Durability, PreparedSave, Unset
-from pitstop.store.blobs import BlobStore
-from pitstop.store.options import OPTIONS, parse_option
-from pitstop.store.options import check as check_options
-from pitstop.store.pgcheck import index_problems
-from pitstop.store.pgconn import GuardedConnection, flush_all
-from pitstop.store.records import is_chunk_key
-from pitstop.store.schema import CHECKPOINTS, UNATTACHED_COLUMNS
-from pitstop.store.sql import SqlStore, WritePlan, head_update
-from pitstop.store.urls import redact
+from pitstop.store.backends.pgcheck import index_problems
+from pitstop.store.backends.pgconn import GuardedConnection, flush_all
+from pitstop.store.contract.base import UNSET, Durability, PreparedSave, Unset
+from pitstop.store.contract.options import OPTIONS, parse_option
+from pitstop.store.contract.options import check as check_options
+from pitstop.store.contract.urls import redact
+from pitstop.store.encoding.blobs import BlobStore
+from pitstop.store.encoding.records import is_chunk_key
+from pitstop.store.engine.backend import Dialect, Tx
+from pitstop.store.engine.schema import CHECKPOINTS, UNATTACHED_COLUMNS
+from pitstop.store.engine.sql import SqlStore, WritePlan, head_update
 
 # Values up to this size travel inside the one-statement save; bigger ones take the shared
 # path, which first asks whether the store already has them.
@@ -181,7 +182,7 @@ def _one_line(exc: BaseException) -> str:
 
 
 class _PipelinedCursor:
-    """A cursor in pipeline mode, as a :class:`~pitstop.store.backend.Tx` uses one:
+    """A cursor in pipeline mode, as a :class:`~pitstop.store.engine.backend.Tx` uses one:
     ``execute`` sends without waiting, a fetch waits for the results up to its own, and
     ``rowcount`` (known only once the result arrived) syncs first."""
 
@@ -201,7 +202,7 @@ class _PipelinedCursor:
     def sync(self) -> None:
         """Wait for the results of everything sent so far. Every byte goes out first:
         ``Pipeline.sync()`` alone may keep the tail of a large value in libpq's buffer and
-        then wait for a server that waits for that tail (see pitstop.store.pgconn)."""
+        then wait for a server that waits for that tail (see pitstop.store.backends.pgconn)."""
         flush_all(self._conn, self._stall_timeout)
         self._pipeline.sync()
 
@@ -385,7 +386,7 @@ class PostgresStore(SqlStore):
         """Run once per new pooled connection (never per transaction): the schema, the
         statement timeout and the store's default durability ("full" keeps the server's
         own ``synchronous_commit``, normally ``on``). Pooled connections give up on a
-        server silent for longer than :attr:`_stall_timeout` (see pitstop.store.pgconn)."""
+        server silent for longer than :attr:`_stall_timeout` (see pitstop.store.backends.pgconn)."""
         if isinstance(conn, GuardedConnection):
             conn.stall_timeout = self._stall_timeout
         conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))

@@ -2,15 +2,15 @@
 
 :class:`SqlStore` is the one implementation of the :class:`~pitstop.Store` contract over SQL;
 SQLite, the in-memory store and PostgreSQL are subclasses that only provide connections and a
-few decisions (:mod:`pitstop.store.backend` lists those hooks). It is assembled from parts,
+few decisions (:mod:`pitstop.store.engine.backend` lists those hooks). It is assembled from parts,
 each a module named for what it holds:
 
 ========================  ===================================================================
 ``sql.py`` (this module)  saving checkpoints, creating and updating runs: the hot path
 ``steps.py``              a step's small checkpoint on the head, without the shared path
 ``reads.py``              loading checkpoints (and ``fallback``), history, listing runs
-``backend.py``            the backend hooks, :class:`~pitstop.store.backend.Dialect`,
-                          :class:`~pitstop.store.backend.Tx`, transactions with retries
+``backend.py``            the backend hooks, :class:`~pitstop.store.engine.backend.Dialect`,
+                          :class:`~pitstop.store.engine.backend.Tx`, transactions with retries
 ``schema.py``             tables, migrations, row classes, the SQL built from them
 ``values.py``             content-addressed values, their references, the blob store
 ``maintenance.py``        deleting runs and checkpoints, ``prune``, ``stats``, ``verify``
@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from ..delta import ABSENT, Append, Applied, Merge
-from ..errors import (
+from ...delta import ABSENT, Append, Applied, Merge
+from ...errors import (
     CheckpointNotFoundError,
     ConflictError,
     LeaseLostError,
@@ -46,18 +46,11 @@ from ..errors import (
     RunExistsError,
     RunNotFoundError,
 )
-from ..ids import new_id
-from ..model import Checkpoint, Run, RunStatus
-from .backend import Tx
-from .base import UNSET, Durability, Lease, PreparedSave, Unset
-from .blobs import Slot
-from .children import CHILD_INPUT, Children
-from .effects import Attachment
-from .inputs import Inputs
-from .maintenance import Maintenance
-from .ownership import Leases
-from .reads import Reads
-from .records import (
+from ...ids import new_id
+from ...model import Checkpoint, Run, RunStatus
+from ..contract.base import UNSET, Durability, Lease, PreparedSave, Unset
+from ..encoding.blobs import Slot
+from ..encoding.records import (
     Alias,
     CheckpointRecord,
     FieldMap,
@@ -67,6 +60,14 @@ from .records import (
     encode_metadata,
     stored_hashes,
 )
+from ..transfer.runs import RunTransfer
+from .backend import Tx
+from .children import CHILD_INPUT, Children
+from .effects import Attachment
+from .inputs import Inputs
+from .maintenance import Maintenance
+from .ownership import Leases
+from .reads import Reads
 from .schema import (
     INSERT_CHECKPOINT,
     INSERT_UNATTACHED_CHECKPOINT,
@@ -76,7 +77,6 @@ from .schema import (
     check_id,
 )
 from .steps import StepSaves, head_update_sql
-from .transfer import RunTransfer
 
 log = logging.getLogger("pitstop.store")
 
@@ -119,7 +119,7 @@ class WritePlan:
     """Chunks of the parent that new chunks extend: made aliases of them by the write."""
     deliver_to: str | None = None
     """The parent run this save's run is a child of, when the save finishes the run: the
-    write delivers the outcome to the parent (see :mod:`pitstop.store.children`)."""
+    write delivers the outcome to the parent (see :mod:`pitstop.store.engine.children`)."""
     error: Any = None
     """The error in the save's metadata (what a failed child delivers)."""
     wake_check: bool = False
