@@ -119,11 +119,9 @@ def test_show_imports_the_codec_it_needs(sqlite_url: str) -> None:
 def test_the_row_layer_knows_the_chunk_key_size() -> None:
     # records.py keeps its own copy so that reading rows does not import the chunker.
     from pitstop.serde.chunks import KEY_SIZE
-    from pitstop.store.encoding.records import CHUNK_KEY_SIZE, ValueCodec
-    from pitstop.store.encoding.valuecodec import ValueCodec as moved
+    from pitstop.store.encoding.records import CHUNK_KEY_SIZE
 
     assert CHUNK_KEY_SIZE == KEY_SIZE
-    assert ValueCodec is moved  # the old home still resolves
 
 
 def test_import_pitstop_is_cheap_and_its_names_all_resolve() -> None:

@@ -66,7 +66,6 @@ from pitstop.ids import new_id
 from pitstop.model import Run
 from pitstop.store.contract.base import Progress, Store
 from pitstop.store.encoding.records import CheckpointRecord, encode_metadata
-from pitstop.store.engine.rowcheck import export_problem
 from pitstop.store.transfer.runs import (
     CheckedValues,
     EffectRecord,
@@ -74,6 +73,7 @@ from pitstop.store.transfer.runs import (
     RunExport,
     RunRecord,
     check_value,
+    export_problem,
 )
 
 FORMAT = "pitstop-archive"

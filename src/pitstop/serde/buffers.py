@@ -45,6 +45,23 @@ class BufferRef:
         return [self.index, self.kind, self.meta]
 
 
+def numpy_dtype(np: Any, descr: object) -> Any:
+    """The dtype an array's stored ``descr`` names (a string, or numpy's list form), refusing
+    object dtypes: building one would unpickle arbitrary objects. Here because both the
+    in-band codec and out-of-band buffers rebuild arrays from it."""
+    if type(descr) is str:
+        dtype = np.dtype(descr)
+    elif type(descr) is list:
+        from numpy.lib import format as npy_format
+
+        dtype = npy_format.descr_to_dtype(descr)
+    else:
+        raise TypeError(f"expected list, found {type(descr).__name__}")
+    if dtype.hasobject:
+        raise TypeError("object dtypes are refused: they would unpickle arbitrary objects")
+    return dtype
+
+
 def _ndarray_part(array: Any) -> tuple[list[Any], memoryview]:
     from numpy.lib import format as npy_format
 
@@ -109,8 +126,6 @@ def build(payload: Any, buffers: Sequence[Any] | None, strict: bool) -> Any:
 
         import numpy
 
-        from .codec import numpy_dtype
-
         descr, shape = meta
         dtype = numpy_dtype(numpy, descr)
         dims = tuple(shape)
@@ -129,4 +144,4 @@ def build(payload: Any, buffers: Sequence[Any] | None, strict: bool) -> Any:
     raise ValueError(f"unknown buffer kind {kind!r}")
 
 
-__all__ = ["BUFFER_MIN", "BufferRef", "Parts", "build", "split_buffers"]
+__all__ = ["BUFFER_MIN", "BufferRef", "Parts", "build", "numpy_dtype", "split_buffers"]

@@ -37,7 +37,6 @@ from .exttypes import (
     encoder_for,
     expect,
     key_segment,
-    numpy_dtype,
 )
 from .registry import Kind, Registration, TypeRegistry, default_registry
 
@@ -534,4 +533,4 @@ class MsgpackSerializer:
         return f"MsgpackSerializer(registry with {len(self.registry)} classes)"
 
 
-__all__ = ["ExtCode", "MsgpackSerializer", "numpy_dtype"]
+__all__ = ["ExtCode", "MsgpackSerializer"]

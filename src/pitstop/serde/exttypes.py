@@ -604,18 +604,6 @@ def _decode_builtin_subclass(payload: Any, kids: Children, dec: DecodeContext) -
     return _restore(obj, attrs, reg)
 
 
-def numpy_dtype(np: Any, descr: object) -> Any:
-    if type(descr) is str:
-        dtype = np.dtype(descr)
-    else:
-        from numpy.lib import format as npy_format
-
-        dtype = npy_format.descr_to_dtype(expect(descr, list))
-    if dtype.hasobject:
-        raise TypeError("object dtypes are refused: they would unpickle arbitrary objects")
-    return dtype
-
-
 def _numpy_or_none(dec: DecodeContext) -> Any:
     try:
         import numpy
@@ -634,7 +622,7 @@ def _decode_ndarray(payload: Any, kids: Children, dec: DecodeContext) -> object:
     np = _numpy_or_none(dec)
     if np is None:
         return UnknownObject("numpy.ndarray", {"dtype": descr, "shape": shape})
-    dtype = numpy_dtype(np, descr)
+    dtype = buffers.numpy_dtype(np, descr)
     dims = tuple(expect(dim, int) for dim in expect(shape, list))
     count = math.prod(dims)
     if min(dims, default=0) < 0 or len(expect(raw, bytes)) != count * dtype.itemsize:
@@ -657,7 +645,7 @@ def _decode_numpy_scalar(payload: Any, kids: Children, dec: DecodeContext) -> ob
     np = _numpy_or_none(dec)
     if np is None:
         return UnknownObject("numpy.generic", {"dtype": descr})
-    dtype = numpy_dtype(np, descr)
+    dtype = buffers.numpy_dtype(np, descr)
     if len(expect(raw, bytes)) != dtype.itemsize:
         raise ValueError(f"{len(raw)} bytes do not hold one {dtype}")
     if dtype.itemsize == 0:

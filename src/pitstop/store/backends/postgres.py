@@ -85,6 +85,7 @@ from pitstop.store.encoding.records import is_chunk_key
 from pitstop.store.engine.backend import Dialect, Tx
 from pitstop.store.engine.schema import CHECKPOINTS, UNATTACHED_COLUMNS
 from pitstop.store.engine.sql import SqlStore, WritePlan, head_update
+from pitstop.store.transfer.runs import RunTransfer
 
 # Values up to this size travel inside the one-statement save; bigger ones take the shared
 # path, which first asks whether the store already has them.
@@ -229,7 +230,7 @@ class _Disconnected(StoreError):
     """The connection died before the transaction could commit: safe to run it again."""
 
 
-class PostgresStore(SqlStore):
+class PostgresStore(SqlStore, RunTransfer):
     """A store in a PostgreSQL database (one schema of it), shared by any number of processes.
 
     Options given as keywords override the same options in the URL; ``None`` means "as in

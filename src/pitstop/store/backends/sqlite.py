@@ -44,6 +44,7 @@ from ..contract.base import Durability
 from ..encoding.blobs import BlobStore, DirectoryBlobStore
 from ..engine.backend import Dialect, Tx
 from ..engine.sql import SqlStore
+from ..transfer.runs import RunTransfer
 
 
 class SQLiteDialect(Dialect):
@@ -355,7 +356,7 @@ def default_blob_dir(path: str) -> str:
     return os.fspath(path) + "-blobs"
 
 
-class SQLiteStore(SqlStore):
+class SQLiteStore(SqlStore, RunTransfer):
     """A store in one SQLite file (or in memory, for :class:`~pitstop.store.MemoryStore`)."""
 
     dialect = SQLITE

@@ -371,11 +371,3 @@ __all__ = [
     "stored_hashes",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    # ValueCodec lived here; it moved to pitstop.store.encoding.valuecodec (see its docstring).
-    if name == "ValueCodec":
-        from .valuecodec import ValueCodec
-
-        return ValueCodec
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

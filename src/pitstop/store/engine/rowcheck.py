@@ -6,8 +6,10 @@ checked here, by type and range, before they reach the database or the caller:
 
 * :func:`run_problem` on every run row read (``pitstop_runs`` can be damaged or hand-edited:
   one bad row is reported, the others still list) and on an imported run record;
-* :func:`export_problem` on everything an import is about to write, so a malformed archive is
-  refused as a whole, with one line naming the record, before a row is written.
+* the record checks here on everything an import is about to write
+  (:func:`~pitstop.store.transfer.runs.export_problem` walks an export with them), so a
+  malformed archive is refused as a whole, with one line naming the record, before a row
+  is written.
 
 Each returns a sentence saying what is wrong (None: nothing), not an exception: the caller
 knows whether that is a corrupt store (:class:`~pitstop.CorruptCheckpointError`) or a
@@ -26,7 +28,6 @@ from ..encoding.records import CHUNK_KEY_SIZE
 
 if TYPE_CHECKING:
     from ..encoding.records import CheckpointRecord
-    from ..transfer.runs import RunExport
     from .schema import EffectRecord, InputRecord, RunRecord
 
 INT32 = (-(2**31), 2**31 - 1)
@@ -67,13 +68,13 @@ def _text(name: str, value: Any, *, optional: bool = False, limit: int = 512) ->
     return None
 
 
-def _bytes(name: str, value: Any) -> str | None:
+def bytes_problem(name: str, value: Any) -> str | None:
     if not isinstance(value, bytes | bytearray | memoryview):
         return f"{name} is {_kind(value)}, not bytes"
     return None
 
 
-def _hash(name: str, value: Any) -> str | None:
+def hash_problem(name: str, value: Any) -> str | None:
     if not isinstance(value, bytes | bytearray | memoryview) or len(value) not in _HASH_SIZES:
         return f"{name} is {_kind(value)}, not a content hash"
     return None
@@ -142,11 +143,11 @@ def checkpoint_problem(record: CheckpointRecord) -> str | None:
         _time("created_at", record.created_at),
         _integer("schema_version", record.schema_version, INT32, minimum=0),
         _json("metadata", record.metadata, dict),
-        _bytes("fields", record.fields),
+        bytes_problem("fields", record.fields),
         _integer("size", record.size, INT64, minimum=0),
         _integer("added", record.added, INT64, minimum=0),
         None if isinstance(record.checksum, str) else "checksum is not text",
-        None if record.writes is None else _bytes("writes", record.writes),
+        None if record.writes is None else bytes_problem("writes", record.writes),
     ))
 
 
@@ -154,8 +155,8 @@ def input_problem(item: InputRecord) -> str | None:
     return _first((
         _text("id", item.id),
         _text("name", item.name),
-        _bytes("payload", item.payload),
-        _hash("hash", item.hash),
+        bytes_problem("payload", item.payload),
+        hash_problem("hash", item.hash),
         _time("created_at", item.created_at),
         _text("consumed_by", item.consumed_by, optional=True),
     ))
@@ -165,72 +166,19 @@ def effect_problem(effect: EffectRecord) -> str | None:
     return _first((
         _text("key", effect.key, limit=10_000),
         _text("checkpoint_id", effect.checkpoint_id, optional=True),
-        _bytes("result", effect.result),
-        _hash("hash", effect.hash),
+        bytes_problem("result", effect.result),
+        hash_problem("hash", effect.hash),
         _time("created_at", effect.created_at),
     ))
-
-
-def export_problem(data: RunExport) -> str | None:
-    """What makes ``data`` unfit to import, naming the record ("run record 'x': ..."), or
-    None. Types and ranges, and that no record appears twice (but in records spooled from a
-    store, unique by its keys: no set of every id is built for a streamed export); checksums
-    and references are :meth:`RunExport.verify <pitstop.store.transfer.runs.RunExport.verify>`'s."""
-    from ..transfer.runs import CheckedValues
-    from .spool import RecordSpool
-
-    run_id = getattr(data.run, "run_id", None)
-    problem = run_problem(data.run)
-    if problem:
-        return f"run record {run_id!r}: {problem}"
-    seen: set[Any] = set()
-    unique = isinstance(data.checkpoints, RecordSpool)
-    for record in data.checkpoints:
-        problem = checkpoint_problem(record)
-        if problem is None and record.id in seen:
-            problem = "appears twice"
-        if problem:
-            return f"checkpoint record {getattr(record, 'id', None)!r}: {problem}"
-        if not unique:
-            seen.add(record.id)
-    for h in data.blobs:
-        problem = _hash("hash", h)
-        if problem:
-            return f"value record: {problem}"
-    if not isinstance(data.blobs, CheckedValues):  # else bytes checked as they were added
-        for h, value in data.blobs.items():
-            problem = _bytes("data", value)
-            if problem:
-                return f"value record {bytes(h).hex()[:16]}: {problem}"
-    seen.clear()
-    unique = isinstance(data.inputs, RecordSpool)
-    for item in data.inputs:
-        problem = input_problem(item)
-        if problem is None and item.id in seen:
-            problem = "appears twice"
-        if problem:
-            return f"input record {getattr(item, 'id', None)!r}: {problem}"
-        if not unique:
-            seen.add(item.id)
-    seen.clear()
-    unique = isinstance(data.effects, RecordSpool)
-    for effect in data.effects:
-        problem = effect_problem(effect)
-        if problem is None and effect.key in seen:
-            problem = "appears twice"
-        if problem:
-            return f"effect record {getattr(effect, 'key', None)!r}: {problem}"
-        if not unique:
-            seen.add(effect.key)
-    return None
 
 
 __all__ = [
     "INT32",
     "INT64",
+    "bytes_problem",
     "checkpoint_problem",
     "effect_problem",
-    "export_problem",
+    "hash_problem",
     "input_problem",
     "run_problem",
 ]

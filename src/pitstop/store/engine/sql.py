@@ -2,8 +2,9 @@
 
 :class:`SqlStore` is the one implementation of the :class:`~pitstop.Store` contract over SQL;
 SQLite, the in-memory store and PostgreSQL are subclasses that only provide connections and a
-few decisions (:mod:`pitstop.store.engine.backend` lists those hooks). It is assembled from parts,
-each a module named for what it holds:
+few decisions (:mod:`pitstop.store.engine.backend` lists those hooks), and mix in
+``export_run`` / ``import_run`` from the layer above (:mod:`pitstop.store.transfer.runs`). It
+is assembled from parts, each a module of this folder named for what it holds:
 
 ========================  ===================================================================
 ``sql.py`` (this module)  saving checkpoints, creating and updating runs: the hot path
@@ -17,7 +18,9 @@ each a module named for what it holds:
 ``ownership.py``          leases and ``claim``
 ``inputs.py``             ``send`` and ``inputs``
 ``effects.py``            effect records
-``transfer.py``           ``export_run`` / ``import_run`` and the raw records they move
+``children.py``           child runs: listing them, delivering their outcome
+``rowcheck.py``           the type and range checks of each table's fields
+``spool.py``              streaming a table's rows to a temporary file
 ========================  ===================================================================
 
 A save is :meth:`SqlStore.prepare` (serialise the state against the parent's field map,
@@ -60,7 +63,6 @@ from ..encoding.records import (
     encode_metadata,
     stored_hashes,
 )
-from ..transfer.runs import RunTransfer
 from .backend import Tx
 from .children import CHILD_INPUT, Children
 from .effects import Attachment
@@ -215,8 +217,9 @@ def _stored_metadata(run_id: str, text: str | None) -> dict[str, Any]:
     return {"unreadable_metadata": text}
 
 
-class SqlStore(Reads, Maintenance, RunTransfer, Leases, Inputs, StepSaves, Children):
-    """A :class:`Store` over a SQL database; backends supply connections and a dialect."""
+class SqlStore(Reads, Maintenance, Leases, Inputs, StepSaves, Children):
+    """A :class:`Store` over a SQL database; backends supply connections and a dialect (and
+    mix in :class:`~pitstop.store.transfer.runs.RunTransfer`)."""
 
     # -- checkpoints ---------------------------------------------------------------------------
 

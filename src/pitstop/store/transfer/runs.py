@@ -22,7 +22,14 @@ from ..contract.base import Progress
 from ..encoding.attached import read_frames
 from ..encoding.records import CheckpointRecord, NewBlob, stored_hashes
 from ..engine.backend import CHUNK, Tx
-from ..engine.rowcheck import export_problem
+from ..engine.rowcheck import (
+    bytes_problem,
+    checkpoint_problem,
+    effect_problem,
+    hash_problem,
+    input_problem,
+    run_problem,
+)
 from ..engine.schema import (
     CHECKPOINTS,
     EFFECTS,
@@ -36,7 +43,7 @@ from ..engine.schema import (
     RunRecord,
     check_id,
 )
-from ..engine.spool import spool_rows
+from ..engine.spool import RecordSpool, spool_rows
 from ..engine.values import StoredValues
 
 
@@ -71,7 +78,7 @@ class RunExport:
         Importers call this before writing anything, so a damaged or hand-edited export is
         refused as a whole instead of leaving a half-imported run behind: first the type and
         range of every field and that no record appears twice
-        (:func:`~pitstop.store.engine.rowcheck.export_problem`), then checksums and references.
+        (:func:`export_problem`), then checksums and references.
         """
         problem = export_problem(self)
         if problem:
@@ -134,11 +141,61 @@ class RunExport:
         return list(seen)
 
 
+def export_problem(data: RunExport) -> str | None:
+    """What makes ``data`` unfit to import, naming the record ("run record 'x': ..."), or
+    None. Types and ranges, and that no record appears twice (but in records spooled from a
+    store, unique by its keys: no set of every id is built for a streamed export); checksums
+    and references are :meth:`RunExport.verify`'s."""
+    run_id = getattr(data.run, "run_id", None)
+    problem = run_problem(data.run)
+    if problem:
+        return f"run record {run_id!r}: {problem}"
+    seen: set[Any] = set()
+    unique = isinstance(data.checkpoints, RecordSpool)
+    for record in data.checkpoints:
+        problem = checkpoint_problem(record)
+        if problem is None and record.id in seen:
+            problem = "appears twice"
+        if problem:
+            return f"checkpoint record {getattr(record, 'id', None)!r}: {problem}"
+        if not unique:
+            seen.add(record.id)
+    for h in data.blobs:
+        problem = hash_problem("hash", h)
+        if problem:
+            return f"value record: {problem}"
+    if not isinstance(data.blobs, CheckedValues):  # else bytes checked as they were added
+        for h, value in data.blobs.items():
+            problem = bytes_problem("data", value)
+            if problem:
+                return f"value record {bytes(h).hex()[:16]}: {problem}"
+    seen.clear()
+    unique = isinstance(data.inputs, RecordSpool)
+    for item in data.inputs:
+        problem = input_problem(item)
+        if problem is None and item.id in seen:
+            problem = "appears twice"
+        if problem:
+            return f"input record {getattr(item, 'id', None)!r}: {problem}"
+        if not unique:
+            seen.add(item.id)
+    seen.clear()
+    unique = isinstance(data.effects, RecordSpool)
+    for effect in data.effects:
+        problem = effect_problem(effect)
+        if problem is None and effect.key in seen:
+            problem = "appears twice"
+        if problem:
+            return f"effect record {getattr(effect, 'key', None)!r}: {problem}"
+        if not unique:
+            seen.add(effect.key)
+    return None
+
+
 def missing_chunks(manifest: bytes, blobs: Mapping[bytes, bytes]) -> bytes | None:
     """A chunk of a chunked value that ``blobs`` lacks (walking its nodes), or None."""
-    from ...serde import (
-        chunks as chunking,  # (not at import: see pitstop.store.encoding.valuecodec)
-    )
+    # (not at import: see pitstop.store.encoding.valuecodec)
+    from ...serde import chunks as chunking
     from ...serde import unframe
 
     try:
@@ -241,7 +298,7 @@ class LazyValues(CheckedValues):
 
 
 class RunTransfer(StoredValues):
-    """``export_run`` and ``import_run`` (a part of ``SqlStore``)."""
+    """``export_run`` and ``import_run``: each backend mixes it into its ``SqlStore``."""
 
     def export_run(self, run_id: str, *, stream: bool = False) -> RunExport:
         def read(tx: Tx) -> RunExport:
@@ -391,4 +448,5 @@ __all__ = [
     "RunRecord",
     "RunTransfer",
     "check_value",
+    "export_problem",
 ]
