@@ -30,7 +30,7 @@ from clitools import one_error_line as one_line_error
 from conftest import BACKENDS, ROOT, drop_pg_schema, pg_schema_url
 from pitstop import RetentionPolicy, RunStatus, Store
 from pitstop.cli.app import all_commands, run
-from pitstop.cli.state import diff, lookup, parse_path
+from pitstop.display.state import diff, lookup, parse_path
 from pitstop.store.engine import schema as store_schema
 
 # The workflow the tests operate, written to a file for subprocesses and executed here for
@@ -327,7 +327,7 @@ def test_history_and_show_sizes_of_a_chunked_field(
     table = pitstop_cli("history", "conv", store=url).out.splitlines()
     rows = {line.split()[1]: line for line in table if line.split()[1:2] and
             any(line.split()[1] == e["id"][-8:] for e in hist)}
-    from pitstop.cli.render import human_bytes
+    from pitstop.display.text import human_bytes
 
     for entry in hist:
         line = rows[entry["id"][-8:]]

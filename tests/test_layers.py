@@ -1,7 +1,8 @@
 """Imports go down the layers, never up: read from the source (ast), so no import is missed.
 
 Two orders are kept. The packages: ``serde`` -> ``store`` -> ``runtime`` -> ``integrations`` ->
-``ui`` / ``cli`` (each may import those before it, not those after it). Inside
+``display`` (what both front ends show) -> ``ui`` -> ``cli`` (whose ``inspect`` starts the
+``ui``); each may import those before it, not those after it. Inside
 ``pitstop.store``, its folders: ``contract`` -> ``encoding`` -> ``engine`` -> ``transfer`` ->
 ``backends`` -> the package itself (``open_store``). Every import counts, at module level or
 inside a function (a function-level import hides a circle, it does not remove it), except
@@ -17,7 +18,9 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src"
-PACKAGE_RANK = {"serde": 0, "store": 1, "runtime": 2, "integrations": 3, "ui": 4, "cli": 4}
+PACKAGE_RANK = {
+    "serde": 0, "store": 1, "runtime": 2, "integrations": 3, "display": 4, "ui": 5, "cli": 6,
+}
 STORE_LAYERS = ("contract", "encoding", "engine", "transfer", "backends")
 
 # (importer, imported): upward imports that only a type checker reads, and why.
@@ -124,6 +127,9 @@ def test_no_import_goes_up_a_layer() -> None:
     ("pitstop.store.contract.base", "pitstop.store.backends.sqlite", True),
     ("pitstop.store.engine.steps", "pitstop.store", True),
     ("pitstop.serde.codec", "pitstop.store.contract.base", True),
+    ("pitstop.ui.views", "pitstop.cli.graph", True),
+    ("pitstop.display.graph", "pitstop.ui.graph", True),
+    ("pitstop.cli.inspector", "pitstop.ui.server", False),
     ("pitstop.store.backends.sqlite", "pitstop.store.engine.sql", False),
     ("pitstop.store", "pitstop.store.backends.memory", False),
     ("pitstop.runtime.engine", "pitstop.store.contract.base", False),

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from pitstop.display.graph import ends_here, fork_origin
+from pitstop.display.text import age, human_bytes, short
 from pitstop.failures import failure_in
 from pitstop.model import CheckpointSummary, Run, RunStatus
 
@@ -23,12 +25,10 @@ from .common import (
     load_checkpoint,
     resolve,
     run_reference,
-    short,
     state_view,
 )
-from .graph import ends_here, fork_origin
 from .group import command
-from .render import Column, age, human_bytes, local_time, status_cell, styled
+from .render import Column, local_time, status_cell, styled
 
 if TYPE_CHECKING:
     from pitstop.failures import RunFailure
@@ -79,10 +79,9 @@ def show(s: Session, run_id: str, ref: str | None, path: str | None, full: bool)
 
     For a failed run: the failed step, the exception and its traceback.
     """
+    from pitstop.display.state import PathNotFound, lookup, shorten
     from pitstop.failures import failure_in
     from pitstop.serde import to_jsonable
-
-    from .state import PathNotFound, lookup, shorten
 
     store = s.store()
     run, at = run_reference(store, run_id)
@@ -241,10 +240,9 @@ def diff(s: Session, a: str, b: str, exit_code: bool) -> int:
     A and B are checkpoint ids, run ids (their latest checkpoint), or RUN@ID with a short
     id from `pitstop history RUN`. Nested paths look like messages[3].content.
     """
+    from pitstop.display.state import compact
+    from pitstop.display.state import diff as state_diff
     from pitstop.serde import to_jsonable
-
-    from .state import compact
-    from .state import diff as state_diff
 
     store = s.store()
     old, new = (load_checkpoint(store, resolve(store, ref)) for ref in (a, b))

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .common import short
+from pitstop.display.text import short
+
 from .render import Cell, Column, Output, status_cell
 
 if TYPE_CHECKING:

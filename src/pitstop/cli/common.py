@@ -12,15 +12,14 @@ import contextlib
 import importlib
 import json
 import os
-import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from pitstop.display.text import short
 from pitstop.errors import CheckpointNotFoundError, RunNotFoundError, StoreSchemaError
 from pitstop.store import DEFAULT_URL, ENV_VAR, Store, open_store
 from pitstop.store.contract.urls import redact
@@ -183,33 +182,6 @@ def configure_logging(
 
 # -- parsing what people type ------------------------------------------------------------------
 
-_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d|w)?\s*\Z", re.IGNORECASE)
-_UNIT = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-def parse_duration(text: str) -> timedelta:
-    """``30s``, ``15m``, ``2h``, ``7d``, ``1w`` (a bare number is seconds)."""
-    match = _DURATION.match(text)
-    if match is None:
-        raise ValueError(f"{text!r} is not a duration like 30m, 2h or 7d")
-    return timedelta(seconds=float(match[1]) * _UNIT[(match[2] or "s").lower()])
-
-
-def parse_since(text: str, now: datetime | None = None) -> datetime:
-    """A duration back from now (``2h``) or an ISO date/time (local time unless it says)."""
-    try:
-        return (now or datetime.now(UTC)) - parse_duration(text)
-    except ValueError:
-        pass
-    try:
-        when = datetime.fromisoformat(text)
-    except ValueError:
-        raise ValueError(
-            f"{text!r} is neither a duration (30m, 2h, 7d) nor an ISO date (2026-11-28)"
-        ) from None
-    return when if when.tzinfo else when.astimezone()
-
-
 def parse_json(text: str, what: str) -> Any:
     """A JSON argument: inline, ``@file.json``, or ``@-`` / ``-`` for stdin."""
     source = what
@@ -279,15 +251,6 @@ def _describe(exc: BaseException) -> str:
 
 
 # -- naming checkpoints ------------------------------------------------------------------------
-
-SHORT = 8
-"""Characters of a checkpoint id shown in listings: the end of the id, which is random (the
-start of a UUIDv7 is its timestamp, shared by checkpoints written in the same millisecond)."""
-
-
-def short(checkpoint_id: str | None) -> str:
-    return "-" if checkpoint_id is None else checkpoint_id[-SHORT:]
-
 
 MIN_PREFIX = 4
 """The shortest id prefix accepted (shorter ones match too much to mean anything)."""
@@ -465,10 +428,7 @@ __all__ = [
     "find_run",
     "load_checkpoint",
     "load_workflow",
-    "parse_duration",
     "parse_json",
-    "parse_since",
     "resolve",
     "run_reference",
-    "short",
 ]

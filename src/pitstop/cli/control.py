@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from pitstop.display.runs import run_json
 from pitstop.errors import FieldEditError, PitstopError
 from pitstop.model import RunStatus
 
@@ -27,7 +28,6 @@ from .common import (
 )
 from .group import command
 from .render import local_time, status_cell
-from .runs import run_json
 
 if TYPE_CHECKING:
     from pitstop.runtime import RunResult, Workflow

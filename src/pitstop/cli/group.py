@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from pitstop.display.text import parse_duration, parse_since
 from pitstop.model import RunStatus
 
 from .common import (
@@ -23,8 +24,6 @@ from .common import (
     Session,
     configure_logging,
     handling_broken_pipe,
-    parse_duration,
-    parse_since,
 )
 
 STORE_HELP = "Store URL (default: $PITSTOP_STORE, else sqlite:///pitstop.db)."

@@ -11,13 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from pitstop.display.text import human_bytes, short
 from pitstop.errors import RunExistsError, StoreSchemaError
 from pitstop.store.backends.vacuum import Space, VacuumReport, free_bytes, free_space
 from pitstop.store.backends.vacuum import vacuum as vacuum_store
 
-from .common import EXIT_OK, EXIT_PROBLEMS, CliError, Session, connect, run_reference, short
+from .common import EXIT_OK, EXIT_PROBLEMS, CliError, Session, connect, run_reference
 from .group import DURATION, command
-from .render import Column, human_bytes, local_time
+from .render import Column, local_time
 
 if TYPE_CHECKING:
     from pitstop.store.contract.base import Progress

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import IO, TYPE_CHECKING, Any
 
 from pitstop.model import RunStatus
@@ -253,33 +253,6 @@ def _json_default(value: Any) -> Any:
 # -- formatting helpers shared by the commands ---------------------------------------------------
 
 
-def human_bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} TiB"  # pragma: no cover - unreachable
-
-
-def age(when: datetime | None, now: datetime | None = None) -> str:
-    """``42s``, ``7m``, ``3h``, ``12d``: how long ago (or, with a leading ``in``, how soon)."""
-    if when is None:
-        return "-"
-    seconds = ((now or datetime.now(UTC)) - when).total_seconds()
-    ahead = seconds < 0
-    seconds = abs(seconds)
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            text = f"{int(seconds // size)}{unit}"
-            break
-    else:
-        text = f"{int(seconds)}s"
-    return f"in {text}" if ahead else text
-
-
 def local_time(when: datetime | None) -> str:
     return "-" if when is None else when.astimezone().strftime("%Y-%m-%d %H:%M:%S")
 
@@ -288,9 +261,7 @@ __all__ = [
     "Cell",
     "Column",
     "Output",
-    "age",
     "error_line",
-    "human_bytes",
     "local_time",
     "status_cell",
     "styled",

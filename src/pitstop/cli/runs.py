@@ -9,11 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from pitstop.display.runs import run_json
+from pitstop.display.text import age, human_bytes
 from pitstop.model import Run, RunStatus
 
 from .common import EXIT_PROBLEMS, CliError, Session, run_reference
 from .group import SINCE, STATUSES, command
-from .render import Cell, Column, age, human_bytes, status_cell, styled
+from .render import Cell, Column, status_cell, styled
 
 if TYPE_CHECKING:
     from pitstop.failures import RunFailure
@@ -73,28 +75,10 @@ def _detail(run: Run, lease: Ownership, failure: RunFailure | None, now: datetim
     return "-"
 
 
-def run_json(run: Run, lease: Ownership | None = None,
-              failure: RunFailure | None = None) -> dict[str, Any]:
-    doc = {
-        "id": run.id,
-        "status": run.status.value,
-        "workflow": run.workflow,
-        "step": run.step,
-        "waiting_for": list(run.waiting_for),
-        "wake_at": run.wake_at,
-        "created_at": run.created_at,
-        "updated_at": run.updated_at,
-        "checkpoints": run.checkpoints,
-        "bytes": run.bytes,
-        "head_id": run.head_id,
-        "owner": run.owner,
-        "lease_expires_at": run.lease_expires_at,
-        "priority": run.priority,
-        "parent_run": run.parent_run,
-        "metadata": dict(run.metadata),
-    }
-    if lease is not None:
-        doc["lease"] = lease.state
+def listed_json(run: Run, lease: Ownership, failure: RunFailure | None) -> dict[str, Any]:
+    """A run as ``pitstop runs --json`` lists it: its row, its lease, its error if failed."""
+    doc = run_json(run)
+    doc["lease"] = lease.state
     if failure is not None:
         doc["error"] = {"step": failure.step, "type": failure.type, "message": failure.message,
                         "attempt": failure.attempt}
@@ -134,7 +118,7 @@ def runs(
     leases = [ownership(r, now) for r in found]
     failures = [run_failure(store, r) for r in found]
     if s.as_json:
-        s.out.json({"runs": [run_json(r, lease, failure)
+        s.out.json({"runs": [listed_json(r, lease, failure)
                              for r, lease, failure in zip(found, leases, failures, strict=True)],
                     "more": more})
         _report_damaged(found_all.damaged)
@@ -168,4 +152,4 @@ def _report_damaged(damaged: list[Problem]) -> None:
                        f"listed: {named}{rest}; run `pitstop verify`", EXIT_PROBLEMS)
 
 
-__all__ = ["run_json", "runs"]
+__all__ = ["listed_json", "runs"]

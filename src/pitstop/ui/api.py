@@ -346,7 +346,7 @@ def get_checkpoint(
                                       description="Only this field: messages[3].content")] = None,
 ) -> dict[str, Any]:
     """A checkpoint: its state, metadata, the inputs it consumed, the effects recorded."""
-    from ..cli.state import PathNotFound, lookup
+    from ..display.state import PathNotFound, lookup
 
     ckpt = _checkpoint(ui.store, checkpoint_id)
     run = ui.store.get_run(ckpt.run_id)

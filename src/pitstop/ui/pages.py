@@ -17,8 +17,8 @@ from fastapi.templating import Jinja2Templates
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 
-from ..cli.render import age, human_bytes
-from ..cli.state import compact
+from ..display.state import compact
+from ..display.text import age, human_bytes
 from ..errors import PitstopError
 from ..model import RunStatus
 from . import langgraph_view, live, values, views
@@ -48,7 +48,7 @@ def _ago(value: datetime | None) -> str:
 def _short(value: str | None) -> str:
     """The short id ``pitstop history`` shows; for a LangGraph checkpoint (``X~<run tag>``),
     the end of LangGraph's own id, since the tag is the same for all of a thread's."""
-    from ..cli.common import short
+    from ..display.text import short
 
     if value and "~" in value:
         value = value.rpartition("~")[0]

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from ..cli.graph import ends_here, fork_origin
+from ..display.graph import ends_here, fork_origin
+from ..display.runs import run_json
 from ..errors import PitstopError
 from ..failures import failure_in
 from ..model import Checkpoint, CheckpointSummary, Run, RunStatus
@@ -64,7 +65,7 @@ class RunFilter:
         parent: str | None = None,
     ) -> RunFilter:
         """From query parameters; ValueError naming the one that is wrong."""
-        from ..cli.common import parse_since
+        from ..display.text import parse_since
 
         found = cls(workflow=workflow or None, id_prefix=id_prefix or None,
                     parent=parent or None)
@@ -162,28 +163,16 @@ def run_row(run: Run, head: CheckpointSummary | None) -> dict[str, Any]:
     owned = ownership(run)
     lease_live = owned.state in ("held", "owner_gone", "expired")
     return {
-        "id": run.id,
-        "status": run.status.value,
-        "workflow": run.workflow,
-        "step": run.step,
+        **run_json(run),
         "step_name": text_or_none(meta.get("step_name")),
         "next_step": text_or_none(meta.get("next")),
-        "waiting_for": list(run.waiting_for),
         "waiting_since": head.created_at if waiting and head is not None else None,
-        "wake_at": run.wake_at,
-        "created_at": run.created_at,
-        "updated_at": run.updated_at,
-        "checkpoints": run.checkpoints,
-        "bytes": run.bytes,
-        "head_id": run.head_id,
+        # a stale owner (its lease gone) is not shown as if it still held the run
         "owner": run.owner if lease_live else None,
         "lease_expires_at": run.lease_expires_at if lease_live else None,
         "lease": owned.state,
-        "priority": run.priority,
-        "parent_run": run.parent_run,
         "idle": langgraph_view.is_thread(run.workflow)
         and langgraph_view.idle(run.status.value, meta),
-        "metadata": to_jsonable(dict(run.metadata)),
         "error": None if error is None else {
             "type": str(error.get("type", "")),
             "message": str(error.get("message", "")),
@@ -329,7 +318,7 @@ def history(
         "head_id": run.head_id,
         "checkpoints": [
             {**checkpoint_row(e, head_id=run.head_id), "branch_point": g.branch_point,
-             "lane": g.col}
+             "lane": g.lanes.col}
             for e, g in zip(entries, rows, strict=True)
         ],
         "graph": rows,
@@ -438,7 +427,7 @@ def checkpoint_detail(store: Store, ckpt: Checkpoint, run: Run) -> dict[str, Any
 
 def diff(old: Checkpoint, new: Checkpoint, *, threads: tuple[bool, bool]) -> list[dict[str, Any]]:
     """Field-level differences from ``old`` to ``new``; changed strings carry a text diff."""
-    from ..cli.state import diff as state_diff
+    from ..display.state import diff as state_diff
     from .values import text_diff
 
     views = []
