@@ -76,16 +76,6 @@ class CheckpointPolicy:
         return Schedule(self, clock)
 
     @classmethod
-    def every_step(cls) -> CheckpointPolicy:
-        """Checkpoint after every step (the default)."""
-        return cls()
-
-    @classmethod
-    def every_n_steps(cls, n: int) -> CheckpointPolicy:
-        """Checkpoint after every ``n`` steps (and at the points that always checkpoint)."""
-        return cls(every=n)
-
-    @classmethod
     def every_seconds(cls, seconds: float | timedelta) -> CheckpointPolicy:
         """Checkpoint after the first step ending ``seconds`` or more after the last one."""
         s = seconds.total_seconds() if isinstance(seconds, timedelta) else float(seconds)

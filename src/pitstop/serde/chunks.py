@@ -259,10 +259,6 @@ def expand(root: Sequence[Entry], nodes: Mapping[bytes, bytes | list[Entry]]) ->
     return leaves
 
 
-def node_keys(entries: Iterable[Entry]) -> list[bytes]:
-    return [e.key for e in entries if e.flags & NODE]
-
-
 # -- the tree ---------------------------------------------------------------------------------
 
 
@@ -770,13 +766,6 @@ def _split_guided(
             key = digest(body[:end], seed=format_id)
         result.layout.prefix = (kept, end, key, plain)
     return result
-
-
-def encoded_size(layout: Layout) -> int:
-    """Bytes of the value's serialised form (as ``dumps`` of the whole value would be)."""
-    if layout.kind in ("list", "dict"):
-        return len(container_header(layout.kind, layout.items)) + layout.size
-    return layout.size
 
 
 # -- deltas -----------------------------------------------------------------------------------
