@@ -4,7 +4,12 @@ Runs execute steps; after each step pitstop writes an immutable, verified checkp
 outside the process, so a run can resume after a crash, wait for a human without holding
 compute, and be inspected, rewound and branched.
 
-The public API is what this module exports; everything else may change between releases.
+The public API is what this module exports, and what the modules of :data:`_PUBLIC_MODULES`
+export (``pitstop.store``, ``pitstop.serde``, ``pitstop.runtime``, the tools and the
+LangGraph saver). Every other module, the store's layer folders (``pitstop.store.engine``...),
+the CLI, the inspector and ``pitstop.display`` among them, is internal and may change between
+releases. tests/test_exported_members.py keeps this list, the ``__all__`` lists and the
+reference docs in step.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from .errors import (
     UnregisteredTypeError,
     UnsupportedStoreError,
 )
-from .lazy import lazy_getattr
+from .lazy import lazy_getattr as _lazy_getattr
 from .model import Checkpoint, CheckpointSummary, Run, RunStatus
 from .rng import rng_state, set_rng_state
 from .store import (
@@ -52,6 +57,20 @@ from .store import (
 )
 
 __version__ = "0.1.0"
+
+_PUBLIC_MODULES = (
+    "pitstop.archive",
+    "pitstop.edits",
+    "pitstop.failures",
+    "pitstop.fieldpath",
+    "pitstop.integrations.langgraph",
+    "pitstop.owners",
+    "pitstop.runtime",
+    "pitstop.serde",
+    "pitstop.store",
+)
+"""The modules besides this one whose ``__all__`` is public API (the reference documents
+objects from them)."""
 
 # The runtime (and asyncio with it) and the serialisers are imported on first use, so tools
 # that only read run rows, like `pitstop runs`, start fast: `import pitstop` loads neither.
@@ -82,7 +101,7 @@ if TYPE_CHECKING:
     from .serde import MsgpackSerializer, PickleSerializer, TypeRegistry, register
 
 
-__getattr__ = lazy_getattr(__name__, globals(), _LAZY)
+__getattr__ = _lazy_getattr(__name__, globals(), _LAZY)
 
 
 __all__ = [

@@ -1,4 +1,10 @@
-"""Stores and how to open one from a URL.
+"""Stores and how to open one from a URL: the public face of the store.
+
+What a program uses is exported here (and the most used names again from ``pitstop``). The
+folders below are the store's layers, internal and free to change: ``contract`` (what every
+store promises), ``encoding`` (values as bytes), ``engine`` (the SQL), ``transfer``
+(export and import) and ``backends`` (SQLite, memory, PostgreSQL); tests/test_layers.py
+keeps their imports in that order.
 
 ``open_store()`` with no argument opens ``$PITSTOP_STORE``, else ``sqlite:///pitstop.db`` in
 the current directory. Backends are imported only when their scheme is used, so the
@@ -10,10 +16,11 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote
 
 from ..errors import StoreError, UnsupportedStoreError
+from ..lazy import lazy_getattr
 from .contract.base import (
     UNSET,
     Durability,
@@ -30,6 +37,13 @@ from .contract.base import (
 )
 from .contract.options import parse_option
 from .contract.urls import redact
+
+if TYPE_CHECKING:
+    from .backends.vacuum import Space, VacuumReport, free_bytes, free_space, vacuum
+
+# Reclaiming space reads a backend's files and tables: imported on first use.
+__getattr__ = lazy_getattr(__name__, globals(), dict.fromkeys(
+    ("Space", "VacuumReport", "free_bytes", "free_space", "vacuum"), "backends.vacuum"))
 
 DEFAULT_URL = "sqlite:///pitstop.db"
 
@@ -153,8 +167,13 @@ __all__ = [
     "PruneReport",
     "RetentionPolicy",
     "RunList",
+    "Space",
     "Store",
     "StoreStats",
+    "VacuumReport",
+    "free_bytes",
+    "free_space",
     "open_store",
     "register_scheme",
+    "vacuum",
 ]
