@@ -28,7 +28,7 @@ psycopg = pytest.importorskip("psycopg")
 postgres = pytest.importorskip("pitstop.store.backends.postgres")
 
 from conftest import PG_URL, drop_pg_schema, pg_schema_url, run_python  # noqa: E402
-from pitstop.store import schema as store_schema  # noqa: E402
+from pitstop.store.engine import schema as store_schema  # noqa: E402
 
 PostgresStore = postgres.PostgresStore
 

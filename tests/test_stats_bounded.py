@@ -16,7 +16,8 @@ import pytest
 import pitstop
 from clitools import pitstop_exe
 from conftest import PG_URL, POSTGRES_SKIP, drop_pg_schema, pg_schema_url
-from pitstop.store import Store, maintenance
+from pitstop.store import Store
+from pitstop.store.engine import maintenance
 
 
 def test_a_small_store_is_counted_exactly_either_way(store: Store) -> None:
