@@ -42,21 +42,36 @@ def may_hold_buffers() -> bool:
     return "numpy" in modules or "torch" in modules
 
 
+_PLAIN: Final = frozenset({str, int, float, bool, bytes, type(None)})
+"""Types that never hold an array: skipped without looking further."""
+
+_CONTAINERS: Final = frozenset({dict, list, tuple, collections.OrderedDict})
+
+
 def holds_buffers(value: Any, min_size: int = buffers.BUFFER_MIN) -> bool:
     """Whether ``value`` is, or holds in dicts, lists and tuples, an array or tensor of at
     least ``min_size`` bytes (what :func:`split_parts` takes out of band)."""
     numpy = sys.modules.get("numpy")
     ndarray = numpy.ndarray if numpy is not None else None
+    plain = _PLAIN
+    containers = _CONTAINERS
     budget = _SCAN_BUDGET
     stack = [value]
     while stack:
         item = stack.pop()
         cls = type(item)
-        if cls is dict or cls is list or cls is tuple or cls is collections.OrderedDict:
+        if cls in plain:
+            continue
+        if cls in containers:
             budget -= len(item) + 1
             if budget < 0:
                 return False
-            stack.extend(item.values() if isinstance(item, dict) else item)
+            # Only what could hold an array goes on the stack (most items are strings).
+            stack.extend(
+                v
+                for v in (item.values() if isinstance(item, dict) else item)
+                if type(v) not in plain
+            )
         elif cls is ndarray:
             if item.nbytes >= min_size and not item.dtype.hasobject:
                 return True

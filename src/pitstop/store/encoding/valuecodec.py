@@ -12,7 +12,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, cast
 
-from ...delta import Applied, dirty_positions
+from ...delta import Append, Applied, dirty_positions
 from ...errors import CorruptCheckpointError, MalformedValueError, SerializationError
 from ...model import Checkpoint
 from ...serde import Serializer, digest, frame, partchunks, unframe
@@ -153,6 +153,38 @@ class ValueCodec:
         if ref is None or ref.manifest is None:
             return None
         return self._layouts.get(ref.manifest)
+
+    def _holds_buffers(
+        self, value: Any, applied: Applied | None, previous: FieldRef | None
+    ) -> bool:
+        """Whether ``value`` is to be stored as parts (it holds arrays or tensors).
+
+        A delta on a field its parent did not store as parts has only its new items looked
+        at: the rest is the parent's value, looked at when the parent was saved. Without
+        this a long conversation was walked whole on every ``Append`` once numpy or torch
+        was imported (O(state) per step instead of O(change))."""
+        if (
+            applied is not None
+            and previous is not None
+            and self._kind(previous) != partchunks.KIND
+        ):
+            delta = applied.delta
+            if isinstance(delta, Append):
+                return partchunks.holds_buffers(delta.items)
+            return partchunks.holds_buffers(list(delta.entries.values()))
+        return partchunks.holds_buffers(value)
+
+    def _kind(self, ref: FieldRef) -> str | None:
+        """The chunked kind a stored field has (None: stored whole)."""
+        if ref.manifest is None:
+            return None
+        layout = self._layouts.get(ref.manifest)
+        if layout is not None:
+            return layout.kind
+        try:
+            return chunking.decode_manifest(ref.manifest).kind
+        except ValueError:
+            return None  # the read that uses it names the damage
 
     @staticmethod
     def _worth_chunking(value: Any, kind: str, previous: FieldRef | None) -> bool:
@@ -706,7 +738,7 @@ class ValueCodec:
                     kind != "ndarray"
                     and self._dumps_parts is not None
                     and partchunks.may_hold_buffers()
-                    and partchunks.holds_buffers(full)
+                    and self._holds_buffers(full, applied, previous)
                 ):
                     ref, blobs = self._encode_parts(run_id, name, full, previous, views)
                     if previous is not None and ref.same_as(previous):
