@@ -24,6 +24,15 @@ a slow spell of the shared machine lands on all variants alike.
    takes as a command, process start included (target: < 0.5 s; median of 5).
 
     .venv/bin/python bench/parallel.py --children [--kids 1000] [--workers 4]
+
+4. ``--fanout`` (issue #33): ``ctx.map(fn, items, concurrency=4)`` over ``--items`` (10,000)
+   items, each parsing a 32 KiB JSON document (~0.2 ms of work), on SQLite and PostgreSQL,
+   against the same items through a plain ``ThreadPoolExecutor(4)`` (target: <= 1.10x); and
+   tiny items (``fn`` returns at once): the overhead per item (target: <= 10 µs). Rounds are
+   interleaved; wall ratios are medians of per-round ratios, and the process CPU time (all
+   threads) is given too, which a loaded machine disturbs less than wall time.
+
+    .venv/bin/python bench/parallel.py --fanout [--items 10000] [--rounds 5] [--no-pg]
 """
 
 from __future__ import annotations
@@ -43,7 +52,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from _common import fmt_time, save_results, table  # bench/_common.py (takes bench/ off the path)
+from _common import (  # bench/_common.py (takes bench/ off the path)
+    fmt_time,
+    median_ratio,
+    save_results,
+    table,
+)
 
 import pitstop
 
@@ -271,6 +285,114 @@ def children_bench(kids: int, workers: int) -> None:
                                       data, markdown))
 
 
+# -- 4. fan-out items against a plain thread pool -------------------------------------------
+
+
+def _json_document() -> str:
+    import json
+    import random
+    import string
+
+    rng = random.Random(33)
+    rows = [{"id": i, "name": "".join(rng.choices(string.ascii_letters, k=20)),
+             "score": rng.random(), "tags": ["a", "b"]} for i in range(345)]
+    return json.dumps(rows)
+
+
+def fanout_bench(items: int, rounds: int, with_pg: bool) -> None:
+    import json
+
+    document = _json_document()
+
+    def parse(i: int) -> int:
+        return len(json.loads(document)) + i
+
+    def tiny(i: int) -> int:
+        return i
+
+    def plain(fn: Callable[[int], int], n: int) -> tuple[float, float]:
+        t0, c0 = time.perf_counter(), time.process_time()
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(fn, range(n)))
+        return time.perf_counter() - t0, time.process_time() - c0
+
+    def mapped(store: pitstop.Store, fn: Callable[[int], int], n: int) -> Callable[[], Any]:
+        wf = pitstop.Workflow(f"fan-{fn.__name__}")
+        box: dict[str, tuple[float, float]] = {}
+
+        @wf.step
+        def fan(state: dict[str, Any], ctx: pitstop.StepContext) -> Any:
+            t0, c0 = time.perf_counter(), time.process_time()
+            out = ctx.map(fn, range(n), concurrency=4)
+            box["t"] = (time.perf_counter() - t0, time.process_time() - c0)
+            return {"n": len(out)}
+
+        def once() -> tuple[float, float]:
+            result = wf.start(store, {})
+            assert result.status is pitstop.RunStatus.COMPLETED, result.error
+            return box["t"]
+
+        return once
+
+    backends = ["sqlite", *(["postgres"] if with_pg else [])]
+    rows: list[list[str]] = []
+    data: dict[str, Any] = {"items": items, "rounds": rounds, "document_bytes": len(document)}
+    with tempfile.TemporaryDirectory() as tmp:
+        for backend in backends:
+            schema = f"bench_{uuid.uuid4().hex[:10]}"
+            base = os.environ.get("PITSTOP_BENCH_POSTGRES_URL",
+                                  "postgresql://postgres@127.0.0.1:5432/test")
+            url = (f"sqlite:///{Path(tmp) / 'fan.db'}" if backend == "sqlite"
+                   else f"{base}{'&' if '?' in base else '?'}schema={schema}")
+            try:
+                with pitstop.open_store(url) as store:
+                    for label, fn, n in (("32 KiB JSON items", parse, items),
+                                         ("tiny items", tiny, items)):
+                        run = mapped(store, fn, n)
+                        run(), plain(fn, n)  # warm-up
+                        walls, cpus = [], []
+                        plain_walls, plain_cpus = [], []
+                        for _ in range(rounds):
+                            w, c = plain(fn, n)
+                            plain_walls.append(w)
+                            plain_cpus.append(c)
+                            w, c = run()
+                            walls.append(w)
+                            cpus.append(c)
+                        ratio = median_ratio(walls, plain_walls)
+                        cpu_ratio = statistics.median(cpus) / statistics.median(plain_cpus)
+                        per_item = (statistics.median(walls) - statistics.median(plain_walls)) / n
+                        cpu_item = (statistics.median(cpus) - statistics.median(plain_cpus)) / n
+                        target = "<= 1.10x" if fn is parse else "<= 10 µs an item"
+                        rows.append([backend, label, fmt_time(statistics.median(plain_walls)),
+                                     fmt_time(statistics.median(walls)), f"{ratio:.2f}x",
+                                     f"{cpu_ratio:.2f}x",
+                                     f"{per_item * 1e6:.1f} µs / {cpu_item * 1e6:.1f} µs",
+                                     target])
+                        data[f"{backend} {label}"] = {
+                            "plain_s": statistics.median(plain_walls),
+                            "map_s": statistics.median(walls), "wall_ratio": ratio,
+                            "cpu_ratio": cpu_ratio, "per_item_s": per_item,
+                            "cpu_per_item_s": cpu_item}
+            finally:
+                if backend == "postgres":
+                    import psycopg
+
+                    with psycopg.connect(base, autocommit=True) as conn:
+                        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    load = os.getloadavg()[0]
+    markdown = (
+        f"ctx.map(concurrency=4) over {items:,} items against ThreadPoolExecutor(4) (median "
+        f"of {rounds} interleaved rounds, load {load:.1f} at the end):\n\n"
+        + table(["backend", "items", "thread pool", "ctx.map", "wall ratio", "CPU ratio",
+                 "overhead an item (wall / CPU)", "target"], rows)
+    )
+    print(markdown)
+    data["load"] = load
+    print("\nresults:", save_results("parallel-fanout", "bench/parallel.py --fanout",
+                                      data, markdown))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds")
@@ -278,7 +400,15 @@ def main() -> None:
                         help="the child-runs benchmark on PostgreSQL instead")
     parser.add_argument("--kids", type=int, default=1000, help="children (with --children)")
     parser.add_argument("--workers", type=int, default=4, help="worker processes")
+    parser.add_argument("--fanout", action="store_true",
+                        help="ctx.map over many small items against a plain thread pool")
+    parser.add_argument("--items", type=int, default=10_000, help="items (with --fanout)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds (with --fanout)")
+    parser.add_argument("--no-pg", action="store_true", help="SQLite only (with --fanout)")
     args = parser.parse_args()
+    if args.fanout:
+        fanout_bench(args.items, args.rounds, not args.no_pg)
+        return
     if args.children:
         children_bench(args.kids, args.workers)
         return

@@ -402,3 +402,75 @@ def test_sigkill_during_a_map_reruns_at_most_the_items_in_flight(
             nonce = next(v for k, v in recorded.items() if k.endswith(f":mail-{item}"))
             assert mails[item][-1] == nonce == state["nonces"][item]
         assert store.verify() == []
+
+
+class _CountedWrites:
+    """Counts the store's ``record_effects`` calls (each one write transaction) and, at each,
+    how many items had started without a recorded result."""
+
+    def __init__(self, store: Store) -> None:
+        self.writes = 0
+        self.started = 0
+        self.recorded = 0
+        self.most_unrecorded = 0
+        self.lock = threading.Lock()
+        record = store.record_effects
+
+        def counted(run_id: str, results: Any, **kwargs: Any) -> None:
+            record(run_id, results, **kwargs)
+            with self.lock:
+                self.writes += 1
+                self.recorded += len(results)
+
+        store.record_effects = counted  # type: ignore[method-assign]
+
+    def start(self) -> None:
+        with self.lock:
+            self.started += 1
+            self.most_unrecorded = max(self.most_unrecorded, self.started - self.recorded)
+
+
+def test_quick_items_share_writes_and_stay_within_their_window(store: Store) -> None:
+    """Items of a few µs each cannot pay a commit each: those that finish while a batch is
+    written make up the next, one transaction for many. At most `concurrency` +
+    REPEAT_ITEMS of them are ever started without a recorded result."""
+    from pitstop.runtime.parallel import REPEAT_ITEMS
+
+    counted = _CountedWrites(store)
+    wf = pitstop.Workflow("map-quick")
+
+    def work(x: int) -> int:
+        counted.start()
+        return x * 2
+
+    @wf.step
+    def fan(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
+        return {"out": ctx.map(work, range(2_000), concurrency=4)}
+
+    result = wf.start(store, {})
+    assert result.state["out"] == [x * 2 for x in range(2_000)]
+    assert counted.recorded == 2_000
+    assert counted.writes <= 2_000 // 8, counted.writes  # one write per item before
+    assert counted.most_unrecorded <= 4 + REPEAT_ITEMS
+
+
+def test_slow_items_start_only_once_the_results_before_them_are_written(store: Store) -> None:
+    """Items of REPEAT_SECONDS or more keep the strict window: at most `concurrency` started
+    without a recorded result (what a crash can make run again)."""
+    from pitstop.runtime.parallel import REPEAT_SECONDS
+
+    counted = _CountedWrites(store)
+    wf = pitstop.Workflow("map-slow")
+
+    def work(x: int) -> int:
+        counted.start()
+        time.sleep(REPEAT_SECONDS * 1.25)
+        return x
+
+    @wf.step
+    def fan(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
+        return {"out": ctx.map(work, range(15), concurrency=3)}
+
+    result = wf.start(store, {})
+    assert result.state["out"] == list(range(15))
+    assert counted.most_unrecorded <= 3

@@ -202,7 +202,10 @@ class StepContext:
         Sync functions run in a pool of ``concurrency`` threads, async ones as tasks on an
         event loop. Each item's result is recorded as soon as it completes (keyed by the
         map's ``name`` — the function's name by default — and the item's index), so when
-        this step runs again after a crash or a retry only the items without a result run.
+        this step runs again after a crash or a retry only the items without a result run:
+        at most the ``concurrency`` items in flight run again, and for sync items quicker
+        than 20 ms also those that started while earlier results were being written (about
+        20 ms of their work, at most 256 items; results finishing together share a write).
         An item that raises fails the step with :class:`~pitstop.MapItemError` naming its
         index once the items in flight finished (their results are kept); with
         ``return_exceptions=True`` the exception is that item's result instead (and the

@@ -7,22 +7,48 @@ none: at most the items that were in flight when the process died run twice.
 
 Results are written by the one thread that waits for the items (the step's), so items that
 finish together share one transaction: recording costs one round trip per batch, not per item.
-The next items start once a batch is written, so at any moment at most ``concurrency`` items
-have started without a durable result: those are what a crash can make run again.
+For items of :data:`REPEAT_SECONDS` or more, the next items start once a batch is written, so at
+any moment at most ``concurrency`` items have started without a durable result: those are what
+a crash can make run again. Quicker sync items keep starting while a batch is written (the
+items finishing meanwhile are the next batch: a group commit), up to about
+:data:`REPEAT_SECONDS` of their work more (at most :data:`REPEAT_ITEMS` items): a commit per
+few items would otherwise cost more than the items (~30 µs an item on SQLite, ~80 on
+PostgreSQL, for items that return at once).
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import math
+import queue
+import time
 from collections.abc import Awaitable, Callable, Iterable
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from ..errors import MapItemError, SerializationError
 
 if TYPE_CHECKING:
     from .context import StepContext
+
+
+REPEAT_SECONDS = 0.02
+"""Beyond the ``concurrency`` items in flight, a sync ``ctx.map`` lets more items start while
+earlier results are being written, as many as take about this long (seconds, by the items'
+mean time so far), at most :data:`REPEAT_ITEMS`: what a crash can make run again besides the
+items in flight. Items of 20 ms or more wait for the write (none more); items of a few µs,
+for which a commit each would cost more than the items, share one write among many."""
+
+REPEAT_ITEMS = 256
+
+
+def backlog(mean_seconds: float) -> int:
+    """How many items beyond those in flight may start before earlier results are durable,
+    for items taking ``mean_seconds`` on average (see :data:`REPEAT_SECONDS`)."""
+    if mean_seconds * REPEAT_ITEMS <= REPEAT_SECONDS:
+        return REPEAT_ITEMS
+    return int(REPEAT_SECONDS / mean_seconds)
 
 
 def is_async_callable(fn: Callable[..., Any]) -> bool:
@@ -148,28 +174,59 @@ class MapPlan:
     def run_threads(self) -> list[Any]:
         todo = iter(self.load())
         pending: dict[Future[Any], int] = {}
+        fn = self.fn
+        clock = time.perf_counter
+        # Mean seconds an item takes (moving average), measured in the worker threads.
+        seconds = [math.inf]
+
+        stop = [False]  # an item failed: those queued behind it are not started
+
+        def timed(item: Any) -> Any:
+            if stop[0]:
+                return _FAILED  # not run, not recorded: it runs when the step runs again
+            started = clock()
+            try:
+                return fn(item)
+            except BaseException as exc:
+                if not (self.return_exceptions and isinstance(exc, Exception)):
+                    stop[0] = True
+                raise
+            finally:
+                took = clock() - started
+                mean = seconds[0]
+                seconds[0] = took if mean == math.inf else mean + (took - mean) / 16
+
+        completed: queue.SimpleQueue[Future[Any]] = queue.SimpleQueue()
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="pitstop-map") as pool:
 
-            def top_up() -> None:
-                while self.fatal is None and len(pending) < self.concurrency:
+            def top_up(unwritten: int) -> None:
+                # Started without a durable result: what is pending and the `unwritten`.
+                limit = self.concurrency - unwritten + backlog(seconds[0])
+                while self.fatal is None and len(pending) < limit:
                     index = next(todo, None)
                     if index is None:
                         return
-                    pending[pool.submit(self.fn, self.items[index])] = index
+                    future = pool.submit(timed, self.items[index])
+                    pending[future] = index
+                    future.add_done_callback(completed.put)
 
-            top_up()
+            top_up(0)
             while pending:
-                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                done = [completed.get()]  # what finished since the last batch, oldest first
+                while not completed.empty():
+                    done.append(completed.get())
                 batch = {}
                 for future in done:
                     index = pending.pop(future)
                     value = self.finished(index, future)
                     if value is not _FAILED:
                         batch[index] = value
-                # Written before the next items start: at any moment at most `concurrency`
-                # items have started without their result being durable.
+                # Quick items start while this batch is written (those finishing meanwhile
+                # are the next batch: one commit for many); slower ones wait for it, so
+                # that at most `concurrency` of them have started without a durable result.
+                top_up(len(batch))
                 self.record(batch)
-                top_up()
+                top_up(0)
         return self.outcome()
 
     # -- async functions: tasks on the event loop ------------------------------------------------
