@@ -14,7 +14,11 @@ Workloads (random text, so that compression hides nothing: zstd keeps ~3/4 of it
   (each ratio is the median of per-round ratios).
 * ``append``: the same conversation through a ``Workflow`` whose step returns
   ``pitstop.Append([message])`` (SQLite, durability ``normal``): per-step time early
-  (turns 50-150) and late (the last 100 turns), and bytes.
+  (turns 50-150) and late (the last 100 turns), bytes, and the tail of every step (p50, p99,
+  p99.9, max) in wall time and in the step thread's CPU time (which other processes on a
+  loaded machine disturb less). ``--torch`` runs it again after importing torch (issue #33:
+  a step then once walked the whole state for tensors). The tail target (#33) is for
+  ``--turns 10000``: ``--only append --turns 10000 --message 1024 --torch``.
 * ``dict``: 10,000 keys of ~100 bytes, one key changed per save, 200 saves: bytes against
   copies of the dict.
 * ``array``: a float32 array (64 MiB; 16 MiB with --quick), a 1% region changed per save:
@@ -199,16 +203,22 @@ def conversation(backend: str, turns: int, size: int, rounds: int) -> dict[str, 
     }
 
 
-def append_workflow(turns: int, size: int) -> dict[str, Any]:
+def _quantile(ordered: list[float], q: float) -> float:
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def append_workflow(turns: int, size: int, label: str = "") -> dict[str, Any]:
     rng = random.Random(13)
     texts = [message(rng, size, i) for i in range(turns)]
     marks: dict[int, float] = {}
+    cpu: dict[int, float] = {}
     wf = pitstop.Workflow("bench-append", durability="normal")
 
     @wf.step
     def talk(state: dict[str, Any]) -> Any:
         turn = state["turn"]
         marks[turn] = time.perf_counter()
+        cpu[turn] = time.thread_time()
         update = {"messages": pitstop.Append([texts[turn]]), "turn": turn + 1}
         return pitstop.goto("talk", update) if turn + 1 < turns else update
 
@@ -222,7 +232,17 @@ def append_workflow(turns: int, size: int) -> dict[str, Any]:
     per_step = {t: marks[t + 1] - marks[t] for t in steps[:-1]}
     early = [per_step[t] for t in per_step if 50 <= t < 150]
     late = [per_step[t] for t in per_step if t >= turns - 101]
+    walls = sorted(per_step.values())
+    cpus = sorted(cpu[t + 1] - cpu[t] for t in steps[:-1])
+    tail = {
+        f"{kind}_{name}": _quantile(values, q)
+        for kind, values in (("wall", walls), ("cpu", cpus))
+        for name, q in (("p50", 0.5), ("p99", 0.99), ("p999", 0.999), ("max", 1.0))
+    }
     return {
+        "label": label or ("torch imported" if "torch" in sys.modules else "no torch"),
+        **tail,
+        "load": os.getloadavg()[0],
         "turns": turns,
         "final_bytes": final,
         "disk_bytes": on_disk,
@@ -381,13 +401,26 @@ def report(results: dict[str, Any]) -> str:
             ["store", "turns", "final list", "on disk", "disk/final (<= 1.5)", "late save",
              "save/packb (<= 2)", "restore", "restore/unpack (<= 3)"], rows))
     if "append" in results:
-        r = results["append"]
+        runs = results["append"]
         out.append("Conversation through a Workflow returning pitstop.Append (SQLite normal):\n\n"
-                   + table(["turns", "on disk", "disk/final (<= 1.5)", "step early",
+                   + table(["process", "turns", "on disk", "disk/final (<= 1.5)", "step early",
                             "step late (<= 0.3 ms)", "late/early (<= 1.5)"],
-                           [[str(r["turns"]), fmt_bytes(r["disk_bytes"]),
+                           [[r["label"], str(r["turns"]), fmt_bytes(r["disk_bytes"]),
                              f"{r['disk_ratio']:.2f}x", fmt_time(r["early_step_s"]),
-                             fmt_time(r["late_step_s"]), f"{r['late_per_early']:.2f}x"]]))
+                             fmt_time(r["late_step_s"]), f"{r['late_per_early']:.2f}x"]
+                            for r in runs]))
+        rows = []
+        for r in runs:
+            for kind in ("wall", "cpu"):
+                p50 = r[f"{kind}_p50"]
+                rows.append([r["label"], "wall" if kind == "wall" else "CPU (step's thread)",
+                             fmt_time(p50), fmt_time(r[f"{kind}_p99"]),
+                             f"{r[f'{kind}_p99'] / p50:.1f}x", fmt_time(r[f"{kind}_p999"]),
+                             f"{r[f'{kind}_p999'] / p50:.1f}x", fmt_time(r[f"{kind}_max"]),
+                             f"{r['load']:.1f}"])
+        out.append("The same steps' tail (every step of the run):\n\n" + table(
+            ["process", "time", "p50", "p99", "p99/p50 (<= 4)", "p99.9", "p99.9/p50 (<= 10)",
+             "max", "load"], rows))
     if "dict" in results:
         rows = [[r["backend"], str(r["keys"]), str(r["saves"]), fmt_bytes(r["copy_bytes"]),
                  fmt_bytes(r["disk_bytes"]), fmt_bytes(r["bound"]), f"{r['copies']:.1f}",
@@ -425,6 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--no-pg", action="store_true")
     parser.add_argument("--only", default="conversation,append,dict,array,langgraph")
+    parser.add_argument("--torch", action="store_true",
+                        help="append: run it again after importing torch (issue #33)")
     args = parser.parse_args(argv)
     turns = args.turns or (500 if args.quick else 2000)
     lg_steps = args.lg_steps or (100 if args.quick else 300)
@@ -436,7 +471,11 @@ def main(argv: list[str] | None = None) -> int:
             conversation(b, turns, args.message, args.rounds) for b in backends
         ]
     if "append" in only:
-        results["append"] = append_workflow(turns, args.message)
+        results["append"] = [append_workflow(turns, args.message)]
+        if args.torch:  # the same steps in a process that has imported torch (an app with a model)
+            import torch  # noqa: F401
+
+            results["append"].append(append_workflow(turns, args.message))
     if "dict" in only:
         results["dict"] = [dict_workload(b, 10_000, 50 if args.quick else 200) for b in backends]
     if "array" in only:
