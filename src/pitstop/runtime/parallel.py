@@ -210,23 +210,29 @@ class MapPlan:
                     pending[future] = index
                     future.add_done_callback(completed.put)
 
-            top_up(0)
-            while pending:
-                done = [completed.get()]  # what finished since the last batch, oldest first
-                while not completed.empty():
-                    done.append(completed.get())
-                batch = {}
-                for future in done:
-                    index = pending.pop(future)
-                    value = self.finished(index, future)
-                    if value is not _FAILED:
-                        batch[index] = value
-                # Quick items start while this batch is written (those finishing meanwhile
-                # are the next batch: one commit for many); slower ones wait for it, so
-                # that at most `concurrency` of them have started without a durable result.
-                top_up(len(batch))
-                self.record(batch)
+            try:
                 top_up(0)
+                while pending:
+                    done = [completed.get()]  # finished since the last batch, oldest first
+                    while not completed.empty():
+                        done.append(completed.get())
+                    batch = {}
+                    for future in done:
+                        index = pending.pop(future)
+                        value = self.finished(index, future)
+                        if value is not _FAILED:
+                            batch[index] = value
+                    # Quick items start while this batch is written (those finishing
+                    # meanwhile are the next batch: one commit for many); slower ones wait
+                    # for it, so that at most `concurrency` of them have started without a
+                    # durable result.
+                    top_up(len(batch))
+                    self.record(batch)
+                    top_up(0)
+            except BaseException:
+                for future in pending:  # a failed write or an interrupt: the queued ones
+                    future.cancel()  # do not start (those running finish, unrecorded)
+                raise
         return self.outcome()
 
     # -- async functions: tasks on the event loop ------------------------------------------------
