@@ -338,8 +338,39 @@ class ChildFailedError(PitstopError):
         )
 
 
+class StreamError(PitstopError):
+    """A stream job cannot go on with a partition: names the job and the partition (its run
+    is ``"<job>/<partition>"``)."""
+
+    def __init__(self, message: str, *, job: str, partition: int | None = None) -> None:
+        self.job = job
+        self.partition = partition
+        where = f"stream job {job!r}" + (
+            f", partition {partition} (run {job}/{partition})" if partition is not None else ""
+        )
+        super().__init__(f"{where}: {message}")
+
+
+class TrimmedError(StreamError):
+    """Records after a partition's stored position were trimmed from the stream before the
+    job read them: resuming would silently skip them (see the job's ``on_trimmed``)."""
+
+
+class PartitionCountError(StreamError):
+    """A job's source has another partition count than the job's stored partitions."""
+
+
+class BrokerUnavailableError(StreamError):
+    """The stream broker (Redis, NATS) or a sink does not answer."""
+
+
+class UndecodableRecordError(StreamError):
+    """A record a source cannot decode, with the job's ``undecodable="fail"`` policy."""
+
+
 __all__ = [
     "ArchiveError",
+    "BrokerUnavailableError",
     "CheckpointNotFoundError",
     "ChildFailedError",
     "ChildRunError",
@@ -350,6 +381,7 @@ __all__ = [
     "LeaseLostError",
     "MapItemError",
     "NotFoundError",
+    "PartitionCountError",
     "PitstopError",
     "RunBusyError",
     "RunExistsError",
@@ -360,6 +392,9 @@ __all__ = [
     "StepFailedError",
     "StoreError",
     "StoreSchemaError",
+    "StreamError",
+    "TrimmedError",
+    "UndecodableRecordError",
     "UnregisteredTypeError",
     "UnsupportedStoreError",
 ]

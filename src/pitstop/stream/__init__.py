@@ -1,0 +1,41 @@
+"""Stream jobs: exactly-once consumers of Redis Streams (and iterables), with the source
+position, the keyed state and the not-yet-delivered outputs in one checkpoint per partition.
+
+See docs/streams.md for a tutorial and the guarantees.
+"""
+
+from __future__ import annotations
+
+from ..errors import (
+    BrokerUnavailableError,
+    PartitionCountError,
+    StreamError,
+    TrimmedError,
+    UndecodableRecordError,
+)
+from .job import Job, RunReport
+from .keyed import KeyedState
+from .records import Output, Position, Record
+from .sinks import PostgresSink, RedisStreamSink, Sink
+from .sources import Iterable, RedisStream, Source, partition_of
+
+__all__ = [
+    "BrokerUnavailableError",
+    "Iterable",
+    "Job",
+    "KeyedState",
+    "Output",
+    "PartitionCountError",
+    "Position",
+    "PostgresSink",
+    "Record",
+    "RedisStream",
+    "RedisStreamSink",
+    "RunReport",
+    "Sink",
+    "Source",
+    "StreamError",
+    "TrimmedError",
+    "UndecodableRecordError",
+    "partition_of",
+]

@@ -1,0 +1,576 @@
+"""A stream job: a handler over the records of a partitioned source, exactly once.
+
+Each partition is a pitstop run (``"<job>/<partition>"``). Its checkpoint holds, in one
+atomic write, the source position, the keyed state's changes and the outbox (outputs emitted
+since the last delivery). After the commit the sink delivers the outbox idempotently (see
+:mod:`pitstop.stream.sinks`). A crash anywhere resumes from the last checkpoint: the source
+seeks to its position, the state is what that position produced, and the outbox is
+delivered again, which the sink's delivery mark turns into nothing new.
+
+Processes running the same job share its partitions through the store's leases: one owner
+per partition, its writes fenced by the lease's token; a dead owner's partitions are taken
+over at once on its own host and when its lease expires elsewhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ..errors import (
+    BrokerUnavailableError,
+    LeaseLostError,
+    PartitionCountError,
+    RunBusyError,
+    RunNotFoundError,
+    StreamError,
+)
+from ..model import RunStatus
+from ..store import Store
+from .keyed import KeyedState, chain_ids, fold, needs_base
+from .records import Output, Position, Record
+from .sinks import Sink
+from .sources import _SKIPPED, Source
+
+log = logging.getLogger("pitstop.stream")
+
+Handler = Callable[[KeyedState, Record, Callable[[Any, Any], None]], None]
+Start = Literal["beginning", "end"]
+OnTrimmed = Literal["fail", "skip"]
+
+_FIELDS = ("position", "changes", "deleted", "outbox", "next_output", "base", "records",
+           "offset")
+
+
+@dataclass(slots=True)
+class _Partition:
+    """A partition this process owns: its state in memory and what was last committed."""
+
+    index: int
+    run_id: str
+    held: Any  # runtime.leases.Held
+    state: KeyedState
+    position: Position | None
+    outbox: list[Output]
+    next_output: int
+    base: str | None
+    head: str | None
+    records: int
+    offset: int
+    """Records of the partition up to and including ``position`` (for trim checks)."""
+    since_base_keys: int = 0
+    since_base_checkpoints: int = 0
+    pending: int = 0
+    last_checkpoint: float = field(default_factory=time.monotonic)
+    committed: dict[str, Any] = field(default_factory=dict)
+    delivery_retry_at: float = 0.0
+
+
+@dataclass(slots=True)
+class RunReport:
+    """What one :meth:`Job.run` did."""
+
+    records: int = 0
+    checkpoints: int = 0
+    outputs: int = 0
+    failed: dict[int, str] = field(default_factory=dict)
+    """Partitions stopped by a handler error (or a source error), with the error."""
+
+
+def _owner_dead(owner: str) -> bool:
+    from ..owners import owner_is_dead
+
+    return owner_is_dead(owner)
+
+
+class Job:
+    """A stream job named ``name``: ``source`` read partition by partition, each record
+    handed to the :meth:`handler` with its partition's keyed state and an ``emit``.
+
+    A partition is checkpointed every ``every`` records or ``seconds`` seconds, whichever
+    comes first (and when the job stops). ``start`` says where a partition with no
+    checkpoint begins (``"beginning"``, or ``"end"``: only records added from now).
+    ``on_trimmed`` says what happens when records after a partition's stored position were
+    trimmed from the stream: ``"fail"`` (the default) stops the partition with
+    :class:`~pitstop.errors.TrimmedError`; ``"skip"`` logs how far it jumps and goes on from
+    the oldest record still there.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        source: Source,
+        sink: Sink | None = None,
+        every: int = 1000,
+        seconds: float = 5.0,
+        start: Start = "beginning",
+        on_trimmed: OnTrimmed = "fail",
+        lease_ttl: float = 15.0,
+        batch: int = 1000,
+    ) -> None:
+        if not name or "/" in name:
+            raise ValueError(f"job name {name!r}: non-empty, without '/'")
+        if every < 1 or seconds <= 0:
+            raise ValueError("every must be at least 1 and seconds above 0")
+        if start not in ("beginning", "end"):
+            raise ValueError('start must be "beginning" or "end"')
+        if on_trimmed not in ("fail", "skip"):
+            raise ValueError('on_trimmed must be "fail" or "skip"')
+        self.name = name
+        self.source = source
+        self.sink = sink
+        self.every = every
+        self.seconds = seconds
+        self.start = start
+        self.on_trimmed = on_trimmed
+        self.lease_ttl = lease_ttl
+        self.batch = batch
+        self._handler: Handler | None = None
+        self._stop = threading.Event()
+        self._started = 0.0
+        source_job = getattr(source, "_job", None)
+        if source_job is not None:
+            source._job = name  # type: ignore[attr-defined]  # names the job in its errors
+
+    # -- declaring ----------------------------------------------------------------------------
+
+    def handler(self, fn: Handler) -> Handler:
+        """Decorate ``fn(state, record, emit)``: called for each record, in order within a
+        partition. ``emit(key, value)`` sends an output to the sink, exactly once."""
+        self._handler = fn
+        return fn
+
+    def run_id(self, partition: int) -> str:
+        return f"{self.name}/{partition}"
+
+    def stop(self) -> None:
+        """Make :meth:`run` (in any thread) checkpoint its partitions and return."""
+        self._stop.set()
+
+    # -- reading committed state ---------------------------------------------------------------
+
+    def state(self, store: Store) -> dict[Any, Any]:
+        """The committed keyed state of every partition, merged (keys are partitioned, so
+        this is a union)."""
+        out: dict[Any, Any] = {}
+        for partition in range(self.source.partitions):
+            out.update(self.partition_state(store, partition))
+        return out
+
+    def partition_state(self, store: Store, partition: int) -> KeyedState:
+        """One partition's committed keyed state."""
+        loaded = self._load(store, partition)
+        return loaded[0] if loaded is not None else KeyedState()
+
+    def _load(
+        self, store: Store, partition: int
+    ) -> tuple[KeyedState, dict[str, Any], str, int, int] | None:
+        """(state, head fields, head id, checkpoints since base, keys since base), or None
+        for a partition with no checkpoint."""
+        run_id = self.run_id(partition)
+        try:
+            head = store.latest(run_id)
+        except RunNotFoundError:
+            return None
+        if head is None:
+            return None
+        fields = head.state
+        if "full" in fields:
+            return KeyedState(fields["full"]), fields, head.id, 0, 0
+        base_id = fields["base"]
+        chain = chain_ids(store, run_id, head.id, base_id)
+        loaded = store.get_many(chain)
+        base = loaded[base_id].state["full"]
+        deltas = [loaded[cid].state for cid in chain[1:]]
+        keys = sum(len(d.get("changes") or ()) + len(d.get("deleted") or ()) for d in deltas)
+        return fold(base, deltas), fields, head.id, len(deltas), keys
+
+    # -- running -------------------------------------------------------------------------------
+
+    def run(
+        self, store: Store, *, idle_exit: float | None = None, owner: str | None = None
+    ) -> RunReport:
+        """Process the partitions this process can own until :meth:`stop`, SIGTERM/SIGINT
+        (in the main thread) or, with ``idle_exit``, until no partition it owns had a record
+        for that many seconds and all its outputs are delivered. Always ends at a checkpoint
+        of every partition it owns, and gives them up."""
+        if self._handler is None:
+            raise StreamError("no handler: decorate one with @job.handler", job=self.name)
+        from ..runtime.leases import owner_id
+
+        self._stop.clear()
+        me = owner or owner_id()
+        self._check_partition_count(store)
+        for index in range(self.source.partitions):
+            store.create_run(self.run_id(index), workflow=self.workflow, exist_ok=True,
+                             metadata={"partitions": self.source.partitions,
+                                       "source": self.source.describe()})
+        self._started = time.time()
+        report = RunReport()
+        owned: dict[int, _Partition] = {}
+        refused: set[int] = set()
+        with self._signals():
+            try:
+                self._loop(store, me, owned, refused, report, idle_exit)
+            finally:
+                for part in list(owned.values()):
+                    self._close_partition(store, part, report, owned)
+        return report
+
+    @contextmanager
+    def _signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def on_signal(signum: int, frame: Any) -> None:
+            log.info("stream job %r: signal %d, stopping at a checkpoint", self.name, signum)
+            self._stop.set()
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM,
+                                                                   signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _check_partition_count(self, store: Store) -> None:
+        count = self.source.partitions
+        runs = store.runs(id_prefix=f"{self.name}/", workflow=self.workflow, limit=None)
+        stored: set[int] = {
+            run.metadata["partitions"] for run in runs
+            if isinstance(run.metadata.get("partitions"), int)
+        }
+        indexes = [int(run.id.rsplit("/", 1)[1]) for run in runs
+                   if run.id.rsplit("/", 1)[1].isdigit()]
+        if stored - {count} or (indexes and max(indexes) >= count):
+            raise PartitionCountError(
+                f"the source has {count} partitions but the store holds the job's state for "
+                f"{sorted(stored) or [max(indexes) + 1]}: keys would land in other partitions "
+                "than their state. Run the job under a new name (or delete its runs) to "
+                "start over with the new count",
+                job=self.name,
+            )
+
+    @property
+    def workflow(self) -> str:
+        return f"stream:{self.name}"
+
+    def _loop(
+        self, store: Store, me: str, owned: dict[int, _Partition], refused: set[int],
+        report: RunReport, idle_exit: float | None,
+    ) -> None:
+        claim_at = 0.0
+        last_activity = time.monotonic()
+        backoff = 0.0
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now >= claim_at:
+                self._claim(store, me, owned, refused, report)
+                claim_at = now + (0.2 if len(owned) + len(refused) < self.source.partitions
+                                  else 2.0)
+            for part in [p for p in owned.values() if p.held.lost]:
+                log.warning("stream job %r: partition %d was taken over by another owner",
+                            self.name, part.index)
+                self._drop(part, owned)
+            if not owned:
+                if idle_exit is not None and now - last_activity >= idle_exit:
+                    return
+                self._stop.wait(0.1)
+                continue
+            try:
+                batches = self.source.read(
+                    {p.index: p.position for p in owned.values()}, self.batch, 0.05
+                )
+                backoff = 0.0
+            except BrokerUnavailableError as exc:
+                backoff = min(30.0, max(0.5, backoff * 2))
+                log.error("%s; retrying in %.1f s", exc, backoff)
+                self._stop.wait(backoff)
+                continue
+            except StreamError as exc:  # undecodable, trimmed: that partition stops
+                if exc.partition is not None and exc.partition in owned:
+                    self._fail(store, owned[exc.partition], exc, report, owned, refused)
+                    continue
+                raise
+            got = False
+            for index, records in batches.items():
+                reader = owned.get(index)
+                if reader is None or not records:
+                    continue
+                got = True
+                self._handle(store, reader, records, report, owned, refused)
+            now = time.monotonic()
+            for part in list(owned.values()):
+                if part.pending and (part.pending >= self.every
+                                     or now - part.last_checkpoint >= self.seconds):
+                    self._checkpoint(store, part, report, owned)
+                elif part.outbox and now >= part.delivery_retry_at:
+                    self._deliver(part, report)
+            if got:
+                last_activity = now
+            elif idle_exit is not None and now - last_activity >= idle_exit:
+                for part in list(owned.values()):
+                    if part.pending:
+                        self._checkpoint(store, part, report, owned)
+                if all(not p.outbox for p in owned.values()):
+                    return
+
+    def _claim(
+        self, store: Store, me: str, owned: dict[int, _Partition], refused: set[int],
+        report: RunReport,
+    ) -> None:
+        from ..runtime.leases import acquire, keeper
+
+        for index in range(self.source.partitions):
+            if index in owned or index in refused:
+                continue
+            run_id = self.run_id(index)
+            run = store.get_run(run_id)
+            if run.status is RunStatus.FAILED and run.updated_at.timestamp() >= self._started:
+                # Failed while this run() goes on (here or in another process): retried by
+                # the next run(), not in a loop by every process.
+                refused.add(index)
+                continue
+            if run.owner is not None and run.owner != me and run.lease_expires_at is not None \
+                    and run.lease_expires_at.timestamp() > time.time() \
+                    and not _owner_dead(run.owner):
+                continue  # owned: no write needed to learn it
+            try:
+                lease = acquire(store, run_id, me, self.lease_ttl)
+            except RunBusyError:
+                continue
+            held = keeper.track(store, lease, self.lease_ttl)
+            try:
+                part = self._open(store, index, held)
+            except StreamError as exc:
+                keeper.untrack(held)
+                store.release(held.lease)
+                refused.add(index)
+                report.failed[index] = str(exc)
+                log.error("%s", exc)
+                continue
+            except BaseException:
+                keeper.untrack(held)
+                store.release(held.lease)
+                raise
+            owned[index] = part
+            log.info("stream job %r: partition %d owned by %s from position %s", self.name,
+                     index, me, part.position)
+
+    def _open(self, store: Store, index: int, held: Any) -> _Partition:
+        loaded = self._load(store, index)
+        if loaded is None:
+            position, offset = self.source.first_position(index, self.start)
+            part = _Partition(index, self.run_id(index), held, KeyedState(), position, [], 0,
+                              None, None, 0, offset)
+            part.pending = 0
+            # The first checkpoint is the base (an empty copy), so that every later
+            # one can be a delta.
+            self._write(store, part, full=True)
+            return part
+        state, fields, head_id, checkpoints, keys = loaded
+        position = fields["position"]
+        offset = fields.get("offset", 0)
+        self.source.check_position(index, position, offset, self.on_trimmed)
+        outbox = [Output(self.name, index, seq, key, value)
+                  for seq, key, value in fields.get("outbox") or ()]
+        part = _Partition(
+            index, self.run_id(index), held, state, position, outbox,
+            fields["next_output"], fields.get("base") or head_id, head_id,
+            fields.get("records", 0), offset, keys, checkpoints,
+        )
+        part.committed = {name: fields.get(name) for name in _FIELDS}
+        self._deliver(part, None)
+        return part
+
+    def _handle(
+        self, store: Store, part: _Partition, records: list[Record], report: RunReport,
+        owned: dict[int, _Partition], refused: set[int],
+    ) -> None:
+        handler = self._handler
+        assert handler is not None
+        state = part.state
+        outbox = part.outbox
+        job = self.name
+        index = part.index
+        seq = part.next_output
+
+        def emit(key: Any, value: Any) -> None:
+            nonlocal seq
+            outbox.append(Output(job, index, seq, key, value))
+            seq += 1
+
+        every = self.every
+        done = 0
+        try:
+            for record in records:
+                if record.value is not _SKIPPED:
+                    handler(state, record, emit)
+                done += 1
+                part.offset += 1
+                part.position = record.position
+                part.pending += 1
+                if part.pending >= every:
+                    part.next_output = seq
+                    part.records += done
+                    report.records += done
+                    done = 0
+                    self._checkpoint(store, part, report, owned)
+                    if part.index not in owned:
+                        return
+        except Exception as exc:
+            self._fail(store, part, exc, report, owned, refused, record=record)
+            return
+        part.next_output = seq
+        part.records += done
+        report.records += done
+
+    def _checkpoint(
+        self, store: Store, part: _Partition, report: RunReport,
+        owned: dict[int, _Partition],
+    ) -> None:
+        full = needs_base(part.since_base_keys + part.state.dirty,
+                          part.since_base_checkpoints, len(part.state))
+        try:
+            self._write(store, part, full=full)
+        except LeaseLostError:
+            log.warning("stream job %r: partition %d lost its lease; another owner goes on "
+                        "from its last checkpoint", self.name, part.index)
+            self._drop(part, owned)
+            return
+        report.checkpoints += 1
+        self._deliver(part, report)
+
+    def _write(self, store: Store, part: _Partition, *, full: bool,
+               status: RunStatus = RunStatus.RUNNING, error: dict[str, Any] | None = None,
+               release: bool = False) -> None:
+        """Commit the partition's position, state changes and outbox in one checkpoint."""
+        outbox = [[o.seq, o.key, o.value] for o in part.outbox]
+        fields: dict[str, Any] = {
+            "position": part.position,
+            "outbox": outbox,
+            "next_output": part.next_output,
+            "records": part.records,
+            "offset": part.offset,
+        }
+        if error is not None:  # the last committed state again, with the error
+            fields.update({k: v for k, v in part.committed.items() if k != "base"})
+            fields["changes"], fields["deleted"] = {}, []
+            fields["base"] = part.base
+            keys = 0
+        elif full:
+            part.state.forget_changes()
+            fields["full"] = dict(part.state)
+            keys = 0
+        else:
+            changes, deleted = part.state.take_changes()
+            fields["changes"], fields["deleted"], fields["base"] = changes, deleted, part.base
+            keys = len(changes) + len(deleted)
+        metadata: dict[str, Any] = {"stream": {"position": str(fields["position"]),
+                                               "records": fields["records"],
+                                               "outbox": len(fields["outbox"])}}
+        if error is not None:
+            metadata["error"] = error
+        checkpoint = store.save(
+            part.run_id, fields, lease=part.held.lease, status=status, workflow=self.workflow,
+            metadata=metadata, release=release, changed=list(fields),
+        )
+        part.head = checkpoint.id
+        if error is None:
+            part.committed = {name: fields.get(name) for name in _FIELDS}
+        if full and error is None:
+            part.base = checkpoint.id
+            part.since_base_keys = part.since_base_checkpoints = 0
+        else:
+            part.since_base_keys += keys
+            part.since_base_checkpoints += 1
+        part.pending = 0
+        part.last_checkpoint = time.monotonic()
+
+    def _deliver(self, part: _Partition, report: RunReport | None) -> None:
+        """Deliver the committed outbox; on failure keep it (it is in the checkpoint) and
+        retry later."""
+        if not part.outbox:
+            return
+        if self.sink is None:
+            part.outbox.clear()
+            return
+        committed = part.committed.get("next_output") or 0
+        ready = [o for o in part.outbox if o.seq < committed]
+        if not ready:
+            return
+        try:
+            self.sink.deliver(self.name, part.index, ready)
+        except BrokerUnavailableError as exc:
+            log.error("%s; outputs kept in the checkpoint, retrying", exc)
+            part.delivery_retry_at = time.monotonic() + 1.0
+            return
+        del part.outbox[: len(ready)]
+        if report is not None:
+            report.outputs += len(ready)
+
+    def _fail(
+        self, store: Store, part: _Partition, exc: BaseException, report: RunReport,
+        owned: dict[int, _Partition], refused: set[int], *, record: Record | None = None,
+    ) -> None:
+        """Stop the partition at its last checkpoint, with the error on its run."""
+        where = f" at position {record.position}" if record is not None else ""
+        message = f"{exc}"
+        log.error("stream job %r: partition %d failed%s: %s: %s", self.name, part.index,
+                  where, type(exc).__name__, message)
+        error = {
+            "type": type(exc).__name__ if type(exc).__module__ == "builtins"
+            else f"{type(exc).__module__}.{type(exc).__name__}",
+            "message": message + where,
+            "step": "handler",
+            "attempt": 1,
+            "traceback": "".join(traceback.format_exception(exc)),
+            "at": time.time(),
+        }
+        report.failed[part.index] = f"{error['type']}: {error['message']}"
+        refused.add(part.index)
+        with suppress(LeaseLostError):  # taken over: the new owner goes on
+            self._write(store, part, full=False, status=RunStatus.FAILED, error=error,
+                        release=True)
+        self._drop(part, owned, release=False)
+
+    def _close_partition(
+        self, store: Store, part: _Partition, report: RunReport,
+        owned: dict[int, _Partition],
+    ) -> None:
+        """Checkpoint (if anything is new), deliver, give the partition up."""
+        try:
+            if part.pending or part.state.dirty or (part.committed.get("outbox")
+                                                    and not part.outbox):
+                self._checkpoint(store, part, report, owned)
+            else:
+                self._deliver(part, report)
+        finally:
+            if part.index in owned:
+                self._drop(part, owned)
+
+    def _drop(self, part: _Partition, owned: dict[int, _Partition], *,
+              release: bool = True) -> None:
+        from ..runtime.leases import keeper
+
+        owned.pop(part.index, None)
+        keeper.untrack(part.held)
+        if release and not part.held.lost:
+            try:
+                part.held.store.release(part.held.lease)
+            except Exception as exc:  # the lease then simply expires
+                log.warning("stream job %r: releasing partition %d: %s", self.name,
+                            part.index, exc)
+
+
+__all__ = ["Handler", "Job", "RunReport"]

@@ -1,0 +1,288 @@
+"""pitstop.stream: positions, keyed state and outbox in one checkpoint per partition, on the
+real Redis (127.0.0.1:6379) and real stores; each test uses its own stream names."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import pitstop
+from pitstop import stream
+from pitstop.store import Store
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+redis = pytest.importorskip("redis")
+
+
+@pytest.fixture
+def client() -> Iterator[Any]:
+    c = redis.Redis.from_url(REDIS_URL)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def name(client: Any) -> Iterator[str]:
+    """A stream (and job) name of this test alone; its keys are deleted afterwards."""
+    n = f"t{uuid.uuid4().hex[:10]}"
+    yield n
+    keys = list(client.scan_iter(f"{n}*"))
+    if keys:
+        client.delete(*keys)
+
+
+def counter_job(name: str, *, partitions: int = 2, sink: bool = True, **options: Any
+                ) -> stream.Job:
+    job = stream.Job(
+        name,
+        source=stream.RedisStream(REDIS_URL, name, partitions=partitions),
+        sink=stream.RedisStreamSink(REDIS_URL, f"{name}-out") if sink else None,
+        **{"every": 100, "seconds": 1.0, **options},
+    )
+
+    @job.handler
+    def count(state: Any, record: stream.Record, emit: Any) -> None:
+        user = record.value["user"]
+        state[user] = state.get(user, 0) + 1
+        emit(user, {"count": state[user]})
+
+    return job
+
+
+def produce(client: Any, name: str, users: list[str], partitions: int = 2) -> None:
+    with client.pipeline(transaction=False) as pipe:
+        for user in users:
+            pipe.xadd(f"{name}:{stream.partition_of(user, partitions)}", {"user": user})
+        pipe.execute()
+
+
+def test_counts_outputs_and_seeks_on_restart(store: Store, client: Any, name: str) -> None:
+    users = [f"u{i % 37}" for i in range(1000)]
+    produce(client, name, users)
+    job = counter_job(name)
+    report = job.run(store, idle_exit=0.2)
+    assert report.records == 1000
+    assert job.state(store) == Counter(users)
+    # A restart seeks to the stored positions: only the new records are read.
+    produce(client, name, users[:10])
+    report = counter_job(name).run(store, idle_exit=0.2)
+    assert report.records == 10
+    assert job.state(store) == Counter(users) + Counter(users[:10])
+    out = client.xrange(f"{name}-out")
+    assert len(out) == 1010
+    assert len({f[b"id"] for _, f in out}) == 1010
+    last = {}
+    for _, fields in out:
+        last[fields[b"key"].decode()] = json.loads(fields[b"value"])["count"]
+    assert last == Counter(users) + Counter(users[:10])
+
+
+def test_partitions_are_runs_with_position_in_their_checkpoint(
+    store: Store, client: Any, name: str
+) -> None:
+    produce(client, name, ["a", "b", "c", "d"])
+    counter_job(name).run(store, idle_exit=0.2)
+    for p in range(2):
+        run = store.get_run(f"{name}/{p}")
+        assert run.workflow == f"stream:{name}"
+        assert run.owner is None  # given up at the end
+        head = store.latest(f"{name}/{p}")
+        assert head is not None
+        last = client.xrevrange(f"{name}:{p}", count=1)
+        assert head.state["position"] == (last[0][0].decode() if last else None)
+
+
+def test_a_checkpoint_stores_only_the_changed_keys(store: Store) -> None:
+    items = [(f"k{i}", 1) for i in range(5000)] + [("k1", 1), ("k2", 1)]
+    job = stream.Job("keys", source=stream.Iterable(items), every=5000, seconds=60)
+
+    @job.handler
+    def count(state: Any, record: stream.Record, emit: Any) -> None:
+        state[record.key] = state.get(record.key, 0) + record.value
+
+    job.run(store, idle_exit=0.1)
+    head = store.latest("keys/0")
+    assert head is not None
+    assert "full" not in head.state
+    assert head.state["changes"] == {"k1": 2, "k2": 2}
+    history = store.history("keys/0")
+    # A base (the empty first checkpoint), the 5,000 new keys, then the two changed ones.
+    assert len(history) == 3
+    state = job.state(store)
+    assert len(state) == 5000 and state["k1"] == 2 and state["k0"] == 1
+
+
+def test_deleted_keys_and_a_new_base(store: Store) -> None:
+    items = [(f"k{i % 301}", i) for i in range(6000)]
+    job = stream.Job("dels", source=stream.Iterable(items), every=100, seconds=60)
+
+    @job.handler
+    def keep_odd(state: Any, record: stream.Record, emit: Any) -> None:
+        if record.value % 2:
+            state[record.key] = record.value
+        else:
+            state.pop(record.key, None)
+
+    job.run(store, idle_exit=0.1)
+    expected: dict[str, int] = {}
+    for key, value in items:
+        if value % 2:
+            expected[key] = value
+        else:
+            expected.pop(key, None)
+    assert job.state(store) == expected
+    # 60 checkpoints of ~100 key writes over a ~150-key state: new bases were written.
+    bases = [c for c in store.get_many(s.id for s in store.history("dels/0")).values()
+             if "full" in c.state]
+    assert len(bases) > 1
+
+
+def test_iterable_resumes_after_its_checkpoint(store: Store) -> None:
+    items = [(f"k{i % 7}", 1) for i in range(700)]
+    seen: list[Any] = []
+
+    def make() -> stream.Job:
+        job = stream.Job("it", source=stream.Iterable(items, partitions=3), every=50)
+
+        @job.handler
+        def count(state: Any, record: stream.Record, emit: Any) -> None:
+            seen.append(record.position)
+            state[record.key] = state.get(record.key, 0) + 1
+
+        return job
+
+    make().run(store, idle_exit=0.1)
+    assert len(seen) == 700
+    make().run(store, idle_exit=0.1)
+    assert len(seen) == 700
+    assert make().state(store) == Counter(k for k, _ in items)
+
+
+def test_handler_error_stops_its_partition_at_its_last_checkpoint(
+    store: Store, client: Any, name: str
+) -> None:
+    users = [f"u{i}" for i in range(400)]
+    bad = next(u for u in users[200:] if stream.partition_of(u, 2) == 1)
+    produce(client, name, users)
+    job = stream.Job(name, source=stream.RedisStream(REDIS_URL, name, partitions=2),
+                     every=50, seconds=1.0)
+
+    @job.handler
+    def count(state: Any, record: stream.Record, emit: Any) -> None:
+        if record.value["user"] == bad:
+            raise ValueError(f"no budget for {bad}")
+        state[record.value["user"]] = 1
+
+    report = job.run(store, idle_exit=0.2)
+    assert list(report.failed) == [1]
+    assert "no budget" in report.failed[1]
+    run = store.get_run(f"{name}/1")
+    assert run.status is pitstop.RunStatus.FAILED
+    head = store.latest(f"{name}/1")
+    assert head is not None and "no budget" in head.metadata["error"]["message"]
+    # The failed partition stayed at a checkpoint before the bad record; the other finished.
+    ones = [u for u in users if stream.partition_of(u, 2) == 1]
+    held = job.partition_state(store, 1)
+    assert bad not in held and set(held) <= set(ones[: ones.index(bad)])
+    zeros = {u for u in users if stream.partition_of(u, 2) == 0}
+    assert set(job.partition_state(store, 0)) == zeros
+
+    if not store.url.startswith("memory:"):
+        from clitools import pitstop_exe
+
+        shown = pitstop_exe("show", f"{name}/1", store=store.url)
+        assert "no budget" in shown.out, shown
+
+
+def test_changed_partition_count_is_refused(store: Store, client: Any, name: str) -> None:
+    produce(client, name, ["a"])
+    counter_job(name, partitions=2).run(store, idle_exit=0.1)
+    with pytest.raises(stream.PartitionCountError, match=r"has 3 partitions"):
+        counter_job(name, partitions=3).run(store, idle_exit=0.1)
+    with pytest.raises(stream.PartitionCountError):
+        counter_job(name, partitions=1).run(store, idle_exit=0.1)
+
+
+def test_trimmed_position_is_an_error_unless_skipped(
+    store: Store, client: Any, name: str
+) -> None:
+    produce(client, name, [f"u{i}" for i in range(20)], partitions=1)
+    counter_job(name, partitions=1, sink=False).run(store, idle_exit=0.1)
+    produce(client, name, [f"v{i}" for i in range(20)], partitions=1)
+    client.xtrim(f"{name}:0", maxlen=5, approximate=False)
+    report = counter_job(name, partitions=1, sink=False).run(store, idle_exit=0.1)
+    assert "trimmed" in report.failed[0]
+    report = counter_job(name, partitions=1, sink=False, on_trimmed="skip").run(
+        store, idle_exit=0.1)
+    assert report.records == 5 and not report.failed
+
+
+def test_start_at_end_skips_what_is_there(store: Store, client: Any, name: str) -> None:
+    produce(client, name, ["a", "b", "c"], partitions=1)
+    report = counter_job(name, partitions=1, start="end").run(store, idle_exit=0.1)
+    assert report.records == 0
+    produce(client, name, ["z"], partitions=1)
+    report = counter_job(name, partitions=1, start="end").run(store, idle_exit=0.1)
+    assert report.records == 1
+
+
+def test_undecodable_records_fail_or_go_to_the_dead_letter_stream(
+    store: Store, client: Any, name: str
+) -> None:
+    client.xadd(f"{name}:0", {"user": "a"})
+    client.xadd(f"{name}:0", {"user": b"\xff\xfe"})
+    client.xadd(f"{name}:0", {"user": "b"})
+    job = counter_job(name, partitions=1, sink=False)
+    report = job.run(store, idle_exit=0.1)
+    assert "not UTF-8" in report.failed[0]
+    job = stream.Job(name, source=stream.RedisStream(REDIS_URL, name, partitions=1,
+                                                      undecodable="dead-letter"))
+    job.handler(lambda state, record, emit: state.__setitem__(record.value["user"], 1))
+    report = job.run(store, idle_exit=0.1)
+    assert not report.failed
+    assert job.state(store) == {"a": 1, "b": 1}
+    letters = client.xrange(f"{name}:dead-letter")
+    assert len(letters) == 1 and letters[0][1][b"field:user"] == b"\xff\xfe"
+
+
+def test_unreachable_broker_is_one_line_and_retried(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    import threading
+
+    job = stream.Job("down", source=stream.RedisStream("redis://127.0.0.1:1/0", "x"))
+    job.handler(lambda state, record, emit: None)
+    threading.Timer(1.5, job.stop).start()
+    with caplog.at_level("ERROR", logger="pitstop.stream"):
+        job.run(store)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines and all("does not answer" in line and "retrying in" in line
+                         for line in lines)
+    assert all("\n" not in line for line in lines)
+
+
+def test_postgres_sink_rows_exactly_once(store: Store, client: Any, name: str) -> None:
+    psycopg = pytest.importorskip("psycopg")
+    from conftest import PG_URL
+
+    table = f"out_{name}"
+    produce(client, name, [f"u{i % 5}" for i in range(300)])
+    job = counter_job(name)
+    job.sink = stream.PostgresSink(PG_URL, table)
+    job.run(store, idle_exit=0.2)
+    # Delivering the same outputs again (a restart after a crash) adds nothing.
+    outputs = [stream.Output(name, 0, seq, "k", {"n": seq}) for seq in range(3)]
+    job.sink.deliver(name, 0, outputs)
+    try:
+        with psycopg.connect(PG_URL) as conn:
+            rows = conn.execute(f"SELECT count(*), count(DISTINCT id) FROM {table}").fetchone()
+    finally:
+        job.sink.close()
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {table}, {table}_delivered")
+    assert rows == (300, 300)
