@@ -8,6 +8,7 @@ script, it is one worker: ``python streamkill.py worker STORE_URL REDIS_URL NAME
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -21,17 +22,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 REDIS_URL = os.environ.get("PITSTOP_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+NATS_URL = os.environ.get("PITSTOP_TEST_NATS_URL", "nats://127.0.0.1:4222")
 EMIT_EVERY = 5
 """A key's count emits an output at every multiple of this."""
 
 
 def make_job(name: str, partitions: int, redis_url: str = REDIS_URL, *,
-             every: int = 500) -> Any:
+             every: int = 500, broker: str = "redis") -> Any:
     from pitstop import stream
 
+    source: Any = (
+        stream.RedisStream(redis_url, name, partitions=partitions) if broker == "redis"
+        else stream.JetStream(NATS_URL, name, partitions=partitions)
+    )
     job = stream.Job(
         name,
-        source=stream.RedisStream(redis_url, name, partitions=partitions),
+        source=source,
         sink=stream.RedisStreamSink(redis_url, f"{name}-out"),
         every=every, seconds=1.0, lease_ttl=5.0,
     )
@@ -46,11 +52,11 @@ def make_job(name: str, partitions: int, redis_url: str = REDIS_URL, *,
     return job
 
 
-def worker(store_url: str, redis_url: str, name: str, partitions: int) -> None:
+def worker(store_url: str, redis_url: str, name: str, partitions: int, broker: str) -> None:
     import pitstop
 
     store = pitstop.open_store(store_url)
-    make_job(name, partitions, redis_url).run(store)
+    make_job(name, partitions, redis_url, broker=broker).run(store)
     store.close()
 
 
@@ -77,6 +83,7 @@ def run_kill_test(
     store_url: str, name: str, *, partitions: int = 4, events: int = 20_000,
     keys: int = 1_000, kills: int = 8, processes: int = 2, seed: int = 0,
     redis_url: str = REDIS_URL, pace: float = 6.0, timeout: float = 300.0,
+    broker: str = "redis",
 ) -> KillResult:
     """Produce ``events`` over about ``pace`` seconds while ``processes`` workers run the
     job and ``kills`` SIGKILLs hit random ones (each restarted at once)."""
@@ -90,9 +97,14 @@ def run_kill_test(
     _cleanup(client, name, partitions)
     users = [f"user{rng.randrange(keys)}" for _ in range(events)]
     expected = Counter(users)
-    last_ids: dict[int, bytes] = {}
+    last_ids: dict[int, Any] = {}
 
     def produce() -> None:
+        if broker == "jetstream":
+            import asyncio
+
+            asyncio.run(produce_jetstream())
+            return
         chunk = max(1, events // 40)
         for first in range(0, events, chunk):
             with client.pipeline(transaction=False) as pipe:
@@ -106,12 +118,33 @@ def run_kill_test(
             if last:
                 last_ids[p] = last[0][0]
 
+    async def produce_jetstream() -> None:
+        import nats
+
+        nc = await nats.connect(NATS_URL)
+        js = nc.jetstream()
+        chunk = max(1, events // 40)
+        for first in range(0, events, chunk):
+            acks = await asyncio_gather(*(
+                js.publish(f"{name}.{partition_of(user, partitions)}",
+                           json.dumps({"user": user}).encode(), headers={"key": user})
+                for user in users[first:first + chunk]
+            ))
+            for user, ack in zip(users[first:first + chunk], acks, strict=True):
+                last_ids[partition_of(user, partitions)] = ack.seq
+            await asyncio_sleep(pace / 40)
+        await nc.close()
+
+    if broker == "jetstream":
+        _jetstream_stream(name)
+
     script = os.path.abspath(__file__)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
 
     def spawn() -> subprocess.Popen[bytes]:
         return subprocess.Popen(
-            [sys.executable, script, "worker", store_url, redis_url, name, str(partitions)],
+            [sys.executable, script, "worker", store_url, redis_url, name, str(partitions),
+             broker],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )
 
@@ -146,7 +179,7 @@ def run_kill_test(
                 proc.wait()
     errors = [p.stderr.read().decode(errors="replace") for p in procs if p.stderr]
     # Whatever is left (an outbox delivered by nobody yet): one more run, uninterrupted.
-    job = make_job(name, partitions, redis_url)
+    job = make_job(name, partitions, redis_url, broker=broker)
     job.run(store, idle_exit=0.5)
     seconds = time.monotonic() - started
     state = job.state(store)
@@ -167,6 +200,8 @@ def run_kill_test(
     )
     if result.ok:
         _cleanup(client, name, partitions)
+        if broker == "jetstream":
+            _jetstream_stream(name, create=False)
     client.close()
     return result
 
@@ -180,9 +215,40 @@ def _caught_up(store: Any, name: str, partitions: int, last_ids: dict[int, bytes
             head = store.latest(f"{name}/{p}")
         except Exception:
             return False
-        if head is None or head.state.get("position") != want.decode():
+        if head is None or head.state.get("position") != (
+                want.decode() if isinstance(want, bytes) else want):
             return False
     return True
+
+
+async def asyncio_gather(*aws: Any) -> list[Any]:
+    import asyncio
+
+    return list(await asyncio.gather(*aws))
+
+
+async def asyncio_sleep(seconds: float) -> None:
+    import asyncio
+
+    await asyncio.sleep(seconds)
+
+
+def _jetstream_stream(name: str, *, create: bool = True) -> None:
+    """(Re)create the JetStream stream ``name`` on subjects ``name.>`` (or just delete it)."""
+    import asyncio
+
+    async def go() -> None:
+        import nats
+
+        nc = await nats.connect(NATS_URL)
+        js = nc.jetstream()
+        with contextlib.suppress(Exception):  # there was none
+            await js.delete_stream(name)
+        if create:
+            await js.add_stream(name=name, subjects=[f"{name}.>"])
+        await nc.close()
+
+    asyncio.run(go())
 
 
 def _cleanup(client: Any, name: str, partitions: int) -> None:
@@ -193,4 +259,4 @@ def _cleanup(client: Any, name: str, partitions: int) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "worker":
-        worker(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
+        worker(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6])

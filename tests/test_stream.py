@@ -286,3 +286,44 @@ def test_postgres_sink_rows_exactly_once(store: Store, client: Any, name: str) -
         with psycopg.connect(PG_URL, autocommit=True) as conn:
             conn.execute(f"DROP TABLE IF EXISTS {table}, {table}_delivered")
     assert rows == (300, 300)
+
+
+def test_jetstream_counts_and_seeks_by_sequence(store: Store, name: str) -> None:
+    pytest.importorskip("nats")
+    import asyncio
+
+    import nats
+
+    async def publish(users: list[str], *, create: bool = False, delete: bool = False
+                      ) -> None:
+        nc = await nats.connect("nats://127.0.0.1:4222")
+        js = nc.jetstream()
+        if create:
+            await js.add_stream(name=name, subjects=[f"{name}.>"])
+        for user in users:
+            await js.publish(f"{name}.{stream.partition_of(user, 2)}",
+                             json.dumps({"user": user}).encode(), headers={"key": user})
+        if delete:
+            await js.delete_stream(name)
+        await nc.close()
+
+    users = [f"u{i % 11}" for i in range(300)]
+    asyncio.run(publish(users, create=True))
+    try:
+        def make() -> stream.Job:
+            job = stream.Job(name, source=stream.JetStream("nats://127.0.0.1:4222", name,
+                                                           partitions=2), every=40)
+
+            @job.handler
+            def count(state: Any, record: stream.Record, emit: Any) -> None:
+                assert record.key == record.value["user"]
+                state[record.key] = state.get(record.key, 0) + 1
+
+            return job
+
+        assert make().run(store, idle_exit=0.2).records == 300
+        asyncio.run(publish(users[:5]))
+        assert make().run(store, idle_exit=0.2).records == 5
+        assert make().state(store) == Counter(users) + Counter(users[:5])
+    finally:
+        asyncio.run(publish([], delete=True))

@@ -36,3 +36,12 @@ def test_postgres_kills_exactly_once() -> None:
         drop_pg_schema(schema)
     assert result.kills == 8
     assert result.ok, result
+
+
+def test_jetstream_kills_exactly_once(tmp_path: object) -> None:
+    pytest.importorskip("nats")
+    name = f"k{uuid.uuid4().hex[:10]}"
+    result = run_kill_test(f"sqlite:///{tmp_path}/stream.db", name, partitions=4,
+                           events=20_000, kills=8, processes=2, seed=3, broker="jetstream")
+    assert result.kills == 8
+    assert result.ok, result

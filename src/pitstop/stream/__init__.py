@@ -13,6 +13,7 @@ from ..errors import (
     TrimmedError,
     UndecodableRecordError,
 )
+from .jetstream import JetStream
 from .job import Job, RunReport
 from .keyed import KeyedState
 from .records import Output, Position, Record
@@ -22,6 +23,7 @@ from .sources import Iterable, RedisStream, Source, partition_of
 __all__ = [
     "BrokerUnavailableError",
     "Iterable",
+    "JetStream",
     "Job",
     "KeyedState",
     "Output",

@@ -221,8 +221,13 @@ class Job:
             try:
                 self._loop(store, me, owned, refused, report, idle_exit)
             finally:
-                for part in list(owned.values()):
-                    self._close_partition(store, part, report, owned)
+                try:
+                    for part in list(owned.values()):
+                        self._close_partition(store, part, report, owned)
+                finally:
+                    self.source.close()
+                    if self.sink is not None:
+                        self.sink.close()
         return report
 
     @contextmanager
