@@ -416,29 +416,29 @@ class Job:
             seq += 1
 
         every = self.every
-        done = 0
+        skipped = _SKIPPED
+        first = 0
+        record: Record | None = None
         try:
-            for record in records:
-                if record.value is not _SKIPPED:
-                    handler(state, record, emit)
-                done += 1
-                part.offset += 1
-                part.position = record.position
-                part.pending += 1
+            while first < len(records):
+                chunk = records[first : first + every - part.pending]
+                # The tight loop: only the handler call per record; counters once a chunk.
+                for record in chunk:
+                    if record.value is not skipped:
+                        handler(state, record, emit)
+                first += len(chunk)
+                part.position = chunk[-1].position
+                part.offset += len(chunk)
+                part.pending += len(chunk)
+                part.records += len(chunk)
+                report.records += len(chunk)
+                part.next_output = seq
                 if part.pending >= every:
-                    part.next_output = seq
-                    part.records += done
-                    report.records += done
-                    done = 0
                     self._checkpoint(store, part, report, owned)
                     if part.index not in owned:
                         return
         except Exception as exc:
             self._fail(store, part, exc, report, owned, refused, record=record)
-            return
-        part.next_output = seq
-        part.records += done
-        report.records += done
 
     def _checkpoint(
         self, store: Store, part: _Partition, report: RunReport,

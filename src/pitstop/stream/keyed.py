@@ -21,6 +21,10 @@ _BASE_EVERY = 256
 _BASE_MIN_KEYS = 4096
 """A small state gets a new base only after this many key writes (its copy is cheap to
 write, but each one is a checkpoint much bigger than a delta)."""
+_BASE_RATIO = 4
+"""A new base once the keys written since the last reach this many times the state's size:
+the copies then cost at most a quarter of the key writes, and a load folds at most five
+times the state."""
 
 
 class KeyedState(dict[Any, Any]):
@@ -104,7 +108,7 @@ def needs_base(written_since_base: int, checkpoints_since_base: int, size: int) 
     """Whether the next checkpoint should hold a whole copy (a new base)."""
     return (
         checkpoints_since_base >= _BASE_EVERY
-        or written_since_base >= max(size, _BASE_MIN_KEYS)
+        or written_since_base >= max(size * _BASE_RATIO, _BASE_MIN_KEYS)
     )
 
 

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 Position = str | int
 """Where a partition stands in its source: a Redis entry id (``"1700000000000-0"``), a
 JetStream sequence or an iterable's index. Stored in the partition's checkpoint."""
 
 
-@dataclass(slots=True, frozen=True)
-class Record:
-    """One record of a partition, as a handler receives it."""
+class Record(NamedTuple):
+    """One record of a partition, as a handler receives it. (A named tuple: built for every
+    record, it costs a third of a frozen dataclass.)"""
 
     partition: int
     position: Position

@@ -245,17 +245,20 @@ class RedisStream:
         for stream, entries in replies or ():
             partition = int(stream.rsplit(b":", 1)[1])
             records: list[Record] = []
+            append = records.append
+            decode = bytes.decode
             for entry_id, fields in entries:
-                position = entry_id.decode()
                 try:
-                    value = {k.decode(): v.decode() for k, v in fields.items()}
+                    value = dict(zip(map(decode, fields), map(decode, fields.values()),
+                                     strict=True))
                 except UnicodeDecodeError as exc:
+                    position = entry_id.decode()
                     self._undecodable(client, partition, position, fields, exc)
-                    records.append(Record(partition, position, None, _SKIPPED))
+                    append(Record(partition, position, None, _SKIPPED))
                     continue
                 key = fields.get(key_field)
-                records.append(Record(partition, position, None if key is None else
-                                      value[self.key_field], value))
+                append(Record(partition, decode(entry_id),
+                              None if key is None else value[self.key_field], value))
             out[partition] = records
         return out
 

@@ -1,0 +1,270 @@
+"""Stream jobs (pitstop.stream, issue #27), side by side in one run.
+
+* throughput: one partition, N Redis events (10,000 keys), counting per key with
+  ``every=1000`` on SQLite, against a plain redis-py loop doing the same counting (XREAD 1,000
+  at a time, no checkpoints); interleaved rounds, the median ratio.
+* checkpoint cost with 1,000,000 keys in the state: bytes added and time of a checkpoint
+  after 1,000 records (O(changed keys), not O(state)).
+* restart: with N events behind the checkpoint, the time from ``job.run`` to the first record
+  handled (a seek, not a replay).
+* ``--kills``: the full-size exactly-once test: 4 partitions, 200,000 events over 10,000
+  keys, 3 ``job.run`` processes on a PostgreSQL store, 30 SIGKILLs (and on SQLite, one host).
+
+    python bench/stream.py [--events 200000] [--rounds 3] [--kills]
+
+Needs Redis on 127.0.0.1:6379 (and PostgreSQL for --kills). Bytewax 0.21 is not in this
+run: see docs/streams.md for why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from _common import fmt_bytes, machine, median_of, save_results, table
+
+import pitstop
+from pitstop import stream
+
+REDIS_URL = os.environ.get("PITSTOP_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _client() -> Any:
+    import redis
+
+    return redis.Redis.from_url(REDIS_URL)
+
+
+def fill(client: Any, key: str, events: int, keys: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    users = [f"user{rng.randrange(keys)}" for _ in range(events)]
+    for first in range(0, events, 5000):
+        with client.pipeline(transaction=False) as pipe:
+            for user in users[first:first + 5000]:
+                pipe.xadd(key, {"user": user})
+            pipe.execute()
+    return users
+
+
+def plain_loop(client: Any, key: str, events: int) -> tuple[float, dict[str, int]]:
+    """The baseline: XREAD 1,000 at a time, count per key, no checkpoints."""
+    counts: dict[str, int] = {}
+    position = "0-0"
+    seen = 0
+    start = time.perf_counter()
+    while seen < events:
+        reply = client.xread({key: position}, count=1000)
+        if not reply:
+            break
+        for entry_id, fields in reply[0][1]:
+            user = fields[b"user"].decode()
+            counts[user] = counts.get(user, 0) + 1
+            position = entry_id
+            seen += 1
+    return time.perf_counter() - start, counts
+
+
+def counting_job(name: str, **options: Any) -> stream.Job:
+    job = stream.Job(name, source=stream.RedisStream(REDIS_URL, name, partitions=1),
+                     **{"every": 1000, "seconds": 60.0, **options})
+
+    @job.handler
+    def count(state: Any, record: stream.Record, emit: Any) -> None:
+        user = record.value["user"]
+        state[user] = state.get(user, 0) + 1
+
+    return job
+
+
+def pitstop_run(store_url: str, name: str) -> float:
+    store = pitstop.open_store(store_url)
+    job = counting_job(name)
+    start = time.perf_counter()
+    job.run(store, idle_exit=0.0)
+    seconds = time.perf_counter() - start
+    store.close()
+    return seconds
+
+
+def throughput(events: int, rounds: int) -> dict[str, Any]:
+    client = _client()
+    name = f"bench{uuid.uuid4().hex[:8]}"
+    users = fill(client, f"{name}:0", events, 10_000)
+    expected = Counter(users)
+    plain: list[float] = []
+    ours: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(rounds):
+            seconds, counts = plain_loop(client, f"{name}:0", events)
+            assert counts == expected
+            plain.append(seconds)
+            url = f"sqlite:///{tmp}/r{r}.db"
+            ours.append(pitstop_run(url, name))
+            store = pitstop.open_store(url)
+            assert counting_job(name).state(store) == expected
+            store.close()
+    client.delete(f"{name}:0")
+    # idle_exit=0 still waits one empty read (50 ms block) at the end: not counted.
+    ours = [s - 0.05 for s in ours]
+    return {
+        "events": events,
+        "plain_eps": events / median_of(plain),
+        "pitstop_eps": events / median_of(ours),
+        "ratio": median_of([p / o for p, o in zip(plain, ours, strict=True)]),
+    }
+
+
+def checkpoint_cost(keys: int) -> dict[str, Any]:
+    """A state of ``keys`` keys, then 1,000 records changing 1,000 of them: what that
+    checkpoint adds to the store and how long its write takes."""
+    from pitstop.stream import job as job_module
+
+    items: list[tuple[str, int]] = [(f"k{i}", 1) for i in range(keys)]
+    rng = random.Random(1)
+    tail = [(f"k{rng.randrange(keys)}", 1) for _ in range(1000)]
+    times: list[float] = []
+    original = job_module.Job._write
+
+    def timed(self: Any, *args: Any, **kwargs: Any) -> None:
+        start = time.perf_counter()
+        original(self, *args, **kwargs)
+        times.append(time.perf_counter() - start)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        store = pitstop.open_store(f"sqlite:///{tmp}/c.db")
+        job = stream.Job("big", source=stream.Iterable(items + tail), every=1000,
+                         seconds=600.0)
+
+        @job.handler
+        def count(state: Any, record: stream.Record, emit: Any) -> None:
+            state[record.key] = state.get(record.key, 0) + record.value
+
+        job_module.Job._write = timed  # type: ignore[method-assign]
+        try:
+            job.run(store, idle_exit=0.0)
+        finally:
+            job_module.Job._write = original  # type: ignore[method-assign]
+        head = store.history("big/0", limit=1)[0]
+        assert "full" not in store.get(head.id).state
+        start = time.perf_counter()
+        state = job.state(store)
+        load = time.perf_counter() - start
+        assert len(state) == keys
+        store.close()
+    return {"keys": keys, "bytes": head.added, "seconds": times[-1], "load_seconds": load}
+
+
+def restart(events: int) -> dict[str, Any]:
+    """``events`` handled and checkpointed; one more arrives; a new process-like job.run:
+    the time until that record is handled."""
+    client = _client()
+    name = f"bench{uuid.uuid4().hex[:8]}"
+    fill(client, f"{name}:0", events, 10_000)
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite:///{tmp}/r.db"
+        pitstop_run(url, name)
+        client.xadd(f"{name}:0", {"user": "late"})
+        store = pitstop.open_store(url)
+        job = counting_job(name)
+        first: list[float] = []
+
+        @job.handler
+        def count(state: Any, record: stream.Record, emit: Any) -> None:
+            if not first:
+                first.append(time.perf_counter())
+            job.stop()
+
+        start = time.perf_counter()
+        job.run(store)
+        store.close()
+    client.delete(f"{name}:0")
+    return {"events": events, "seconds": first[0] - start}
+
+
+def kills(events: int, kills_count: int) -> list[dict[str, Any]]:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from conftest import drop_pg_schema, pg_schema_url  # type: ignore[import-not-found]
+    from streamkill import run_kill_test  # type: ignore[import-not-found]
+
+    out = []
+    schema = f"bench_{uuid.uuid4().hex[:8]}"
+    try:
+        for label, url, procs, broker in [
+            ("PostgreSQL, 3 processes", pg_schema_url(schema), 3, "redis"),
+            ("SQLite, 3 processes (one host)", None, 3, "redis"),
+            ("JetStream, SQLite, 3 processes", None, 3, "jetstream"),
+        ]:
+            with tempfile.TemporaryDirectory() as tmp:
+                store_url = url or f"sqlite:///{tmp}/k.db"
+                result = run_kill_test(
+                    store_url, f"bk{uuid.uuid4().hex[:8]}", partitions=4, events=events,
+                    keys=10_000, kills=kills_count, processes=procs, seed=7,
+                    pace=max(6.0, kills_count * 0.8), timeout=900, broker=broker,
+                )
+            out.append({"label": label, **vars(result), "ok": result.ok})
+            print(label, result, flush=True)
+    finally:
+        drop_pg_schema(schema)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--state-keys", type=int, default=1_000_000)
+    parser.add_argument("--restart-events", type=int, default=1_000_000)
+    parser.add_argument("--kills", action="store_true", help="the full-size kill test only")
+    parser.add_argument("--kill-count", type=int, default=30)
+    args = parser.parse_args()
+    if args.kills:
+        results = kills(args.events, args.kill_count)
+        rows = [[r["label"], f"{r['events']:,}", str(r["kills"]), f"{r['seconds']:.0f} s",
+                 "yes" if r["state_exact"] else "NO",
+                 f"{r['outputs_found']:,} / {r['outputs_expected']:,}",
+                 str(r["duplicates"]), str(r["missing"])] for r in results]
+        md = table(["store", "events", "SIGKILLs", "wall", "state exact", "outputs",
+                    "twice", "missing"], rows)
+        print(md)
+        save_results("stream-kills", " ".join(sys.argv), {"results": results}, md)
+        return
+    tp = throughput(args.events, args.rounds)
+    print(f"throughput: {tp}", flush=True)
+    cost = checkpoint_cost(args.state_keys)
+    print(f"checkpoint: {cost}", flush=True)
+    rs = restart(args.restart_events)
+    print(f"restart: {rs}", flush=True)
+    md = "\n\n".join([
+        f"machine: {machine()}",
+        table(["one partition, counting", "events/s"], [
+            ["plain redis-py XREAD loop, no checkpoints", f"{tp['plain_eps']:,.0f}"],
+            ["pitstop.stream, every=1000, SQLite", f"{tp['pitstop_eps']:,.0f}"],
+            ["ratio (median of rounds)", f"{tp['ratio']:.2f}x"],
+        ]),
+        table(["checkpoint after 1,000 records", "value"], [
+            ["keys in state", f"{cost['keys']:,}"],
+            ["bytes added", fmt_bytes(cost["bytes"])],
+            ["write time", f"{cost['seconds'] * 1000:.1f} ms"],
+            ["job.state load", f"{cost['load_seconds']:.2f} s"],
+        ]),
+        table(["restart", "value"], [
+            ["events behind the checkpoint", f"{rs['events']:,}"],
+            ["job.run to first new record", f"{rs['seconds'] * 1000:.0f} ms"],
+        ]),
+    ])
+    print(md)
+    save_results("stream", " ".join(sys.argv), {"throughput": tp, "checkpoint": cost,
+                                                "restart": rs}, md)
+
+
+if __name__ == "__main__":
+    main()
