@@ -327,3 +327,24 @@ def test_jetstream_counts_and_seeks_by_sequence(store: Store, name: str) -> None
         assert make().state(store) == Counter(users) + Counter(users[:5])
     finally:
         asyncio.run(publish([], delete=True))
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_stream_status_command(store: Store, client: Any, name: str) -> None:
+    from clitools import pitstop_exe
+
+    produce(client, name, [f"u{i % 9}" for i in range(500)])
+    counter_job(name, sink=False, every=100).run(store, idle_exit=0.1)
+    produce(client, name, ["late"] * 7)
+    result = pitstop_exe("stream", "status", name, "--json", store=store.url)
+    assert result.code == 0, result
+    parts = result.json["partitions"]
+    assert [p["partition"] for p in parts] == [0, 1]
+    assert sum(p["records"] for p in parts) == 500
+    assert sum(p["lag"] for p in parts) == 7
+    assert all(p["outbox"] == 0 and p["status"] == "running" for p in parts)
+    assert all(p["records_per_second"] is not None for p in parts)
+    text = pitstop_exe("stream", "status", name, store=store.url)
+    assert text.code == 0 and "PARTITION" in text.out
+    missing = pitstop_exe("stream", "status", "nope", store=store.url)
+    assert missing.code == 2 and "no stream job 'nope'" in missing.err

@@ -54,6 +54,7 @@ MODULES = {
     **dict.fromkeys(["stats", "verify", "migrate", "prune", "vacuum", "export", "import"],
                     "maintenance"),
     "ui": "inspector",
+    "stream": "streams",
 }
 """Each command's module, in the order an operator meets them (``pitstop --help``'s)."""
 ORDER = list(MODULES)

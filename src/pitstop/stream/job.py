@@ -37,7 +37,7 @@ from ..store import Store
 from .keyed import KeyedState, chain_ids, fold, needs_base
 from .records import Output, Position, Record
 from .sinks import Sink
-from .sources import _SKIPPED, Source
+from .sources import _SKIPPED, RedisStream, Source, _safe_url
 
 log = logging.getLogger("pitstop.stream")
 
@@ -210,9 +210,13 @@ class Job:
         me = owner or owner_id()
         self._check_partition_count(store)
         for index in range(self.source.partitions):
+            metadata: dict[str, Any] = {"partitions": self.source.partitions,
+                                        "source": self.source.describe()}
+            if isinstance(self.source, RedisStream):  # what `pitstop stream status` asks
+                metadata["redis"] = {"url": _safe_url(self.source.url),
+                                     "stream": self.source.stream_name(index)}
             store.create_run(self.run_id(index), workflow=self.workflow, exist_ok=True,
-                             metadata={"partitions": self.source.partitions,
-                                       "source": self.source.describe()})
+                             metadata=metadata)
         self._started = time.time()
         report = RunReport()
         owned: dict[int, _Partition] = {}
@@ -483,6 +487,7 @@ class Job:
             keys = len(changes) + len(deleted)
         metadata: dict[str, Any] = {"stream": {"position": str(fields["position"]),
                                                "records": fields["records"],
+                                               "offset": fields["offset"],
                                                "outbox": len(fields["outbox"])}}
         if error is not None:
             metadata["error"] = error

@@ -1,0 +1,93 @@
+"""A stream job's partitions as an operator reads them (``pitstop stream status JOB``).
+
+Everything comes from the partition runs and their last two checkpoints' summaries (no
+state is loaded): position, records and outbox size are in each checkpoint's metadata, the
+rate is the records between the last two checkpoints over their time apart. The lag of a
+Redis partition is the stream's ``entries-added`` less the records up to the position, one
+XINFO per partition (when the broker answers).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..store import Store
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionStatus:
+    run_id: str
+    partition: int
+    status: str
+    owner: str | None
+    position: str | None
+    records: int
+    outbox: int
+    checkpoint_age: float | None
+    """Seconds since the partition's last checkpoint."""
+    records_per_second: float | None
+    """Between its last two checkpoints."""
+    lag: int | None
+    """Records in the source after the position (None: unknown)."""
+    error: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def job_status(store: Store, job: str, *, lag: bool = True) -> list[PartitionStatus]:
+    """The partitions of ``job`` (runs ``<job>/<n>``), in partition order."""
+    runs = [r for r in store.runs(id_prefix=f"{job}/", workflow=f"stream:{job}", limit=None)
+            if r.id.rsplit("/", 1)[1].isdigit()]
+    runs.sort(key=lambda r: int(r.id.rsplit("/", 1)[1]))
+    out = []
+    now = time.time()
+    for run in runs:
+        last = store.history(run.id, limit=2)
+        meta: dict[str, Any] = dict(last[0].metadata.get("stream") or {}) if last else {}
+        rate = None
+        if len(last) == 2:
+            before = last[1].metadata.get("stream") or {}
+            seconds = (last[0].created_at - last[1].created_at).total_seconds()
+            done = int(meta.get("records", 0)) - int(before.get("records", 0))
+            if seconds > 0 and done >= 0:
+                rate = done / seconds
+        error = last[0].metadata.get("error") if last else None
+        out.append(PartitionStatus(
+            run_id=run.id,
+            partition=int(run.id.rsplit("/", 1)[1]),
+            status=run.status.value,
+            owner=run.owner,
+            position=meta.get("position"),
+            records=int(meta.get("records", 0)),
+            outbox=int(meta.get("outbox", 0)),
+            checkpoint_age=now - last[0].created_at.timestamp() if last else None,
+            records_per_second=rate,
+            lag=_redis_lag(run.metadata, meta) if lag else None,
+            error=f"{error.get('type')}: {error.get('message')}"
+            if isinstance(error, dict) else None,
+        ))
+    return out
+
+
+def _redis_lag(run_meta: Any, meta: dict[str, Any]) -> int | None:
+    source = run_meta.get("redis") if hasattr(run_meta, "get") else None
+    if not isinstance(source, dict) or "offset" not in meta:
+        return None
+    try:
+        import redis
+
+        client = redis.Redis.from_url(source["url"], socket_timeout=2.0,
+                                      socket_connect_timeout=2.0)
+        try:
+            info = client.xinfo_stream(source["stream"])
+        finally:
+            client.close()
+    except Exception:  # no redis-py, broker down, no such stream: unknown
+        return None
+    return max(0, int(info.get("entries-added", 0)) - int(meta["offset"]))
+
+
+__all__ = ["PartitionStatus", "job_status"]
