@@ -348,3 +348,87 @@ def test_stream_status_command(store: Store, client: Any, name: str) -> None:
     assert text.code == 0 and "PARTITION" in text.out
     missing = pitstop_exe("stream", "status", "nope", store=store.url)
     assert missing.code == 2 and "no stream job 'nope'" in missing.err
+
+
+def _windowed_job(items: list[tuple[str, dict[str, Any]]], windows: Any, late: str,
+                  lateness: float = 0.0) -> tuple[stream.Job, list[Any]]:
+    fired: list[Any] = []
+    job = stream.Job("win", source=stream.Iterable(items), every=3, seconds=60)
+    sums = stream.Windowed(job, windows, time=lambda r: r.value["t"], lateness=lateness,
+                           late=late)  # type: ignore[arg-type]
+
+    @sums.reduce
+    def add(acc: Any, record: stream.Record) -> Any:
+        return (acc or 0) + record.value["n"]
+
+    @sums.fire
+    def done(key: str, window: stream.Window, acc: Any, emit: Any) -> None:
+        fired.append((key, window.start, acc))
+        emit(key, {"start": window.start, "sum": acc})
+
+    return job, fired
+
+
+def test_tumbling_windows_fire_when_the_watermark_passes(store: Store) -> None:
+    items = [("a", {"t": 1, "n": 1}), ("a", {"t": 5, "n": 2}), ("b", {"t": 9, "n": 4}),
+             ("a", {"t": 12, "n": 8}),  # watermark 12 - 2 = 10: [0, 10) fires
+             ("a", {"t": 3, "n": 100}),  # late for [0, 10): dropped
+             ("a", {"t": 25, "n": 1})]  # watermark 23: [10, 20) fires
+    job, fired = _windowed_job(items, stream.Tumbling(10), "drop", lateness=2)
+    job.run(store, idle_exit=0.1)
+    assert sorted(fired) == [("a", 0.0, 3), ("a", 10.0, 8), ("b", 0.0, 4)]
+    state = job.partition_state(store, 0)
+    assert stream.watermark(state) == 23
+    assert state["\x00late"] == 1
+    assert job.state(store) == {}  # windows are the job's own entries
+
+
+def test_windows_survive_a_restart_in_the_checkpoint(store: Store) -> None:
+    first = [("a", {"t": 1, "n": 1}), ("a", {"t": 2, "n": 2}), ("a", {"t": 4, "n": 4})]
+    job, fired = _windowed_job(first, stream.Tumbling(10), "drop")
+    job.run(store, idle_exit=0.1)
+    assert fired == []
+    job, fired = _windowed_job([*first, ("a", {"t": 11, "n": 1})], stream.Tumbling(10),
+                               "drop")
+    job.run(store, idle_exit=0.1)
+    assert fired == [("a", 0.0, 7)]
+
+
+def test_sliding_windows_and_late_records_updated_or_sent_aside(store: Store) -> None:
+    items = [("a", {"t": 1, "n": 1}), ("a", {"t": 6, "n": 2}), ("a", {"t": 30, "n": 0}),
+             ("a", {"t": 2, "n": 5})]
+    job, fired = _windowed_job(items, stream.Sliding(10, 5), "update")
+    job.run(store, idle_exit=0.1)
+    # [-5, 5): 1; [0, 10): 1 + 2; [5, 15): 2; then t=2 is late: [-5,5) and [0,10) again.
+    assert fired[:3] == [("a", -5.0, 1), ("a", 0.0, 3), ("a", 5.0, 2)]
+    assert sorted(fired[3:]) == [("a", -5.0, 5), ("a", 0.0, 5)]
+
+
+class ListSink:
+    """A sink written to the documented protocol: a delivery mark per partition, kept with
+    the outputs (here both in memory, so one process)."""
+
+    def __init__(self) -> None:
+        self.outputs: list[stream.Output] = []
+        self.marks: dict[tuple[str, int], int] = {}
+
+    def deliver(self, job: str, partition: int, outputs: Any) -> None:
+        mark = self.marks.get((job, partition), -1)
+        todo = [o for o in outputs if o.seq > mark]
+        self.outputs.extend(todo)
+        if todo:
+            self.marks[job, partition] = todo[-1].seq
+
+    def close(self) -> None:
+        pass
+
+
+def test_late_records_to_the_side_output(store: Store) -> None:
+    items = [("a", {"t": 1, "n": 1}), ("a", {"t": 30, "n": 0}), ("a", {"t": 2, "n": 5})]
+    job, fired = _windowed_job(items, stream.Tumbling(10), "side")
+    job.sink = sink = ListSink()
+    job.run(store, idle_exit=0.1)
+    assert fired == [("a", 0.0, 1)]
+    values = [o.value for o in sink.outputs]
+    assert values == [{"start": 0.0, "sum": 1}, {"late": {"t": 2, "n": 5}, "window": [0.0, 10.0]}]
+    assert [o.seq for o in sink.outputs] == [0, 1]

@@ -19,6 +19,7 @@ from .keyed import KeyedState
 from .records import Output, Position, Record
 from .sinks import PostgresSink, RedisStreamSink, Sink
 from .sources import Iterable, RedisStream, Source, partition_of
+from .windows import Sliding, Tumbling, Window, Windowed, watermark
 
 __all__ = [
     "BrokerUnavailableError",
@@ -35,9 +36,14 @@ __all__ = [
     "RedisStreamSink",
     "RunReport",
     "Sink",
+    "Sliding",
     "Source",
     "StreamError",
     "TrimmedError",
+    "Tumbling",
     "UndecodableRecordError",
+    "Window",
+    "Windowed",
     "partition_of",
+    "watermark",
 ]

@@ -163,6 +163,9 @@ class Job:
         out: dict[Any, Any] = {}
         for partition in range(self.source.partitions):
             out.update(self.partition_state(store, partition))
+        # Windows and watermarks (keys starting with "\x00") are the job's own.
+        for key in [k for k in out if isinstance(k, str) and k.startswith("\x00")]:
+            del out[key]
         return out
 
     def partition_state(self, store: Store, partition: int) -> KeyedState:
