@@ -12,8 +12,11 @@
 
     python bench/stream.py [--events 200000] [--rounds 3] [--kills]
 
-Needs Redis on 127.0.0.1:6379 (and PostgreSQL for --kills). Bytewax 0.21 is not in this
-run: see docs/streams.md for why.
+* ``--bytewax PYTHON``: against Bytewax 0.21 (run by PYTHON, an interpreter that has it:
+  it is not a pitstop dependency), its SQLite recovery on: the same 1,000,000 in-memory
+  events counted per key, the same snapshot interval (1 s), events/s and bytes stored.
+
+Needs Redis on 127.0.0.1:6379 (and PostgreSQL for --kills).
 """
 
 from __future__ import annotations
@@ -217,6 +220,72 @@ def kills(events: int, kills_count: int) -> list[dict[str, Any]]:
     return out
 
 
+BYTEWAX = r"""
+import sys, time, tempfile, os, random
+from datetime import timedelta
+from pathlib import Path
+from bytewax.dataflow import Dataflow
+import bytewax.operators as op
+from bytewax.testing import TestingSource, TestingSink, run_main
+from bytewax.recovery import RecoveryConfig, init_db_dir
+
+events, keys = int(sys.argv[1]), int(sys.argv[2])
+rng = random.Random(0)
+items = [(f"user{rng.randrange(keys)}", 1) for _ in range(events)]
+flow = Dataflow("count")
+stream = op.input("inp", flow, TestingSource(items, batch_size=1000))
+
+def count(state, item):
+    return (state or 0) + item, ()
+
+counted = op.stateful_flat_map("count", stream, count)
+op.output("out", counted, TestingSink([]))
+with tempfile.TemporaryDirectory() as tmp:
+    init_db_dir(Path(tmp), 1)
+    start = time.perf_counter()
+    run_main(flow, epoch_interval=timedelta(seconds=1),
+             recovery_config=RecoveryConfig(Path(tmp)))
+    seconds = time.perf_counter() - start
+    size = sum(p.stat().st_size for p in Path(tmp).rglob("*") if p.is_file())
+print(seconds, size)
+"""
+
+
+def bytewax(python: str, events: int, keys: int, rounds: int) -> dict[str, Any]:
+    """Bytewax (in its own interpreter) and pitstop on the same in-memory events."""
+    import subprocess
+
+    theirs: list[float] = []
+    ours: list[float] = []
+    their_bytes = our_bytes = 0
+    rng = random.Random(0)
+    items = [(f"user{rng.randrange(keys)}", 1) for _ in range(events)]
+    for _ in range(rounds):
+        done = subprocess.run([python, "-c", BYTEWAX, str(events), str(keys)],
+                              capture_output=True, text=True, check=True)
+        seconds, size = done.stdout.split()
+        theirs.append(float(seconds))
+        their_bytes = int(size)
+        with tempfile.TemporaryDirectory() as tmp:
+            store = pitstop.open_store(f"sqlite:///{tmp}/b.db")
+            job = stream.Job("count", source=stream.Iterable(items), every=10**9,
+                             seconds=1.0)
+
+            @job.handler
+            def count(state: Any, record: stream.Record, emit: Any) -> None:
+                state[record.key] = state.get(record.key, 0) + record.value
+
+            start = time.perf_counter()
+            job.run(store, idle_exit=0.0)
+            ours.append(time.perf_counter() - start - 0.05)
+            store.close()
+            our_bytes = sum(p.stat().st_size for p in Path(tmp).iterdir())
+    return {"events": events, "bytewax_eps": events / median_of(theirs),
+            "pitstop_eps": events / median_of(ours),
+            "ratio": median_of([t / o for t, o in zip(theirs, ours, strict=True)]),
+            "bytewax_bytes": their_bytes, "pitstop_bytes": our_bytes}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=200_000)
@@ -225,7 +294,22 @@ def main() -> None:
     parser.add_argument("--restart-events", type=int, default=1_000_000)
     parser.add_argument("--kills", action="store_true", help="the full-size kill test only")
     parser.add_argument("--kill-count", type=int, default=30)
+    parser.add_argument("--bytewax", metavar="PYTHON",
+                        help="only the Bytewax 0.21 comparison, Bytewax run by PYTHON")
     args = parser.parse_args()
+    if args.bytewax:
+        bw = bytewax(args.bytewax, args.restart_events, 10_000, args.rounds)
+        md = table(["1,000,000 in-memory events, count per key, snapshot every 1 s",
+                    "events/s", "bytes stored"], [
+            ["Bytewax 0.21, SQLite recovery", f"{bw['bytewax_eps']:,.0f}",
+             fmt_bytes(bw["bytewax_bytes"])],
+            ["pitstop.stream (Iterable), SQLite", f"{bw['pitstop_eps']:,.0f}",
+             fmt_bytes(bw["pitstop_bytes"])],
+            ["ratio pitstop / Bytewax", f"{bw['ratio']:.2f}x", ""],
+        ])
+        print(md)
+        save_results("stream-bytewax", " ".join(sys.argv), bw, md)
+        return
     if args.kills:
         results = kills(args.events, args.kill_count)
         rows = [[r["label"], f"{r['events']:,}", str(r["kills"]), f"{r['seconds']:.0f} s",

@@ -309,6 +309,10 @@ class SqlBackend(Store):
         # checkpoint id -> its small fields' serialised bytes (ValueCodec.encode_state), for
         # the last checkpoints this process wrote: bounded by entries x fields x RAW_KEEP_MAX.
         self._raws: BoundedCache[dict[str, bytes]] = BoundedCache(256)
+        # checkpoint id -> the full values of its fields that a save gave as Append/Merge,
+        # for the last checkpoints this process wrote: the next delta on such a field
+        # applies to this value instead of loading the parent checkpoint first (#27).
+        self._delta_values: BoundedCache[dict[str, Any]] = BoundedCache(64)
         self._aio: Any = None
 
     @property

@@ -277,6 +277,7 @@ class SqlStore(Reads, Maintenance, Leases, Inputs, StepSaves, Children):
                 # when a run starts; the write checks that, so no read of the head first.)
                 parent_id = self._head_id(run_id)
         parent = self._parent(parent_id) if parent_id is not None else None
+        deltas: list[str] = []
         if type(state) is dict and not _DELTAS.isdisjoint(map(type, state.values())):
             deltas = [k for k, v in state.items() if type(v) in _DELTAS]
             state = self._resolve_deltas(state, deltas, parent_id)
@@ -371,16 +372,27 @@ class SqlStore(Reads, Maintenance, Leases, Inputs, StepSaves, Children):
             self._raws.put(checkpoint_id, raws)
         if Applied in map(type, state.values()):
             state = {k: v.value if type(v) is Applied else v for k, v in state.items()}
+        if deltas:
+            self._delta_values.put(checkpoint_id, {name: state[name] for name in deltas})
         return PreparedSave(record.id, run_id, parent_id, record.step, state, plan)
 
     def _resolve_deltas(
         self, state: dict[str, Any], names: list[str], parent_id: str | None
     ) -> dict[str, Any]:
         """``store.save`` given ``pitstop.Append``/``Merge`` values: each applied to the
-        parent checkpoint's value of its field. The parent is read for it (the runtime,
-        which holds the values, hands over the applied value with its delta instead); the
-        write then stores only the change."""
-        base = self.get(parent_id).state if parent_id is not None else {}
+        parent checkpoint's value of its field; the write then stores only the change.
+
+        When this process wrote the parent with deltas on these fields (a loop saving
+        ``Merge`` after ``Merge``), their values are remembered and nothing is read. Only
+        otherwise is the parent read (the runtime, which holds the values, hands over the
+        applied value with its delta instead)."""
+        known = self._delta_values.get(parent_id)
+        if parent_id is None:
+            base: Mapping[str, Any] = {}
+        elif known is not None and known.keys() >= set(names):
+            base = known
+        else:
+            base = self.get(parent_id).state
         out = dict(state)
         for name in names:
             delta = state[name]
