@@ -119,7 +119,8 @@ def test_a_checkpoint_stores_only_the_changed_keys(store: Store) -> None:
 
 def test_deleted_keys_and_a_new_base(store: Store) -> None:
     items = [(f"k{i % 301}", i) for i in range(6000)]
-    job = stream.Job("dels", source=stream.Iterable(items), every=100, seconds=60)
+    job = stream.Job("dels", source=stream.Iterable(items), every=100, seconds=60,
+                     keep_history=True)
 
     @job.handler
     def keep_odd(state: Any, record: stream.Record, emit: Any) -> None:
@@ -140,6 +141,12 @@ def test_deleted_keys_and_a_new_base(store: Store) -> None:
     bases = [c for c in store.get_many(s.id for s in store.history("dels/0")).values()
              if "full" in c.state]
     assert len(bases) > 1
+    # Without keep_history, what precedes the last base is deleted when a base is written.
+    pruned = stream.Job("dels2", source=stream.Iterable(items), every=100, seconds=60)
+    pruned.handler(keep_odd)
+    pruned.run(store, idle_exit=0.1)
+    assert pruned.state(store) == expected
+    assert len(store.history("dels2/0")) < len(store.history("dels/0")) // 2
 
 
 def test_iterable_resumes_after_its_checkpoint(store: Store) -> None:

@@ -33,7 +33,7 @@ from ..errors import (
     StreamError,
 )
 from ..model import RunStatus
-from ..store import Store
+from ..store import RetentionPolicy, Store
 from .keyed import KeyedState, chain_ids, fold, needs_base
 from .records import Output, Position, Record
 from .sinks import Sink
@@ -101,6 +101,10 @@ class Job:
     trimmed from the stream: ``"fail"`` (the default) stops the partition with
     :class:`~pitstop.errors.TrimmedError`; ``"skip"`` logs how far it jumps and goes on from
     the oldest record still there.
+
+    A partition's checkpoints before its latest base (the last whole copy of its state)
+    are no longer needed to restore it and are deleted when a new base is written, so a
+    job's store stays the size of its state; ``keep_history=True`` keeps them all.
     """
 
     def __init__(
@@ -115,6 +119,7 @@ class Job:
         on_trimmed: OnTrimmed = "fail",
         lease_ttl: float = 15.0,
         batch: int = 1000,
+        keep_history: bool = False,
     ) -> None:
         if not name or "/" in name:
             raise ValueError(f"job name {name!r}: non-empty, without '/'")
@@ -133,6 +138,7 @@ class Job:
         self.on_trimmed = on_trimmed
         self.lease_ttl = lease_ttl
         self.batch = batch
+        self.keep_history = keep_history
         self._handler: Handler | None = None
         self._stop = threading.Event()
         self._started = 0.0
@@ -502,8 +508,13 @@ class Job:
         if error is None:
             part.committed = {name: fields.get(name) for name in _FIELDS}
         if full and error is None:
+            previous_base = part.base
             part.base = checkpoint.id
             part.since_base_keys = part.since_base_checkpoints = 0
+            if previous_base is not None and not self.keep_history:
+                # Everything before the new base is folded into it.
+                store.prune(RetentionPolicy(keep_last=1, keep_milestones=False),
+                            run_id=part.run_id)
         else:
             part.since_base_keys += keys
             part.since_base_checkpoints += 1
