@@ -439,3 +439,16 @@ def test_late_records_to_the_side_output(store: Store) -> None:
     values = [o.value for o in sink.outputs]
     assert values == [{"start": 0.0, "sum": 1}, {"late": {"t": 2, "n": 5}, "window": [0.0, 10.0]}]
     assert [o.seq for o in sink.outputs] == [0, 1]
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_partitions_in_pitstop_runs_and_show(store: Store) -> None:
+    from clitools import pitstop_exe
+
+    job = stream.Job("shown", source=stream.Iterable([("a", 1), ("b", 2)], partitions=2))
+    job.handler(lambda state, record, emit: state.__setitem__(record.key, record.value))
+    job.run(store, idle_exit=0.1)
+    runs = pitstop_exe("runs", store=store.url)
+    assert "shown/0" in runs.out and "pitstop stream status shown" in runs.out
+    shown = pitstop_exe("show", "shown/0", store=store.url)
+    assert '"position"' in shown.out and '"outbox"' in shown.out

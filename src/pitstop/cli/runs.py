@@ -68,6 +68,10 @@ def _detail(run: Run, lease: Ownership, failure: RunFailure | None, now: datetim
         return styled(f"owner {lease.owner} is gone ({_lease_text(lease, now)})", "red")
     if lease.state == "expired":
         return styled(f"{_lease_text(lease, now)}; the next worker takes it", "red")
+    workflow = run.workflow or ""
+    if lease.state == "released" and workflow.startswith("stream:"):
+        # A stream job's partition between job.run calls (pitstop.stream).
+        return f"stream partition, no job.run owns it (pitstop stream status {workflow[7:]})"
     if lease.state == "released" or (run.status is RunStatus.QUEUED and lease.state == "none"):
         return "waiting for a worker"
     if lease.state == "held":
