@@ -452,3 +452,27 @@ def test_partitions_in_pitstop_runs_and_show(store: Store) -> None:
     assert "shown/0" in runs.out and "pitstop stream status shown" in runs.out
     shown = pitstop_exe("show", "shown/0", store=store.url)
     assert '"position"' in shown.out and '"outbox"' in shown.out
+
+
+def test_state_schema_version_is_migrated_on_load(store: Store) -> None:
+    items = [("a", 1), ("b", 2)]
+    old = stream.Job("mig", source=stream.Iterable(items))
+    old.handler(lambda state, record, emit: state.__setitem__(record.key, record.value))
+    old.run(store, idle_exit=0.1)
+
+    new = stream.Job("mig", source=stream.Iterable([*items, ("c", 3)]), version=1)
+
+    @new.migration(from_version=0)
+    def to_dicts(state: dict[Any, Any]) -> dict[Any, Any]:
+        return {key: {"n": value} for key, value in state.items()}
+
+    new.handler(lambda state, record, emit: state.__setitem__(record.key,
+                                                              {"n": record.value}))
+    assert new.state(store) == {"a": {"n": 1}, "b": {"n": 2}}
+    new.run(store, idle_exit=0.1)
+    assert new.state(store) == {"a": {"n": 1}, "b": {"n": 2}, "c": {"n": 3}}
+    head = store.latest("mig/0")
+    assert head is not None and head.schema_version == 1
+    # Older code meets newer state: the partition is refused, not misread.
+    report = old.run(store, idle_exit=0.1)
+    assert "newer than stream job 'mig' version 0" in report.failed[0]

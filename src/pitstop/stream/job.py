@@ -30,6 +30,7 @@ from ..errors import (
     PartitionCountError,
     RunBusyError,
     RunNotFoundError,
+    SchemaVersionError,
     StreamError,
 )
 from ..model import RunStatus
@@ -44,6 +45,9 @@ log = logging.getLogger("pitstop.stream")
 Handler = Callable[[KeyedState, Record, Callable[[Any, Any], None]], None]
 Start = Literal["beginning", "end"]
 OnTrimmed = Literal["fail", "skip"]
+
+_MIGRATED = 1 << 30
+"""Checkpoints-since-base of a partition whose state was just migrated (see _open)."""
 
 _FIELDS = ("position", "changes", "deleted", "outbox", "next_output", "base", "records",
            "offset")
@@ -102,6 +106,10 @@ class Job:
     :class:`~pitstop.errors.TrimmedError`; ``"skip"`` logs how far it jumps and goes on from
     the oldest record still there.
 
+    ``version`` is the keyed state's schema version, stored with every checkpoint; state of
+    an older version is brought up to date on load by the :meth:`migration` functions (and
+    written whole at once), state of a newer one refuses its partition.
+
     A partition's checkpoints before its latest base (the last whole copy of its state)
     are no longer needed to restore it and are deleted when a new base is written, so a
     job's store stays the size of its state; ``keep_history=True`` keeps them all.
@@ -120,6 +128,7 @@ class Job:
         lease_ttl: float = 15.0,
         batch: int = 1000,
         keep_history: bool = False,
+        version: int = 0,
     ) -> None:
         if not name or "/" in name:
             raise ValueError(f"job name {name!r}: non-empty, without '/'")
@@ -139,6 +148,8 @@ class Job:
         self.lease_ttl = lease_ttl
         self.batch = batch
         self.keep_history = keep_history
+        self.version = version
+        self._migrations: dict[int, Callable[[dict[Any, Any]], dict[Any, Any]]] = {}
         self._handler: Handler | None = None
         self._stop = threading.Event()
         self._started = 0.0
@@ -153,6 +164,43 @@ class Job:
         partition. ``emit(key, value)`` sends an output to the sink, exactly once."""
         self._handler = fn
         return fn
+
+    def migration(
+        self, *, from_version: int
+    ) -> Callable[[Callable[[dict[Any, Any]], dict[Any, Any]]],
+                  Callable[[dict[Any, Any]], dict[Any, Any]]]:
+        """Decorate ``fn(state) -> state`` turning a partition's keyed state of
+        ``from_version`` into ``from_version + 1``."""
+
+        def register(
+            fn: Callable[[dict[Any, Any]], dict[Any, Any]]
+        ) -> Callable[[dict[Any, Any]], dict[Any, Any]]:
+            self._migrations[from_version] = fn
+            return fn
+
+        return register
+
+    def _migrate(self, state: KeyedState, version: int, run_id: str,
+                 checkpoint_id: str) -> KeyedState:
+        if version > self.version:
+            raise SchemaVersionError(
+                f"the partition's state has schema version {version}, newer than stream job "
+                f"{self.name!r} version {self.version}; deploy the newer code to run it",
+                run_id=run_id, checkpoint_id=checkpoint_id,
+            )
+        migrated: dict[Any, Any] = state
+        while version < self.version:
+            fn = self._migrations.get(version)
+            if fn is None:
+                raise SchemaVersionError(
+                    f"no migration from state version {version} to {version + 1} in stream "
+                    f"job {self.name!r} (code is version {self.version}); add "
+                    f"@job.migration(from_version={version})",
+                    run_id=run_id, checkpoint_id=checkpoint_id,
+                )
+            migrated = dict(fn(dict(migrated)))
+            version += 1
+        return migrated if isinstance(migrated, KeyedState) else KeyedState(migrated)
 
     def run_id(self, partition: int) -> str:
         return f"{self.name}/{partition}"
@@ -193,14 +241,19 @@ class Job:
             return None
         fields = head.state
         if "full" in fields:
-            return KeyedState(fields["full"]), fields, head.id, 0, 0
-        base_id = fields["base"]
-        chain = chain_ids(store, run_id, head.id, base_id)
-        loaded = store.get_many(chain)
-        base = loaded[base_id].state["full"]
-        deltas = [loaded[cid].state for cid in chain[1:]]
-        keys = sum(len(d.get("changes") or ()) + len(d.get("deleted") or ()) for d in deltas)
-        return fold(base, deltas), fields, head.id, len(deltas), keys
+            state, checkpoints, keys = KeyedState(fields["full"]), 0, 0
+        else:
+            base_id = fields["base"]
+            chain = chain_ids(store, run_id, head.id, base_id)
+            loaded = store.get_many(chain)
+            deltas = [loaded[cid].state for cid in chain[1:]]
+            keys = sum(len(d.get("changes") or ()) + len(d.get("deleted") or ())
+                       for d in deltas)
+            state, checkpoints = fold(loaded[base_id].state["full"], deltas), len(deltas)
+        if head.schema_version != self.version:
+            state = self._migrate(state, head.schema_version, run_id, head.id)
+            checkpoints = _MIGRATED
+        return state, fields, head.id, checkpoints, keys
 
     # -- running -------------------------------------------------------------------------------
 
@@ -370,7 +423,7 @@ class Job:
             held = keeper.track(store, lease, self.lease_ttl)
             try:
                 part = self._open(store, index, held)
-            except StreamError as exc:
+            except (StreamError, SchemaVersionError) as exc:
                 keeper.untrack(held)
                 store.release(held.lease)
                 refused.add(index)
@@ -408,6 +461,10 @@ class Job:
             fields.get("records", 0), offset, keys, checkpoints,
         )
         part.committed = {name: fields.get(name) for name in _FIELDS}
+        if checkpoints >= _MIGRATED:
+            # State migrated to this version: written whole now, so that no checkpoint of
+            # this version ever names a base of another.
+            self._write(store, part, full=True)
         self._deliver(part, None)
         return part
 
@@ -503,6 +560,7 @@ class Job:
         checkpoint = store.save(
             part.run_id, fields, lease=part.held.lease, status=status, workflow=self.workflow,
             metadata=metadata, release=release, changed=list(fields),
+            schema_version=self.version,
         )
         part.head = checkpoint.id
         if error is None:
