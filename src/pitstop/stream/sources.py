@@ -168,7 +168,11 @@ class RedisStream:
                 raise ImportError(
                     "stream.RedisStream needs redis-py: pip install 'pitstop[stream]'"
                 ) from exc
-            self._client = redis.Redis.from_url(self.url, socket_timeout=30.0)
+            client = redis.Redis.from_url(self.url, socket_timeout=30.0)
+            # XREAD's reply as parsed off the wire (entries as [id, [field, value, ...]]):
+            # redis-py would build a dict per entry, which read() builds anyway, decoded.
+            client.set_response_callback("XREAD", _as_received)
+            self._client = client
         return self._client
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -241,24 +245,26 @@ class RedisStream:
             block=int(block * 1000) if block > 0 else None,
         )
         out: dict[int, list[Record]] = {}
-        key_field = self.key_field.encode()
-        for stream, entries in replies or ():
+        key_field_text = self.key_field
+        # RESP3 answers a map of streams, RESP2 a list of [stream, entries] pairs.
+        pairs = replies.items() if isinstance(replies, dict) else (replies or ())
+        decode = bytes.decode
+        for stream, entries in pairs:
             partition = int(stream.rsplit(b":", 1)[1])
             records: list[Record] = []
             append = records.append
-            decode = bytes.decode
-            for entry_id, fields in entries:
+            for entry_id, flat in entries:
                 try:
-                    value = dict(zip(map(decode, fields), map(decode, fields.values()),
-                                     strict=True))
+                    texts = iter(list(map(decode, flat)))
+                    value = dict(zip(texts, texts, strict=True))
                 except UnicodeDecodeError as exc:
                     position = entry_id.decode()
+                    fields = dict(zip(flat[::2], flat[1::2], strict=True))
                     self._undecodable(client, partition, position, fields, exc)
                     append(Record(partition, position, None, _SKIPPED))
                     continue
-                key = fields.get(key_field)
-                append(Record(partition, decode(entry_id),
-                              None if key is None else value[self.key_field], value))
+                key = value.get(key_field_text)
+                append(Record(partition, decode(entry_id), key, value))
             out[partition] = records
         return out
 
@@ -296,6 +302,10 @@ class RedisStream:
 
 _SKIPPED: Any = object()
 """The value of a record set aside by the dead-letter policy: the job moves past it."""
+
+
+def _as_received(response: Any, **options: Any) -> Any:
+    return response
 
 
 def _text(value: Any) -> str:
