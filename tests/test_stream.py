@@ -494,3 +494,30 @@ def test_a_partition_leased_elsewhere_is_taken_over_when_the_lease_expires(
     assert report.records == 2
     assert time.monotonic() - started >= 0.9  # not before the lease expired
     assert job.state(store) == {"a": 1, "b": 1}
+
+
+def test_keys_expire_after_the_ttl_through_a_restart(store: Store) -> None:
+    import time
+
+    def make(items: list[tuple[str, int]]) -> stream.Job:
+        job = stream.Job("ttl", source=stream.Iterable(items), every=2, ttl=3.0)
+        job.handler(lambda state, record, emit: state.__setitem__(record.key, record.value))
+        return job
+
+    first = [("old1", 1), ("old2", 1), ("kept", 1)]
+    make(first).run(store, idle_exit=0.1)
+    assert make(first).state(store) == {"old1": 1, "old2": 1, "kept": 1}
+    time.sleep(1.7)
+    second = [*first, ("kept", 2), ("new", 2)]
+    make(second).run(store, idle_exit=0.1)
+    time.sleep(1.7)  # old1/old2 were set over 3.4 s ago, kept/new 1.7 s ago (ttl 3 s)
+    third = [*second, ("x", 3), ("y", 3)]
+    make(third).run(store, idle_exit=0.1)
+    state = make(third).state(store)
+    assert state == {"kept": 2, "new": 2, "x": 3, "y": 3}
+    head = store.latest("ttl/0")
+    assert head is not None
+    deleted = set()
+    for summary in store.history("ttl/0"):
+        deleted.update(store.get(summary.id).state.get("deleted") or ())
+    assert {"old1", "old2"} <= deleted  # the expiry is in a checkpoint, like any delete

@@ -15,6 +15,7 @@ over at once on its own host and when its lease expires elsewhere.
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
 import time
@@ -35,7 +36,7 @@ from ..errors import (
 )
 from ..model import RunStatus
 from ..store import RetentionPolicy, Store
-from .keyed import KeyedState, chain_ids, fold, needs_base
+from .keyed import ExpiringState, KeyedState, chain_ids, fold, needs_base
 from .records import Output, Position, Record
 from .sinks import Sink
 from .sources import _SKIPPED, RedisStream, Source, _safe_url
@@ -50,7 +51,7 @@ _MIGRATED = 1 << 30
 """Checkpoints-since-base of a partition whose state was just migrated (see _open)."""
 
 _FIELDS = ("position", "changes", "deleted", "outbox", "next_output", "base", "records",
-           "offset")
+           "offset", "bucket")
 
 
 @dataclass(slots=True)
@@ -75,6 +76,8 @@ class _Partition:
     last_checkpoint: float = field(default_factory=time.monotonic)
     committed: dict[str, Any] = field(default_factory=dict)
     delivery_retry_at: float = 0.0
+    swept: int = -1
+    """The time bucket whose expired keys were last deleted (a job with a ttl)."""
 
 
 @dataclass(slots=True)
@@ -106,6 +109,10 @@ class Job:
     :class:`~pitstop.errors.TrimmedError`; ``"skip"`` logs how far it jumps and goes on from
     the oldest record still there.
 
+    ``ttl`` (seconds) deletes a key that was not set for that long (processing time; checked
+    at checkpoints, so within an eighth of the ttl after it is due, or when a partition
+    opens); the deletions are in the checkpoint like any other.
+
     ``version`` is the keyed state's schema version, stored with every checkpoint; state of
     an older version is brought up to date on load by the :meth:`migration` functions (and
     written whole at once), state of a newer one refuses its partition.
@@ -129,6 +136,7 @@ class Job:
         batch: int = 1000,
         keep_history: bool = False,
         version: int = 0,
+        ttl: float | None = None,
     ) -> None:
         if not name or "/" in name:
             raise ValueError(f"job name {name!r}: non-empty, without '/'")
@@ -149,6 +157,12 @@ class Job:
         self.batch = batch
         self.keep_history = keep_history
         self.version = version
+        if ttl is not None and ttl <= 0:
+            raise ValueError("ttl must be above 0 seconds (or None: keys never expire)")
+        self.ttl = ttl
+        # Expiry is checked per time bucket, an eighth of the ttl: a key goes between ttl
+        # and ttl + 1/8 after it was last set.
+        self._bucket_seconds = ttl / 8 if ttl is not None else 0.0
         self._migrations: dict[int, Callable[[dict[Any, Any]], dict[Any, Any]]] = {}
         self._handler: Handler | None = None
         self._stop = threading.Event()
@@ -200,7 +214,30 @@ class Job:
                 )
             migrated = dict(fn(dict(migrated)))
             version += 1
+        if self.ttl is not None:
+            expiring = ExpiringState(migrated, bucket=self._bucket_now())
+            if isinstance(state, ExpiringState):  # keys keep their times
+                expiring._bucket_of.update(
+                    (k, b) for k, b in state.buckets().items() if k in expiring)
+            return expiring
         return migrated if isinstance(migrated, KeyedState) else KeyedState(migrated)
+
+    def _bucket_now(self) -> int:
+        return int(time.time() // self._bucket_seconds) if self.ttl is not None else 0
+
+    def _expire(self, part: _Partition) -> None:
+        """Set the state's time bucket; once a bucket, delete the keys past the ttl."""
+        state = part.state
+        if self.ttl is None or not isinstance(state, ExpiringState):
+            return
+        now = self._bucket_now()
+        state.bucket = now
+        if now != part.swept:
+            part.swept = now
+            expired = state.expire(now - math.ceil(self.ttl / self._bucket_seconds))
+            if expired:
+                log.info("stream job %r: partition %d: %d keys expired", self.name,
+                         part.index, expired)
 
     def run_id(self, partition: int) -> str:
         return f"{self.name}/{partition}"
@@ -240,16 +277,20 @@ class Job:
         if head is None:
             return None
         fields = head.state
+        ttl: dict[str, Any] = {}
         if "full" in fields:
-            state, checkpoints, keys = KeyedState(fields["full"]), 0, 0
+            base, deltas, checkpoints = fields, [], 0
         else:
             base_id = fields["base"]
             chain = chain_ids(store, run_id, head.id, base_id)
             loaded = store.get_many(chain)
+            base = loaded[base_id].state
             deltas = [loaded[cid].state for cid in chain[1:]]
-            keys = sum(len(d.get("changes") or ()) + len(d.get("deleted") or ())
-                       for d in deltas)
-            state, checkpoints = fold(loaded[base_id].state["full"], deltas), len(deltas)
+            checkpoints = len(deltas)
+        if self.ttl is not None:
+            ttl = {"buckets": base.get("buckets") or {}, "now_bucket": self._bucket_now()}
+        keys = sum(len(d.get("changes") or ()) + len(d.get("deleted") or ()) for d in deltas)
+        state = fold(base["full"], deltas, **ttl)
         if head.schema_version != self.version:
             state = self._migrate(state, head.schema_version, run_id, head.id)
             checkpoints = _MIGRATED
@@ -442,7 +483,9 @@ class Job:
         loaded = self._load(store, index)
         if loaded is None:
             position, offset = self.source.first_position(index, self.start)
-            part = _Partition(index, self.run_id(index), held, KeyedState(), position, [], 0,
+            fresh = ExpiringState(bucket=self._bucket_now()) if self.ttl is not None \
+                else KeyedState()
+            part = _Partition(index, self.run_id(index), held, fresh, position, [], 0,
                               None, None, 0, offset)
             part.pending = 0
             # The first checkpoint is the base (an empty copy), so that every later
@@ -461,6 +504,7 @@ class Job:
             fields.get("records", 0), offset, keys, checkpoints,
         )
         part.committed = {name: fields.get(name) for name in _FIELDS}
+        self._expire(part)  # keys that expired while no job ran (written at the next one)
         if checkpoints >= _MIGRATED:
             # State migrated to this version: written whole now, so that no checkpoint of
             # this version ever names a base of another.
@@ -514,6 +558,7 @@ class Job:
         self, store: Store, part: _Partition, report: RunReport,
         owned: dict[int, _Partition],
     ) -> None:
+        self._expire(part)
         full = needs_base(part.since_base_keys + part.state.dirty,
                           part.since_base_checkpoints, len(part.state))
         try:
@@ -539,17 +584,22 @@ class Job:
             "offset": part.offset,
         }
         if error is not None:  # the last committed state again, with the error
-            fields.update({k: v for k, v in part.committed.items() if k != "base"})
+            fields.update({k: v for k, v in part.committed.items()
+                           if k != "base" and not (k == "bucket" and v is None)})
             fields["changes"], fields["deleted"] = {}, []
             fields["base"] = part.base
             keys = 0
         elif full:
             part.state.forget_changes()
             fields["full"] = dict(part.state)
+            if isinstance(part.state, ExpiringState):
+                fields["buckets"] = part.state.buckets()
             keys = 0
         else:
             changes, deleted = part.state.take_changes()
             fields["changes"], fields["deleted"], fields["base"] = changes, deleted, part.base
+            if isinstance(part.state, ExpiringState):
+                fields["bucket"] = part.state.bucket
             keys = len(changes) + len(deleted)
         metadata: dict[str, Any] = {"stream": {"position": str(fields["position"]),
                                                "records": fields["records"],

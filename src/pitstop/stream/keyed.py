@@ -104,6 +104,51 @@ class KeyedState(dict[Any, Any]):
         return len(self._changed) + len(self._deleted)
 
 
+class ExpiringState(KeyedState):
+    """Keyed state whose keys expire ``ttl`` seconds after they were last set
+    (:class:`~pitstop.stream.Job`'s ``ttl``): each key remembers the time bucket of its
+    last write; :meth:`expire` deletes those of buckets that are too old."""
+
+    __slots__ = ("_bucket_of", "bucket")
+
+    def __init__(self, *args: Any, bucket: int = 0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.bucket = bucket
+        """The current time bucket (set by the job at each checkpoint)."""
+        self._bucket_of: dict[Any, int] = dict.fromkeys(self, bucket)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        dict.__setitem__(self, key, value)
+        self._changed.add(key)
+        self._bucket_of[key] = self.bucket
+
+    def __delitem__(self, key: Any) -> None:
+        super().__delitem__(key)
+        self._bucket_of.pop(key, None)
+
+    def popitem(self) -> tuple[Any, Any]:
+        key, value = super().popitem()
+        self._bucket_of.pop(key, None)
+        return key, value
+
+    def clear(self) -> None:
+        super().clear()
+        self._bucket_of.clear()
+
+    def expire(self, before: int) -> int:
+        """Delete the keys last set in a bucket before ``before``; how many."""
+        old = [key for key, bucket in self._bucket_of.items() if bucket < before]
+        for key in old:
+            if key in self:
+                del self[key]
+            else:
+                self._bucket_of.pop(key, None)
+        return len(old)
+
+    def buckets(self) -> dict[Any, int]:
+        return dict(self._bucket_of)
+
+
 def needs_base(written_since_base: int, checkpoints_since_base: int, size: int) -> bool:
     """Whether the next checkpoint should hold a whole copy (a new base)."""
     return (
@@ -137,16 +182,35 @@ def chain_ids(store: Store, run_id: str, head_id: str, base_id: str) -> list[str
     return chain
 
 
-def fold(base: Mapping[Any, Any], deltas: Iterable[Mapping[str, Any]]) -> KeyedState:
-    """The state: ``base`` with each checkpoint's changes and deletions applied in order."""
-    state = KeyedState(base)
+def fold(
+    base: Mapping[Any, Any], deltas: Iterable[Mapping[str, Any]], *,
+    buckets: Mapping[Any, int] | None = None, now_bucket: int = 0,
+) -> KeyedState:
+    """The state: ``base`` with each checkpoint's changes and deletions applied in order.
+    With ``buckets`` (the base's keys' time buckets: a job with a ``ttl``), an
+    :class:`ExpiringState` whose keys keep the bucket of the checkpoint that last set them."""
+    if buckets is None:
+        state = KeyedState(base)
+        for delta in deltas:
+            for key in delta.get("deleted") or ():
+                dict.pop(state, key, None)
+            changes = delta.get("changes")
+            if changes:
+                dict.update(state, changes)
+        return state
+    # (Keys the base has no bucket for, as when a ttl is new, count from now.)
+    expiring = ExpiringState(base, bucket=now_bucket)
+    bucket_of = expiring._bucket_of
+    bucket_of.update(buckets)
     for delta in deltas:
         for key in delta.get("deleted") or ():
-            dict.pop(state, key, None)
+            dict.pop(expiring, key, None)
+            bucket_of.pop(key, None)
         changes = delta.get("changes")
         if changes:
-            dict.update(state, changes)
-    return state
+            dict.update(expiring, changes)
+            bucket_of.update(dict.fromkeys(changes, delta.get("bucket", 0)))
+    return expiring
 
 
-__all__ = ["KeyedState", "chain_ids", "fold", "needs_base"]
+__all__ = ["ExpiringState", "KeyedState", "chain_ids", "fold", "needs_base"]
