@@ -257,6 +257,7 @@ def test_undecodable_records_fail_or_go_to_the_dead_letter_stream(
     assert len(letters) == 1 and letters[0][1][b"field:user"] == b"\xff\xfe"
 
 
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 def test_unreachable_broker_is_one_line_and_retried(
     store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -478,6 +479,7 @@ def test_state_schema_version_is_migrated_on_load(store: Store) -> None:
     assert "newer than stream job 'mig' version 0" in report.failed[0]
 
 
+@pytest.mark.parametrize("store_url", ["sqlite", "postgres"], indirect=True)
 def test_a_partition_leased_elsewhere_is_taken_over_when_the_lease_expires(
     store: Store
 ) -> None:
@@ -490,12 +492,13 @@ def test_a_partition_leased_elsewhere_is_taken_over_when_the_lease_expires(
     # An owner on another machine (its pid cannot be checked from here) holds it 1 s.
     store.acquire("away/0", "another-host:4242:abcdef", ttl=1.0)
     started = time.monotonic()
-    report = job.run(store, idle_exit=3.0)
+    report = job.run(store, idle_exit=1.6)
     assert report.records == 2
     assert time.monotonic() - started >= 0.9  # not before the lease expired
     assert job.state(store) == {"a": 1, "b": 1}
 
 
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 def test_keys_expire_after_the_ttl_through_a_restart(store: Store) -> None:
     import time
 
