@@ -524,3 +524,26 @@ def test_keys_expire_after_the_ttl_through_a_restart(store: Store) -> None:
     for summary in store.history("ttl/0"):
         deleted.update(store.get(summary.id).state.get("deleted") or ())
     assert {"old1", "old2"} <= deleted  # the expiry is in a checkpoint, like any delete
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+async def test_run_async_and_cancel_end_at_a_checkpoint(store: Store) -> None:
+    import asyncio
+
+    items = [(f"k{i % 10}", 1) for i in range(500)]
+    job = stream.Job("aio", source=stream.Iterable(items), every=10_000, seconds=60)
+    job.handler(lambda state, record, emit: state.__setitem__(
+        record.key, state.get(record.key, 0) + 1))
+    report = await job.run_async(store, idle_exit=0.1)
+    assert report.records == 500
+
+    later = stream.Job("aio", source=stream.Iterable([*items, ("new", 1)]), every=10_000,
+                       seconds=60)
+    later.handler(lambda state, record, emit: state.__setitem__(record.key, 1))
+    task = asyncio.ensure_future(later.run_async(store))  # no idle exit: runs until cancelled
+    await asyncio.sleep(0.5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # The record handled before the cancellation is committed (no every/seconds reached).
+    assert later.state(store)["new"] == 1

@@ -337,6 +337,24 @@ class Job:
                         self.sink.close()
         return report
 
+    async def run_async(
+        self, store: Store, *, idle_exit: float | None = None, owner: str | None = None
+    ) -> RunReport:
+        """:meth:`run` for asyncio: the job runs on a worker thread (handlers are plain
+        functions, the loop stays free). Cancelling the awaiting task stops the job at a
+        checkpoint of every partition it owns before the cancellation goes on."""
+        import asyncio
+
+        task = asyncio.ensure_future(
+            asyncio.to_thread(self.run, store, idle_exit=idle_exit, owner=owner)
+        )
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            self.stop()
+            await task
+            raise
+
     @contextmanager
     def _signals(self) -> Iterator[None]:
         if threading.current_thread() is not threading.main_thread():
