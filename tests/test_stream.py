@@ -547,3 +547,46 @@ async def test_run_async_and_cancel_end_at_a_checkpoint(store: Store) -> None:
         await task
     # The record handled before the cancellation is committed (no every/seconds reached).
     assert later.state(store)["new"] == 1
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_jetstream_start_at_end_and_undecodable_dead_letter(store: Store, name: str) -> None:
+    pytest.importorskip("nats")
+    import asyncio
+
+    import nats
+
+    async def publish(payloads: list[bytes], *, create: bool = False,
+                      delete: bool = False) -> list[Any]:
+        nc = await nats.connect("nats://127.0.0.1:4222")
+        js = nc.jetstream()
+        if create:
+            await js.add_stream(name=name, subjects=[f"{name}.>"])
+        for payload in payloads:
+            await js.publish(f"{name}.0", payload)
+        letters = []
+        if delete:
+            sub = await js.pull_subscribe(f"{name}.dead-letter", stream=name)
+            letters = await sub.fetch(1, timeout=2)
+            await js.delete_stream(name)
+        await nc.close()
+        return letters
+
+    asyncio.run(publish([b'{"n": 1}', b'{"n": 2}'], create=True))
+    try:
+        seen: list[Any] = []
+
+        def make() -> stream.Job:
+            job = stream.Job(name, source=stream.JetStream(
+                "nats://127.0.0.1:4222", name, undecodable="dead-letter"), start="end")
+            job.handler(lambda state, record, emit: seen.append(record.value))
+            return job
+
+        assert make().run(store, idle_exit=0.2).records == 0
+        asyncio.run(publish([b'{"n": 3}', b"\xff\xfe", b"plain text"]))
+        make().run(store, idle_exit=0.2)
+        assert seen == [{"n": 3}, "plain text"]
+    finally:
+        letters = asyncio.run(publish([], delete=True))
+    assert letters and letters[0].data == b"\xff\xfe"
+    assert letters[0].headers["partition"] == "0"
