@@ -590,3 +590,41 @@ def test_jetstream_start_at_end_and_undecodable_dead_letter(store: Store, name: 
         letters = asyncio.run(publish([], delete=True))
     assert letters and letters[0].data == b"\xff\xfe"
     assert letters[0].headers["partition"] == "0"
+
+
+def test_a_lost_commit_and_a_store_outage_keep_exactly_once(client: Any, name: str) -> None:
+    import threading
+
+    from conftest import POSTGRES_SKIP, drop_pg_schema, pg_schema_url
+    from faults import FaultProxy
+
+    if POSTGRES_SKIP:
+        pytest.skip(POSTGRES_SKIP)
+    schema = f"s_{uuid.uuid4().hex[:12]}"
+    proxy = FaultProxy()
+    store = pitstop.open_store(proxy.url(pg_schema_url(schema)))
+    try:
+        users = [f"u{i % 23}" for i in range(3000)]
+        produce(client, name, users)
+        # A checkpoint's write (one autocommitted statement) reaches the server, then the
+        # connection is reset before its answer and the server stays away for a second: the
+        # job cannot tell whether its checkpoint was written, and retries until the store
+        # answers again.
+        proxy.cut_on(b"INSERT INTO pitstop_checkpoints", deliver=True, skip=1,
+                     then_down=True)
+
+        def heal_a_second_later() -> None:
+            if proxy.triggered.wait(60):
+                threading.Event().wait(1.0)
+            proxy.heal()
+
+        threading.Thread(target=heal_a_second_later, daemon=True).start()
+        counter_job(name).run(store, idle_exit=0.5)
+        assert proxy.triggered.is_set()
+        assert counter_job(name).state(store) == Counter(users)
+        out = client.xrange(f"{name}-out")
+        assert len(out) == 3000 and len({f[b"id"] for _, f in out}) == 3000
+    finally:
+        proxy.heal()
+        store.close()
+        drop_pg_schema(schema)

@@ -32,6 +32,7 @@ from ..errors import (
     RunBusyError,
     RunNotFoundError,
     SchemaVersionError,
+    StoreError,
     StreamError,
 )
 from ..model import RunStatus
@@ -625,11 +626,8 @@ class Job:
                                                "outbox": len(fields["outbox"])}}
         if error is not None:
             metadata["error"] = error
-        checkpoint = store.save(
-            part.run_id, fields, lease=part.held.lease, status=status, workflow=self.workflow,
-            metadata=metadata, release=release, changed=list(fields),
-            schema_version=self.version,
-        )
+        checkpoint = self._save(store, part, fields, status=status, metadata=metadata,
+                                release=release)
         part.head = checkpoint.id
         if error is None:
             part.committed = {name: fields.get(name) for name in _FIELDS}
@@ -646,6 +644,27 @@ class Job:
             part.since_base_checkpoints += 1
         part.pending = 0
         part.last_checkpoint = time.monotonic()
+
+    def _save(self, store: Store, part: _Partition, fields: dict[str, Any], *,
+              status: RunStatus, metadata: dict[str, Any], release: bool) -> Any:
+        """``store.save``, retried with backoff while the store does not answer. Safe even
+        when a lost connection hid a commit: the retry then writes the same changes again
+        on top (setting keys to the values they have, the same position and outbox)."""
+        backoff = 0.0
+        while True:
+            try:
+                return store.save(
+                    part.run_id, fields, lease=part.held.lease, status=status,
+                    workflow=self.workflow, metadata=metadata, release=release,
+                    changed=list(fields), schema_version=self.version,
+                )
+            except StoreError as exc:
+                if type(exc) is not StoreError or self._stop.is_set():
+                    raise  # (schema, unknown scheme: not a passing outage)
+                backoff = min(30.0, max(0.5, backoff * 2))
+                log.error("stream job %r: partition %d: checkpoint not written (%s); "
+                          "retrying in %.1f s", self.name, part.index, exc, backoff)
+                self._stop.wait(backoff)
 
     def _deliver(self, part: _Partition, report: RunReport | None) -> None:
         """Deliver the committed outbox; on failure keep it (it is in the checkpoint) and
