@@ -5,8 +5,8 @@ outside the process, so a run can resume after a crash, wait for a human without
 compute, and be inspected, rewound and branched.
 
 The public API is what this module exports, and what the modules of :data:`_PUBLIC_MODULES`
-export (``pitstop.store``, ``pitstop.serde``, ``pitstop.runtime``, the tools and the
-LangGraph saver). Every other module, the store's layer folders (``pitstop.store.engine``...),
+export (``pitstop.store``, ``pitstop.serde``, ``pitstop.runtime``, ``pitstop.stream``, the
+tools and the LangGraph saver). Every other module, the store's layer folders (``pitstop.store.engine``...),
 the CLI, the inspector and ``pitstop.display`` among them, is internal and may change between
 releases. tests/test_exported_members.py keeps this list, the ``__all__`` lists and the
 reference docs in step.
@@ -68,6 +68,7 @@ _PUBLIC_MODULES = (
     "pitstop.runtime",
     "pitstop.serde",
     "pitstop.store",
+    "pitstop.stream",
 )
 """The modules besides this one whose ``__all__`` is public API (the reference documents
 objects from them)."""
