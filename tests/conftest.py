@@ -159,3 +159,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         uses = params is not None and "postgres" in params.params.values()
         if uses or "postgres" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[Any]:
+    """moto's S3 server on a free loopback port, for the whole session (tests/s3server.py)."""
+    pytest.importorskip("obstore")
+    pytest.importorskip("moto.server")
+    from s3server import start
+
+    server = start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_blobs(s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> str:
+    """``s3://<a new bucket>/pitstop``, with this process's AWS settings pointing at the
+    test server (credentials, region and endpoint from the environment, as in production)."""
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    return f"s3://{s3_server.new_bucket()}/pitstop"

@@ -67,6 +67,11 @@ class BlobStore(ABC):
 
     url: str
 
+    orphan_age: float = 3600.0
+    """Seconds after which a value no row references is surely abandoned (a save killed
+    before its commit), not about to be referenced by a save still in flight: ``prune``
+    deletes it then, and ``verify`` reports it."""
+
     @abstractmethod
     def put(self, key: bytes, data: bytes) -> None:
         """Store ``data`` under ``key`` (a no-op if it is there already)."""
@@ -586,14 +591,22 @@ def _fsync_dir(path: str) -> None:
 
 
 def open_blob_store(spec: str | os.PathLike[str] | BlobStore) -> BlobStore:
-    """A blob store from a ``file:///path`` URL or a directory path (or one given as is)."""
+    """A blob store from a ``file:///path`` URL or a directory path, or object storage from an
+    ``s3://bucket/prefix`` URL (:class:`~pitstop.store.objects.S3BlobStore`), or one given as
+    is."""
     if isinstance(spec, BlobStore):
         return spec
     text = os.fspath(spec)
     if text.startswith("file://"):
         text = text[len("file://") :]
+    elif text.lower().startswith("s3://"):
+        from .objects import S3BlobStore  # (obstore imported only for object storage)
+
+        return S3BlobStore(text)
     elif "://" in text:
-        raise StoreError(f"unsupported blob store {text!r}; use a directory or file:///path")
+        raise StoreError(
+            f"unsupported blob store {text!r}; use a directory, file:///path or s3://bucket/prefix"
+        )
     return DirectoryBlobStore(text)
 
 

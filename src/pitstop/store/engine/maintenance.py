@@ -45,7 +45,6 @@ def _estimated_rows(size: tuple[float, int, int], sampled: int, percent: float) 
 _RECORD_BYTES = "LENGTH(fields) + LENGTH(metadata)"
 _VALUE_BYTES = "CASE WHEN alias IS NULL THEN size ELSE 0 END"  # an alias holds no bytes
 
-_ORPHAN_AGE = 3600.0  # seconds before an unreferenced blob-store file is surely abandoned
 
 
 class _Held(NamedTuple):
@@ -284,7 +283,7 @@ class Maintenance(StoredValues):
         a save that wrote its value and is about to commit is never robbed of it."""
         if self.blobs is None:
             return 0
-        self.blobs.remove_abandoned(older_than=_ORPHAN_AGE)  # files of killed writes
+        self.blobs.remove_abandoned(older_than=self.blobs.orphan_age)  # files of killed writes
         orphans = self._orphan_files()
         packs = self._orphan_packs()
         self.blobs.delete(orphans)
@@ -295,7 +294,7 @@ class Maintenance(StoredValues):
         """Blob-store files named by a key that no row reads (older than an hour): a crash
         before the commit, or a row since pointed at a pack."""
         assert self.blobs is not None
-        candidates = list(self.blobs.keys(older_than=_ORPHAN_AGE))
+        candidates = list(self.blobs.keys(older_than=self.blobs.orphan_age))
         if not candidates:
             return []
         known = {
@@ -313,7 +312,7 @@ class Maintenance(StoredValues):
         """Packs no row is in (older than an hour): a save killed before its commit, or one
         whose rows all moved to newer copies."""
         assert self.blobs is not None
-        candidates = list(self.blobs.packs(older_than=_ORPHAN_AGE))
+        candidates = list(self.blobs.packs(older_than=self.blobs.orphan_age))
         if not candidates:
             return []
         known = {

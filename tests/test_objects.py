@@ -1,0 +1,262 @@
+"""Large values in object storage (s3://), on SQLite and PostgreSQL, against a real S3 API:
+moto's server on loopback (tests/s3server.py), reached over HTTP by the client we ship."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import pitstop
+from pitstop import CorruptCheckpointError, RetentionPolicy, StoreError
+
+pytest.importorskip("obstore")
+
+from pitstop.store import objects
+from pitstop.store.objects import S3BlobStore
+
+BIG = os.urandom(300_000)  # incompressible: its stored size stays above the threshold
+BIG2 = os.urandom(300_000)
+
+
+@pytest.fixture
+def opener(shared_url: str, s3_blobs: str) -> Iterator[Callable[..., pitstop.Store]]:
+    opened: list[pitstop.Store] = []
+
+    def open_(**options: Any) -> pitstop.Store:
+        options.setdefault("blobs", s3_blobs)
+        options.setdefault("blob_threshold", 100_000)
+        store = pitstop.open_store(shared_url, **options)
+        opened.append(store)
+        return store
+
+    yield open_
+    for store in opened:
+        store.close()
+
+
+def objects_in(url: str) -> list[bytes]:
+    return sorted(S3BlobStore(url).keys())
+
+
+def test_large_values_live_in_the_bucket_shared_and_read_back(
+    opener: Callable[..., pitstop.Store], s3_blobs: str
+) -> None:
+    store = opener()
+    first = store.save("r", {"doc": BIG, "note": "small stays in the table"})
+    store.save("r", {"doc": BIG, "note": "small stays in the table", "i": 1})
+    store.save("other", {"doc": BIG})  # shared, not copied
+    assert len(objects_in(s3_blobs)) == 1
+    assert store.get(first.id).state["doc"] == BIG
+    assert store.verify() == []
+    assert opener().latest("other").state == {"doc": BIG}  # type: ignore[union-attr]
+
+
+def test_arrays_go_up_as_chunks_and_an_unchanged_resave_uploads_nothing(
+    opener: Callable[..., pitstop.Store], s3_blobs: str
+) -> None:
+    np = pytest.importorskip("numpy")
+    store = opener()
+    weights = np.random.default_rng(1).standard_normal(3 << 20, dtype=np.float32)  # 12 MiB
+    saved = store.save("r", {"w": weights, "step": 1})
+    keys = objects_in(s3_blobs)
+    assert len(keys) == 12  # one object per 1 MiB chunk
+    bucket = S3BlobStore(s3_blobs)
+    before = set(_etags(bucket))
+    store.save("r", {"w": weights, "step": 2})  # unchanged: no object written
+    assert set(_etags(bucket)) == before
+    weights[:10] = 0.0
+    store.save("r", {"w": weights, "step": 3})  # one chunk changed: one object more
+    assert len(objects_in(s3_blobs)) == 13
+    with opener() as fresh:  # read by the load's threads, each chunk into place
+        np.testing.assert_array_equal(fresh.latest("r").state["w"], weights)  # type: ignore[union-attr]
+        assert fresh.get(saved.id).state["step"] == 1
+    assert store.verify() == []
+
+
+def _etags(bucket: S3BlobStore) -> set[tuple[str, Any]]:
+    import obstore
+
+    return {
+        (meta["path"], meta["last_modified"])
+        for batch in obstore.list(bucket._store, bucket.prefix + "/") for meta in batch
+    }
+
+
+def test_collected_with_the_last_reference(
+    opener: Callable[..., pitstop.Store], s3_blobs: str
+) -> None:
+    store = opener()
+    store.save("a", {"doc": BIG})
+    store.save("b", {"doc": BIG})
+    store.save("b", {"doc": BIG2})
+    assert len(objects_in(s3_blobs)) == 2
+    store.delete_run("a")
+    assert len(objects_in(s3_blobs)) == 2  # `b` still holds BIG in its first checkpoint
+    store.prune(RetentionPolicy(keep_last=1), run_id="b")
+    assert len(objects_in(s3_blobs)) == 1
+    store.delete_run("b")
+    assert objects_in(s3_blobs) == []
+    assert store.verify() == []
+
+
+def test_damaged_or_missing_objects_are_detected_and_passed_by_fallback(
+    opener: Callable[..., pitstop.Store], s3_blobs: str
+) -> None:
+    import obstore
+
+    store = opener()
+    good = store.save("r", {"doc": BIG2, "n": 1})
+    bad = store.save("r", {"doc": BIG, "n": 2})
+    bucket = S3BlobStore(s3_blobs)
+    (key,) = set(objects_in(s3_blobs)) - {k for k in objects_in(s3_blobs)
+                                          if bytes(bucket.get(k) or b"").endswith(BIG2[-100:])}
+    data = bytearray(bucket.get(key) or b"")
+    data[-1] ^= 0xFF
+    obstore.put(bucket._store, bucket._path(key), bytes(data))
+    with pytest.raises(CorruptCheckpointError) as info:
+        store.latest("r")
+    assert info.value.checkpoint_id == bad.id and info.value.field == "doc"
+    assert store.latest("r", fallback=True).id == good.id  # type: ignore[union-attr]
+    assert [p.kind for p in store.verify()] == ["blob"]
+    bucket.delete([key])
+    with pytest.raises(CorruptCheckpointError, match="missing"):
+        store.get(bad.id)
+    assert any("missing" in p.message for p in store.verify())
+
+
+def test_orphaned_objects_are_reported_and_removed_by_prune(
+    opener: Callable[..., pitstop.Store], s3_blobs: str
+) -> None:
+    store = opener()
+    store.save("r", {"doc": BIG})
+    # what a save killed between its upload and its commit leaves behind
+    S3BlobStore(s3_blobs).put(b"\x01" * 32, b"orphan")
+    assert store.verify() == []  # too young to be judged: a save may be about to commit
+    store.blobs.orphan_age = 0.0  # type: ignore[attr-defined]
+    assert [p.message.split()[0] for p in store.verify()] == ["file"]
+    store.prune(RetentionPolicy(keep_last=5))
+    assert len(objects_in(s3_blobs)) == 1
+    assert store.verify() == []
+    assert store.latest("r").state == {"doc": BIG}  # type: ignore[union-attr]
+
+
+def test_options_in_the_url_and_the_endpoint_given_there(
+    shared_url: str, s3_blobs: str, s3_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    blobs = f"{s3_blobs}?endpoint={s3_server.endpoint}"
+    sep = "&" if "?" in shared_url else "?"
+    with pitstop.open_store(f"{shared_url}{sep}blobs={blobs}&blob_threshold=1000") as store:
+        saved = store.save("r", {"doc": os.urandom(5000)})
+        assert store.blobs.url == s3_blobs  # type: ignore[attr-defined]  # rows: no endpoint
+    with pitstop.open_store(
+        shared_url, blobs=S3BlobStore(s3_blobs, endpoint=s3_server.endpoint)
+    ) as store:
+        assert len(store.get(saved.id).state["doc"]) == 5000
+
+
+def test_a_store_without_the_bucket_says_where_values_are(
+    opener: Callable[..., pitstop.Store], shared_url: str, s3_blobs: str
+) -> None:
+    opener().save("r", {"doc": BIG})
+    with pitstop.open_store(shared_url, blobs=False) as plain:
+        assert [run.id for run in plain.runs()] == ["r"]
+        with pytest.raises(StoreError, match=s3_blobs):
+            plain.latest("r")
+
+
+def test_export_import_to_and_from_a_bucket(
+    opener: Callable[..., pitstop.Store], tmp_path: Path, s3_server: Any
+) -> None:
+    source = opener()
+    first = source.save("r", {"doc": BIG})
+    source.save("r", {"doc": BIG, "n": 1})
+    data = source.export_run("r")
+    other = f"s3://{s3_server.new_bucket()}/copy"
+    with pitstop.open_store(f"sqlite:///{tmp_path / 'target.db'}", blobs=other,
+                            blob_threshold=100_000) as target:
+        target.import_run(data)
+        assert target.get(first.id).state == {"doc": BIG}
+        assert len(objects_in(other)) == 1
+        assert target.verify() == []
+
+
+def test_a_large_value_goes_up_in_parts_and_comes_back_in_ranges(
+    opener: Callable[..., pitstop.Store], s3_blobs: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(objects, "MULTIPART_FROM", 6 << 20)
+    monkeypatch.setattr(objects, "PART_SIZE", 5 << 20)  # S3's smallest part
+    store = opener(blob_threshold=1 << 20)
+    # one value of 12 MiB, not chunked (a str): a multipart upload of three parts
+    text = os.urandom(6 << 20).hex()
+    saved = store.save("r", {"text": text})
+    assert len(objects_in(s3_blobs)) == 1
+    with opener() as fresh:
+        assert fresh.get(saved.id).state["text"] == text
+
+
+def test_an_unreachable_or_missing_bucket_is_one_line_at_open(
+    tmp_path: Path, s3_blobs: str, s3_server: Any
+) -> None:
+    from s3server import SECRET_KEY, free_port
+
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    dead = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(StoreError) as info:
+        pitstop.open_store(url, blobs=f"s3://nowhere/p?endpoint={dead}")
+    text = str(info.value)
+    assert "s3://nowhere/p" in text and "cannot connect" in text and "\n" not in text
+    assert SECRET_KEY not in text
+    with pytest.raises(StoreError) as info:
+        pitstop.open_store(url, blobs="s3://no-such-bucket-here/p")
+    text = str(info.value)
+    assert "s3://no-such-bucket-here/p" in text and "NoSuchBucket" in text
+    assert "\n" not in text and SECRET_KEY not in text
+
+
+def test_the_cli_works_on_a_store_whose_values_are_in_a_bucket(
+    tmp_path: Path, s3_blobs: str
+) -> None:
+    url = f"sqlite:///{tmp_path / 'cli.db'}?blobs={s3_blobs}&blob_threshold=100000"
+    with pitstop.open_store(url) as store:
+        store.save("r", {"doc": BIG})
+        store.save("r", {"doc": BIG2})
+    archive = tmp_path / "r.pitstop"
+
+    def cli(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "pitstop", "--store", url, *args],
+            check=False, capture_output=True, text=True, timeout=120, env=os.environ.copy(),
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert "r" in cli("runs")
+    cli("verify")
+    cli("export", "r", "-o", str(archive))
+    cli("prune", "--keep-last", "1")
+    assert len(objects_in(s3_blobs)) == 1
+    cli("verify")
+
+
+@pytest.mark.slow
+def test_sigkill_during_saves_leaves_no_torn_checkpoint_and_prune_removes_orphans(
+    tmp_path: Path, s3_blobs: str
+) -> None:
+    """Ten saver processes killed at random moments while they save arrays and documents
+    to the bucket (bench/objects_kill.py runs fifty): see tests/s3kill.py."""
+    pytest.importorskip("numpy")
+    from s3kill import kill_saves
+
+    outcome = kill_saves(f"sqlite:///{tmp_path / 'kills.db'}", s3_blobs, 10, seed=31)
+    assert outcome.problems == []
+    assert outcome.kills >= 8 and outcome.saves > 0
+    # every object left is one a row references
+    with pitstop.open_store(f"sqlite:///{tmp_path / 'kills.db'}", blobs=s3_blobs) as store:
+        assert store.verify() == []
