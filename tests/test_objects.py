@@ -40,8 +40,12 @@ def opener(shared_url: str, s3_blobs: str) -> Iterator[Callable[..., pitstop.Sto
         store.close()
 
 
-def objects_in(url: str) -> list[bytes]:
-    return sorted(S3BlobStore(url).keys())
+def objects_in(url: str) -> list[str]:
+    """Every object pitstop keeps under the URL's prefix: values stored alone (named by
+    their key) and packs (the values one save adds together)."""
+    bucket = S3BlobStore(url)
+    alone = bucket.keys()
+    return sorted([key.hex() for key in alone] + [f"pack {name}" for name in bucket.packs()])
 
 
 def test_large_values_live_in_the_bucket_shared_and_read_back(
@@ -64,15 +68,15 @@ def test_arrays_go_up_as_chunks_and_an_unchanged_resave_uploads_nothing(
     store = opener()
     weights = np.random.default_rng(1).standard_normal(3 << 20, dtype=np.float32)  # 12 MiB
     saved = store.save("r", {"w": weights, "step": 1})
-    keys = objects_in(s3_blobs)
-    assert len(keys) == 12  # one object per 1 MiB chunk
+    (pack,) = objects_in(s3_blobs)  # twelve 1 MiB chunks in one pack object
+    assert pack.startswith("pack ")
     bucket = S3BlobStore(s3_blobs)
     before = set(_etags(bucket))
     store.save("r", {"w": weights, "step": 2})  # unchanged: no object written
     assert set(_etags(bucket)) == before
     weights[:10] = 0.0
     store.save("r", {"w": weights, "step": 3})  # one chunk changed: one object more
-    assert len(objects_in(s3_blobs)) == 13
+    assert len(objects_in(s3_blobs)) == 2
     with opener() as fresh:  # read by the load's threads, each chunk into place
         np.testing.assert_array_equal(fresh.latest("r").state["w"], weights)  # type: ignore[union-attr]
         assert fresh.get(saved.id).state["step"] == 1
@@ -114,8 +118,8 @@ def test_damaged_or_missing_objects_are_detected_and_passed_by_fallback(
     good = store.save("r", {"doc": BIG2, "n": 1})
     bad = store.save("r", {"doc": BIG, "n": 2})
     bucket = S3BlobStore(s3_blobs)
-    (key,) = set(objects_in(s3_blobs)) - {k for k in objects_in(s3_blobs)
-                                          if bytes(bucket.get(k) or b"").endswith(BIG2[-100:])}
+    alone = bucket.keys()
+    (key,) = [k for k in alone if bytes(bucket.get(k) or b"").endswith(BIG[-100:])]
     data = bytearray(bucket.get(key) or b"")
     data[-1] ^= 0xFF
     obstore.put(bucket._store, bucket._path(key), bytes(data))
@@ -137,9 +141,11 @@ def test_orphaned_objects_are_reported_and_removed_by_prune(
     store.save("r", {"doc": BIG})
     # what a save killed between its upload and its commit leaves behind
     S3BlobStore(s3_blobs).put(b"\x01" * 32, b"orphan")
+    S3BlobStore(s3_blobs).put_many([(b"\x02" * 17, (b"a",)), (b"\x03" * 17, (b"b",))])
+    assert len(objects_in(s3_blobs)) == 3
     assert store.verify() == []  # too young to be judged: a save may be about to commit
     store.blobs.orphan_age = 0.0  # type: ignore[attr-defined]
-    assert [p.message.split()[0] for p in store.verify()] == ["file"]
+    assert sorted(p.message.split()[0] for p in store.verify()) == ["file", "pack"]
     store.prune(RetentionPolicy(keep_last=5))
     assert len(objects_in(s3_blobs)) == 1
     assert store.verify() == []
@@ -260,3 +266,25 @@ def test_sigkill_during_saves_leaves_no_torn_checkpoint_and_prune_removes_orphan
     # every object left is one a row references
     with pitstop.open_store(f"sqlite:///{tmp_path / 'kills.db'}", blobs=s3_blobs) as store:
         assert store.verify() == []
+
+
+def test_a_short_pack_fails_the_load_naming_the_field(
+    opener: Callable[..., pitstop.Store], s3_blobs: str
+) -> None:
+    import obstore
+
+    np = pytest.importorskip("numpy")
+    store = opener()
+    weights = np.arange(1 << 20, dtype=np.float32)  # four chunks, one pack
+    good = store.save("r", {"n": 1})
+    bad = store.save("r", {"w": weights, "n": 2})
+    bucket = S3BlobStore(s3_blobs)
+    (pack,) = bucket.packs()
+    path = bucket._pack_path(pack)
+    obstore.put(bucket._store, path, bytes(obstore.get(bucket._store, path).bytes())[:5000])
+    with opener() as fresh:
+        with pytest.raises(CorruptCheckpointError) as info:
+            fresh.latest("r")
+        assert info.value.checkpoint_id == bad.id and info.value.field == "w"
+        assert fresh.latest("r", fallback=True).id == good.id  # type: ignore[union-attr]
+        assert any("pack object" in p.message for p in fresh.verify())

@@ -39,8 +39,10 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import parse_qsl, urlsplit
@@ -61,13 +63,32 @@ one request to be sensible."""
 PART_SIZE: Final = 16 << 20
 """The size of one part of a multipart upload, and of one ranged GET of a large value."""
 
+PACK_SIZE: Final = 32 << 20
+"""The most bytes one pack object holds (the values of one save are packed: see
+:meth:`S3BlobStore.put_many`)."""
+
+READ_SIZE: Final = PACK_SIZE
+"""At most how many bytes of a pack one ranged GET reads on a load: the values a load wants
+of a pack in one request (a whole pack, for a new array). Not less: S3-compatible servers
+that answer a range by reading the whole object (moto, some gateways) then cost that many
+times the pack's size; AWS S3 answers one request at 90+ MiB/s, and the packs of a large
+value are read in parallel."""
+
 _THREADS: Final = 16
 """Uploads in flight at once (network-bound: more than the cores)."""
 
 _SUFFIX: Final = ".blob"
+_PACKS: Final = "packs/"
+_PACK_SUFFIX: Final = ".pack"
 _KEY_NAME = re.compile(r"^[0-9a-f]{2,128}$")
+"""A key's or a pack's name, in hex."""
 
 _URL_OPTIONS: Final = ("endpoint", "region")
+
+_NOT_PREFETCHED: Final = object()
+
+_PENDING_MAX: Final = 4 << 30
+"""Bytes of prefetched values kept for reads still to come (see S3BlobStore.prefetch)."""
 
 
 class S3BlobStore(BlobStore):
@@ -108,6 +129,10 @@ class S3BlobStore(BlobStore):
         given_endpoint = endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(
             "AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT")
         self.endpoint = given_endpoint
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: dict[bytes, Future[Any]] = {}
+        self._pending_bytes = 0
         client: ClientConfig = {"allow_http": bool(given_endpoint) and str(
             given_endpoint).startswith("http://")}
         try:
@@ -128,6 +153,14 @@ class S3BlobStore(BlobStore):
         except Exception as exc:
             raise StoreError(f"blob store {self._where()}: {_reason(exc)}") from None
 
+    def _executor(self) -> ThreadPoolExecutor:
+        """The threads that upload and prefetch (made on first use: a store that only
+        lists runs starts none)."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(_THREADS, thread_name_prefix="pitstop-s3")
+            return self._pool
+
     def _where(self) -> str:
         return self.url + (f" (endpoint {self.endpoint})" if self.endpoint else "")
 
@@ -142,6 +175,9 @@ class S3BlobStore(BlobStore):
     def _path(self, key: bytes) -> str:
         return f"{self._path_prefix()}{key.hex()}{_SUFFIX}"
 
+    def _pack_path(self, name: str) -> str:
+        return f"{self._path_prefix()}{_PACKS}{name}{_PACK_SUFFIX}"
+
     def _failed(self, exc: BaseException, what: str) -> StoreError:
         return StoreError(f"blob store {self._where()}: {what}: {_reason(exc)}")
 
@@ -153,54 +189,175 @@ class S3BlobStore(BlobStore):
     def put_many(
         self, items: Sequence[tuple[bytes, Pieces]], *, sync: bool = True
     ) -> dict[bytes, Slot]:
-        """Every value as its own object, several uploads at once. An acknowledged PUT is
-        durable on the service whatever ``sync`` says. Returns no slots: nothing is packed
-        (a GET per value is what a pack would save on a disk, not here)."""
+        """Two values or more: packs of up to :data:`PACK_SIZE` bytes, each one object
+        uploaded by one PUT, several at once; the slots say where each value is. One value:
+        an object named by its key (a multipart upload from :data:`MULTIPART_FROM` bytes).
+        An acknowledged PUT is durable on the service whatever ``sync`` says.
+
+        Why packs: every request costs a round trip and the service's per-request work
+        (and, on AWS, a fee per PUT and GET), so a 256 MiB array is 8 objects, not 256;
+        a load reads each pack's chunks by ranged GETs of :data:`READ_SIZE` bytes. A pack's
+        name is drawn at random (96 bits): packs are never written twice, and a pack is
+        whole or absent."""
         todo = dict(items)  # (a key given twice is uploaded once)
         if not todo:
             return {}
         if len(todo) == 1:
             ((key, pieces),) = todo.items()
-            self._upload(key, pieces)
+            self._upload(self._path(key), pieces, key.hex()[:16])
             return {}
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(min(_THREADS, len(todo))) as pool:
-            futures = [pool.submit(self._upload, key, pieces) for key, pieces in todo.items()]
+        slots: dict[bytes, Slot] = {}
+        packs: list[tuple[str, list[bytes | memoryview]]] = []
+        name, pieces_of_pack, offset = "", [], PACK_SIZE
+        for key, pieces in todo.items():
+            size = sum(memoryview(piece).nbytes for piece in pieces)
+            if offset and offset + size > PACK_SIZE:
+                name, pieces_of_pack, offset = os.urandom(12).hex(), [], 0
+                packs.append((name, pieces_of_pack))
+            slots[key] = Slot(name, offset, size)
+            pieces_of_pack.extend(pieces)
+            offset += size
+        pool = self._executor()
+        futures = [
+            pool.submit(self._upload, self._pack_path(name), pieces, f"pack {name}")
+            for name, pieces in packs
+        ]
+        wait(futures)
         for future in futures:  # every one has finished: the first error is the answer
             error = future.exception()
             if error is not None:
                 raise error
-        return {}
+        return slots
 
-    def _upload(self, key: bytes, pieces: Pieces) -> None:
+    def _upload(self, path: str, pieces: Pieces, what: str) -> None:
         import obstore
 
         size = sum(memoryview(piece).nbytes for piece in pieces)
         try:
             if size >= MULTIPART_FROM:
                 obstore.put(
-                    self._store, self._path(key), _parts(pieces), use_multipart=True,
+                    self._store, path, _parts(pieces), use_multipart=True,
                     chunk_size=PART_SIZE, max_concurrency=_THREADS,
                 )
             else:
                 body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-                obstore.put(self._store, self._path(key), body, use_multipart=False)
+                obstore.put(self._store, path, body, use_multipart=False)
         except Exception as exc:
-            raise self._failed(exc, f"upload of {key.hex()[:16]}") from None
+            raise self._failed(exc, f"upload of {what}") from None
 
     # -- reading ------------------------------------------------------------------------------
+
+    def prefetch(self, values: Sequence[tuple[bytes, Slot | None]]) -> None:
+        """Start reading these values now, :data:`_THREADS` requests at once: the load's
+        own threads (two on two cores) then find them read or on their way. Packed values
+        are read by ranged GETs of about :data:`READ_SIZE` bytes (values side by side in a
+        pack in one request), the others by a GET each. A value read is dropped from here;
+        what a failed load never read is dropped once the pending bytes pass
+        :data:`_PENDING_MAX` (the bytes under a key never change, so a value read before a
+        delete is still right)."""
+        by_pack: dict[str, list[tuple[bytes, Slot]]] = {}
+        alone: list[bytes] = []
+        for key, slot in values:
+            if slot is None:
+                alone.append(key)
+            else:
+                by_pack.setdefault(slot.pack, []).append((key, slot))
+        pool = self._executor()
+        pending: dict[bytes, Future[Any]] = {}
+        for key in alone:
+            pending[key] = pool.submit(self._get_object, key)
+        for name, members in by_pack.items():
+            members.sort(key=lambda member: member[1].offset)
+            group: list[tuple[bytes, Slot]] = []
+            for member in [*members, None]:
+                if member is not None and (
+                    not group or member[1].offset + member[1].size - group[0][1].offset
+                    <= READ_SIZE
+                ):
+                    group.append(member)
+                    continue
+                future = pool.submit(self._get_group, name, group)
+                for key, _ in group:
+                    pending[key] = future
+                group = [member] if member is not None else []
+        wanted = sum(PART_SIZE if slot is None else slot.size for _, slot in values)
+        with self._lock:
+            # A load prefetches in a few batches (a layout's nodes, then its leaves): each
+            # adds to what is pending. What was never read (a load that failed) is let go
+            # once the pending bytes pass a bound, not kept for the life of the store.
+            if self._pending_bytes + wanted > _PENDING_MAX:
+                self._pending.clear()
+                self._pending_bytes = 0
+            self._pending.update(pending)
+            self._pending_bytes += wanted
+
+    def _get_object(self, key: bytes) -> Any:
+        import obstore
+
+        try:
+            return obstore.get(self._store, self._path(key)).bytes()
+        except FileNotFoundError:
+            return None
+
+    def _get_group(self, pack: str, group: list[tuple[bytes, Slot]]) -> dict[bytes, Any]:
+        """The values of ``group`` (side by side in ``pack``) by one ranged GET: key ->
+        their bytes (None: the pack is missing or ends before the value does)."""
+        start = group[0][1].offset
+        end = max(slot.offset + slot.size for _, slot in group)
+        data = self._get_range(pack, start, end)
+        if data is None:
+            return dict.fromkeys((key for key, _ in group), None)
+        view = memoryview(data)
+        return {
+            key: (view[slot.offset - start : slot.offset - start + slot.size]
+                  if slot.offset + slot.size - start <= len(view) else None)
+            for key, slot in group
+        }
+
+    def _get_range(self, pack: str, start: int, end: int) -> Any:
+        import obstore
+
+        try:
+            if start == 0 and end >= PACK_SIZE // 2:
+                # Most of the pack from its start (a load of what one save wrote): the whole
+                # object, no Range header. Servers that answer a range by reading the whole
+                # object and slicing it (moto) serve this as fast as a plain download.
+                return obstore.get(self._store, self._pack_path(pack)).bytes()
+            return obstore.get_range(self._store, self._pack_path(pack), start=start, end=end)
+        except FileNotFoundError:
+            return None
+        except Exception as exc:
+            if "416" in str(exc) or "InvalidRange" in str(exc):
+                return None  # the pack ends before the range starts
+            raise
+
+    def _prefetched(self, key: bytes) -> Any:
+        """The prefetched bytes of ``key`` (waiting for them; None: missing), or
+        ``_NOT_PREFETCHED``."""
+        with self._lock:
+            future = self._pending.pop(key, None)
+        if future is None:
+            return _NOT_PREFETCHED
+        try:
+            found = future.result()
+        except Exception as exc:
+            raise self._failed(exc, f"read of {key.hex()[:16]}") from None
+        return found.get(key) if isinstance(found, dict) else found
 
     def get(self, key: bytes, slot: Slot | None = None) -> bytes | None:
         import obstore
 
-        path = self._path(key)
+        data = self._prefetched(key)
+        if data is not _NOT_PREFETCHED:
+            return None if data is None else bytes(data)
         try:
-            if slot is not None and slot.size >= 2 * PART_SIZE:
-                return bytes(self._get_ranged(path, slot.size))
+            if slot is not None:
+                found = self._get_group(slot.pack, [(key, slot)]).get(key)
+                return None if found is None else bytes(found)
+            path = self._path(key)
             result = obstore.get(self._store, path)
             size = result.meta["size"]
-            if size >= 2 * PART_SIZE:  # a large value: the rest in parallel ranges
+            if size >= 2 * PART_SIZE:  # a large value: parallel ranges
                 return bytes(self._get_ranged(path, size))
             return bytes(result.bytes())
         except FileNotFoundError:  # (what obstore raises for a 404)
@@ -215,57 +372,44 @@ class S3BlobStore(BlobStore):
         ends = [min(start + PART_SIZE, size) for start in starts]
         out = bytearray(size)
         view = memoryview(out)
-        for start, end, part in zip(
-            starts, ends, obstore.get_ranges(self._store, path, starts=starts, ends=ends,
-                                             coalesce=0),
-            strict=True,
-        ):
+        parts = obstore.get_ranges(self._store, path, starts=starts, ends=ends, coalesce=0)
+        for start, end, part in zip(starts, ends, parts, strict=True):
             view[start:end] = memoryview(part)
         return out
 
     def read_into(self, key: bytes, target: memoryview, slot: Slot | None = None) -> int | None:
-        """One GET (a chunk) or parallel ranged GETs (a large value) copied into ``target``
-        (the header byte returned; None: no such object, or its size differs)."""
-        import obstore
-
-        path = self._path(key)
+        """The value (prefetched, or read now: a ranged GET of its slot, a GET, or parallel
+        ranged GETs for a large one) copied into ``target``; the header byte returned (None:
+        no such value, or its size differs)."""
         expected = target.nbytes + 1
-        try:
-            if expected < 2 * PART_SIZE:
-                data = obstore.get(self._store, path).bytes()
-                if len(data) != expected:
-                    return None
-                body = memoryview(data)
-                target[:] = body[1:]
-                return body[0]
-            meta = obstore.head(self._store, path)
-            if meta["size"] != expected:
-                return None
-            starts = list(range(0, expected, PART_SIZE))
-            ends = [min(start + PART_SIZE, expected) for start in starts]
-            parts = obstore.get_ranges(self._store, path, starts=starts, ends=ends, coalesce=0)
-            header = memoryview(parts[0])[0]
-            for start, end, part in zip(starts, ends, parts, strict=True):
-                body = memoryview(part)
-                if start == 0:
-                    target[: end - 1] = body[1:]
-                else:
-                    target[start - 1 : end - 1] = body
-            return header
-        except FileNotFoundError:  # (what obstore raises for a 404)
+        if slot is not None and slot.size != expected:
             return None
-        except Exception as exc:
-            raise self._failed(exc, f"read of {key.hex()[:16]}") from None
+        data = self.get(key, slot) if expected < 2 * PART_SIZE else self._prefetched(key)
+        if data is _NOT_PREFETCHED:
+            data = self.get(key, slot)
+        if data is None or len(data) != expected:
+            return None
+        body = memoryview(data)
+        target[:] = body[1:]
+        return body[0]
 
     def why_missing(self, key: bytes, slot: Slot | None = None) -> str:
+        if slot is not None:
+            return (f"pack object {self._pack_path(slot.pack)} missing from {self.url}, or "
+                    f"ending before the value's {slot.size} bytes at {slot.offset}")
         return f"object {self._path(key)} missing from {self.url}"
 
     # -- listing and deleting -----------------------------------------------------------------
 
     def delete(self, keys: Iterable[bytes]) -> None:
+        self._delete([self._path(key) for key in keys])
+
+    def delete_packs(self, names: Iterable[str]) -> None:
+        self._delete([self._pack_path(name) for name in names])
+
+    def _delete(self, paths: list[str]) -> None:
         import obstore
 
-        paths = [self._path(key) for key in keys]
         for i in range(0, len(paths), 1000):  # DeleteObjects takes 1,000 at most
             try:
                 obstore.delete(self._store, paths[i : i + 1000])
@@ -273,26 +417,33 @@ class S3BlobStore(BlobStore):
                 raise self._failed(exc, "delete") from None
 
     def keys(self, *, older_than: float = 0.0) -> Iterator[bytes]:
-        """Every value's key (objects under the prefix named ``<hex>.blob``; anything else
-        there is not ours and left alone), or those last modified more than ``older_than``
-        seconds ago by this machine's clock."""
+        """Every key of a value stored alone (``<hex>.blob`` under the prefix; anything
+        else there is not ours and left alone), or those last modified more than
+        ``older_than`` seconds ago by this machine's clock."""
+        for stem in self._names(self._path_prefix(), _SUFFIX, older_than):
+            if len(stem) % 2 == 0:
+                yield bytes.fromhex(stem)
+
+    def packs(self, *, older_than: float = 0.0) -> Iterator[str]:
+        return self._names(self._path_prefix() + _PACKS, _PACK_SUFFIX, older_than)
+
+    def _names(self, prefix: str, suffix: str, older_than: float) -> Iterator[str]:
+        """The hex names of the objects right under ``prefix`` ending in ``suffix``."""
         import obstore
 
         cutoff = time.time() - older_than
-        start = len(self._path_prefix())
         try:
-            for batch in obstore.list(self._store, self._path_prefix() or None,
-                                      chunk_size=1000):
+            for batch in obstore.list(self._store, prefix or None, chunk_size=1000):
                 for meta in batch:
-                    name = meta["path"][start:]
-                    if not name.endswith(_SUFFIX) or "/" in name:
+                    name = meta["path"][len(prefix):]
+                    if not name.endswith(suffix) or "/" in name:
                         continue
-                    stem = name[: -len(_SUFFIX)]
-                    if not _KEY_NAME.match(stem) or len(stem) % 2:
+                    stem = name[: -len(suffix)]
+                    if not _KEY_NAME.match(stem):
                         continue
                     if older_than and meta["last_modified"].timestamp() > cutoff:
                         continue
-                    yield bytes.fromhex(stem)
+                    yield stem
         except Exception as exc:
             raise self._failed(exc, "listing") from None
 

@@ -126,6 +126,12 @@ class BlobStore(ABC):
         ``older_than`` seconds; how many. Stores whose writes leave nothing do nothing."""
         return 0
 
+    def prefetch(self, values: Sequence[tuple[bytes, Slot | None]]) -> None:  # noqa: B027
+        """A load is about to read these values, by key and slot (in any order, from a few
+        threads): a store
+        whose reads wait on a network starts them all now, concurrently. A disk needs no
+        such help."""
+
     def why_missing(self, key: bytes, slot: Slot | None = None) -> str:
         """Why :meth:`get` found nothing under ``key`` (what ``verify`` reports)."""
         return f"file missing from {self}"

@@ -265,6 +265,7 @@ class StoredValues(SqlBackend):
     def _read_rows(self, tx: Tx, hashes: Sequence[bytes], *, defer: bool) -> dict[bytes, Stored]:
         out: dict[bytes, Stored] = {}
         aliases: dict[bytes, tuple[bytes, int]] = {}
+        deferred: list[tuple[bytes, Slot | None]] = []
         for h, data, location, alias, size, pack, pack_offset in tx.in_chunks(
             "SELECT hash, data, location, alias, size, pack, pack_offset FROM pitstop_blobs "
             "WHERE hash IN ({in})",
@@ -276,11 +277,14 @@ class StoredValues(SqlBackend):
             elif location is None:
                 out[key] = bytes(data)
             elif defer and self.blobs is not None and location == self.blobs.url:
-                out[key] = Deferred(self.blobs, key, slot_of(pack, pack_offset, size))
+                deferred.append((key, slot_of(pack, pack_offset, size)))
+                out[key] = Deferred(self.blobs, key, deferred[-1][1])
             else:
                 value = self._fetch_external(key, location, slot_of(pack, pack_offset, size))
                 if value is not None:
                     out[key] = value
+        if len(deferred) > 1 and self.blobs is not None:
+            self.blobs.prefetch(deferred)  # object storage: every GET in flight at once
         if aliases:
             # A target read in this snapshot holds its prefix; one that became an alias
             # since (a concurrent save, another snapshot) is followed again.
