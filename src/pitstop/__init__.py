@@ -24,6 +24,7 @@ from .errors import (
     ChildRunError,
     ConflictError,
     CorruptCheckpointError,
+    EncryptionKeyError,
     FieldEditError,
     InputError,
     LeaseLostError,
@@ -83,6 +84,7 @@ _LAZY = {
     ),
     **dict.fromkeys(("MsgpackSerializer", "PickleSerializer", "TypeRegistry", "register"),
                     "serde"),
+    "Encryption": "store.sealed",  # (cryptography is imported only by a store that seals)
 }
 
 if TYPE_CHECKING:
@@ -100,6 +102,7 @@ if TYPE_CHECKING:
         send,
     )
     from .serde import MsgpackSerializer, PickleSerializer, TypeRegistry, register
+    from .store.sealed import Encryption
 
 
 __getattr__ = _lazy_getattr(__name__, globals(), _LAZY)
@@ -118,6 +121,8 @@ __all__ = [
     "ChildRunError",
     "ConflictError",
     "CorruptCheckpointError",
+    "Encryption",
+    "EncryptionKeyError",
     "FieldEditError",
     "Input",
     "InputError",

@@ -102,6 +102,16 @@ class MalformedValueError(SerializationError):
     action = "load"
 
 
+class EncryptionKeyError(StoreError):
+    """A value is sealed (encrypted at rest) with a key this store was not given: the store
+    was opened without its keys, or with a ring that lacks this one. Not corruption: the
+    value is intact, and opens with the right key."""
+
+    def __init__(self, message: str, *, key_id: str | None = None) -> None:
+        super().__init__(message)
+        self.key_id = key_id
+
+
 class CorruptCheckpointError(PitstopError):
     """A stored record failed its checksum, is truncated, or cannot be decoded."""
 
@@ -376,6 +386,7 @@ __all__ = [
     "ChildRunError",
     "ConflictError",
     "CorruptCheckpointError",
+    "EncryptionKeyError",
     "FieldEditError",
     "InputError",
     "LeaseLostError",

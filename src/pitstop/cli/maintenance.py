@@ -340,3 +340,28 @@ def import_(s: Session, path: str, new_run_id: str | None) -> None:
 
 
 __all__ = ["export", "import_", "migrate", "prune", "stats", "vacuum", "verify"]
+
+
+# -- encryption at rest ---------------------------------------------------------------------------
+
+
+@command("rekey", examples=[
+    "PITSTOP_KEYS=k2=...,k1=... pitstop rekey --to k2 "
+    "--store 'sqlite:///runs.db?encryption=env:PITSTOP_KEYS'"])
+@click.option("--to", "to", required=True, metavar="KEY_ID",
+              help="The key every blob value is sealed under afterwards (one of the ring's).")
+def rekey(s: Session, to: str) -> None:
+    """Seal every value in the blob store again under one key.
+
+    Run after making a new key current: values sealed under older keys (or written before
+    the store was sealed) are sealed under KEY_ID, a batch at a time beside normal work;
+    then the old keys can leave the ring. Safe to stop and run again.
+    """
+    from pitstop.store.rekey import rekey as rekey_store
+
+    store = s.store()
+    count = rekey_store(store, to)
+    if s.as_json:
+        s.out.json({"resealed": count, "key": to})
+    else:
+        s.out.line(f"{count} values sealed again under key {to!r}", "green")

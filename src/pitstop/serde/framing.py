@@ -111,6 +111,15 @@ def unframe(stored: bytes) -> tuple[int, bytes]:
         raise ValueError("empty blob: the header byte is missing")
     header = stored[0]
     if header & ~(FORMAT_MASK | COMPRESSED):
+        if stored[:4] == b"\xffPSE":  # pitstop.store.sealed.MAGIC
+            from ..errors import EncryptionKeyError
+
+            key_id = bytes(stored[4:20]).rstrip(b"\0").decode(errors="replace")
+            raise EncryptionKeyError(
+                f"value is sealed (encrypted at rest) with key {key_id!r}; open the store "
+                "with its keys: open_store(..., encryption=pitstop.Encryption(...))",
+                key_id=key_id,
+            )
         raise ValueError(f"unknown blob header 0x{header:02x} (written by a newer pitstop?)")
     if not header & COMPRESSED:
         return header & FORMAT_MASK, bytes(stored[1:])

@@ -106,6 +106,7 @@ _QUERY_OPTIONS = (
     "blobs",
     "blob_threshold",
     "chunk_hash",
+    "encryption",
 )
 
 

@@ -187,7 +187,7 @@ class S3BlobStore(BlobStore):
         self.put_many([(key, (data,))])
 
     def put_many(
-        self, items: Sequence[tuple[bytes, Pieces]], *, sync: bool = True
+        self, items: Sequence[tuple[bytes, Pieces]], *, sync: bool = True, pack: bool = False
     ) -> dict[bytes, Slot]:
         """Two values or more: packs of up to :data:`PACK_SIZE` bytes, each one object
         uploaded by one PUT, several at once; the slots say where each value is. One value:
@@ -202,13 +202,14 @@ class S3BlobStore(BlobStore):
         todo = dict(items)  # (a key given twice is uploaded once)
         if not todo:
             return {}
-        if len(todo) == 1:
+        if len(todo) == 1 and not pack:
             ((key, pieces),) = todo.items()
             self._upload(self._path(key), pieces, key.hex()[:16])
             return {}
         slots: dict[bytes, Slot] = {}
         packs: list[tuple[str, list[bytes | memoryview]]] = []
-        name, pieces_of_pack, offset = "", [], PACK_SIZE
+        pieces_of_pack: list[bytes | memoryview] = []
+        name, offset = "", PACK_SIZE
         for key, pieces in todo.items():
             size = sum(memoryview(piece).nbytes for piece in pieces)
             if offset and offset + size > PACK_SIZE:

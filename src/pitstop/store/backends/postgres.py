@@ -61,7 +61,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
@@ -86,6 +86,9 @@ from pitstop.store.engine.backend import Dialect, Tx
 from pitstop.store.engine.schema import CHECKPOINTS, UNATTACHED_COLUMNS
 from pitstop.store.engine.sql import SqlStore, WritePlan, head_update
 from pitstop.store.transfer.runs import RunTransfer
+
+if TYPE_CHECKING:
+    from pitstop.store.encoding.sealed import Encryption
 
 # Values up to this size travel inside the one-statement save; bigger ones take the shared
 # path, which first asks whether the store already has them.
@@ -261,6 +264,7 @@ class PostgresStore(SqlStore, RunTransfer):
         blobs: BlobStore | str | None = None,
         blob_threshold: int | None = None,
         chunk_hash: str | None = None,
+        encryption: Encryption | str | None = None,
     ) -> None:
         safe_url = redact(url)
         conninfo, options = _split_url(url, safe_url)
@@ -276,6 +280,7 @@ class PostgresStore(SqlStore, RunTransfer):
             "blobs": blobs,
             "blob_threshold": blob_threshold,
             "chunk_hash": chunk_hash,
+            "encryption": encryption,
         }
         options.update({k: v for k, v in given.items() if v is not None})
         if compress_threshold is not UNSET:
@@ -288,6 +293,7 @@ class PostgresStore(SqlStore, RunTransfer):
             blobs=options.get("blobs"),
             blob_threshold=int(options.get("blob_threshold", 1 << 20)),
             chunk_hash=str(options.get("chunk_hash", "xxh3")),
+            encryption=options.get("encryption"),
         )
         self.durability: Durability = options.get("durability", "normal")
 

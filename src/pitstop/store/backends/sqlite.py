@@ -34,7 +34,7 @@ import threading
 import weakref
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from ...errors import CorruptCheckpointError, StoreError
 from ...process import current_pid
@@ -45,6 +45,9 @@ from ..encoding.blobs import BlobStore, DirectoryBlobStore
 from ..engine.backend import Dialect, Tx
 from ..engine.sql import SqlStore
 from ..transfer.runs import RunTransfer
+
+if TYPE_CHECKING:
+    from ..encoding.sealed import Encryption
 
 
 class SQLiteDialect(Dialect):
@@ -375,8 +378,10 @@ class SQLiteStore(SqlStore, RunTransfer):
         blobs: BlobStore | str | bool | None = None,
         blob_threshold: int = 1 << 20,
         chunk_hash: str = "xxh3",
+        encryption: Encryption | str | None = None,
     ) -> None:
         options.check(url or f"sqlite:///{os.fspath(path)}", {
+            "encryption": encryption,
             "durability": durability,
             "compress_threshold": compress_threshold,
             "busy_timeout": busy_timeout,
@@ -406,6 +411,7 @@ class SQLiteStore(SqlStore, RunTransfer):
             blobs=blobs,
             blob_threshold=blob_threshold,
             chunk_hash=chunk_hash,
+            encryption=encryption,
         )
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None

@@ -88,6 +88,12 @@ def _blobs(value: Any) -> None:
         raise _Bad("must name a directory or a blob store URL")
 
 
+def _encryption(value: Any) -> None:
+    if isinstance(value, str) and not (value.startswith("env:") and len(value) > 4):
+        raise _Bad("must be env:VARIABLE (the key ring in an environment variable) or a "
+                   "pitstop.Encryption")
+
+
 def _chunk_hash(value: Any) -> None:
     if value not in ("xxh3", "sha256"):
         raise _Bad("must be 'xxh3' or 'sha256'")
@@ -112,6 +118,7 @@ OPTIONS: dict[str, _Option] = {
     "blobs": _Option(_blobs_text, _blobs),
     "blob_threshold": _count(0, "a size in bytes >= 0"),
     "chunk_hash": _Option(str, _chunk_hash),
+    "encryption": _Option(str, _encryption),
     # PostgreSQL only
     "schema": _Option(str, _schema),
     "pool_min": _count(0, "a whole number >= 0"),
@@ -142,8 +149,8 @@ def check(where: str, options: Mapping[str, Any]) -> None:
         option = OPTIONS.get(name)
         if option is None:
             continue
-        if name == "blobs" and not isinstance(value, str):
-            continue  # a BlobStore object
+        if name in ("blobs", "encryption") and not isinstance(value, str):
+            continue  # a BlobStore or Encryption object (or None)
         try:
             option.check(value)
         except _Bad as exc:

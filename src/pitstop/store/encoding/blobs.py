@@ -77,10 +77,12 @@ class BlobStore(ABC):
         """Store ``data`` under ``key`` (a no-op if it is there already)."""
 
     def put_many(
-        self, items: Sequence[tuple[bytes, Pieces]], *, sync: bool = True
+        self, items: Sequence[tuple[bytes, Pieces]], *, sync: bool = True, pack: bool = False
     ) -> dict[bytes, Slot]:
         """Store every ``(key, pieces)`` (the value is the pieces joined), all durable when
-        this returns. ``sync=False`` (a save with durability ``normal``): each complete and
+        this returns. ``pack``: pack even a single value, where a store would name it by its
+        key (a sealed store: no name says which values are equal).
+        ``sync=False`` (a save with durability ``normal``): each complete and
         readable when this returns, durable once the operating system writes it back; never
         visible partly written. Returns where the values it packed are (their rows record
         it: a packed value is read by its :class:`Slot`); those it stored under their key
@@ -169,12 +171,12 @@ class DirectoryBlobStore(BlobStore):
         self.put_many([(key, (data,))])
 
     def put_many(
-        self, items: Sequence[tuple[bytes, Pieces]], *, sync: bool = True
+        self, items: Sequence[tuple[bytes, Pieces]], *, sync: bool = True, pack: bool = False
     ) -> dict[bytes, Slot]:
-        """Two values or more: one pack holding them all, one after the other (see
-        :meth:`_put_pack`). One value: its own file (:meth:`_put_files`), which a later
+        """Two values or more (or ``pack``): one pack holding them all, one after the other
+        (see :meth:`_put_pack`). One value: its own file (:meth:`_put_files`), which a later
         write of the same bytes finds by its name and keeps."""
-        if len(items) > 1:
+        if len(items) > 1 or (pack and items):
             return self._put_pack(items, sync)
         self._put_files(items, sync)
         return {}

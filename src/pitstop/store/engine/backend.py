@@ -73,7 +73,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...cache import BoundedCache
-from ...errors import StoreError, StoreSchemaError
+from ...errors import StoreError, StoreSchemaError, UnsupportedStoreError
 from ...serde import Serializer
 from ..contract.base import Durability, Store
 from ..encoding.blobs import BlobStore, open_blob_store
@@ -81,6 +81,7 @@ from ..encoding.records import Parent, check_chunk_hash
 from . import schema
 
 if TYPE_CHECKING:
+    from ..encoding.sealed import Encryption
     from ..encoding.valuecodec import ValueCodec
 
 T = TypeVar("T")
@@ -290,6 +291,7 @@ class SqlBackend(Store):
         blobs: BlobStore | str | bool | None = None,
         blob_threshold: int = 1 << 20,
         chunk_hash: str = "xxh3",
+        encryption: Encryption | str | None = None,
     ) -> None:
         self.url = url
         # The codec is built on first use (checked here, so a bad option fails at open):
@@ -301,6 +303,8 @@ class SqlBackend(Store):
         # (SQLite resolves its default, a directory beside the file, before this.)
         self.blobs = open_blob_store(blobs) if isinstance(blobs, BlobStore | str) else None
         """Where values of at least ``blob_threshold`` stored bytes go (None: the table)."""
+        if encryption is not None:
+            self.blobs = _sealed(url, self.blobs, encryption)
         self.blob_threshold = blob_threshold
         # checkpoint id -> Parent (immutable, always safe to cache)
         self._fields: BoundedCache[Parent] = BoundedCache(2048)
@@ -542,3 +546,21 @@ class SqlBackend(Store):
 
 
 __all__ = ["CHUNK", "Backoff", "Dialect", "SqlBackend", "Tx", "placeholders"]
+
+
+def _sealed(url: str, blobs: BlobStore | None, encryption: Encryption | str) -> BlobStore:
+    """``blobs`` with every value sealed (see :mod:`pitstop.store.sealed`)."""
+    from .sealed import Encryption, SealedBlobStore
+
+    if blobs is None:
+        raise UnsupportedStoreError(
+            f"{url}: encryption seals the blob store's values, and this store has none "
+            "(blobs=off); give it one (blobs=DIRECTORY or s3://bucket/prefix)"
+        )
+    if isinstance(blobs, SealedBlobStore):
+        return blobs
+    ring = (
+        Encryption.from_env(encryption[len("env:"):]) if isinstance(encryption, str)
+        else encryption
+    )
+    return SealedBlobStore(blobs, ring)

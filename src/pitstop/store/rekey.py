@@ -1,0 +1,117 @@
+"""Sealing a store's blob values again under one key: ``pitstop rekey --to k2``.
+
+After a new key is made current (``Encryption(keys={"k2": ..., "k1": ...}, current="k2")``),
+new values are sealed under it and old ones still open under ``k1``. :func:`rekey` seals
+every value still under another key (or plaintext, written before the store was sealed)
+again under ``k2``, after which ``k1`` can be dropped from the ring.
+
+It runs beside normal work: a batch of values at a time, each read, sealed into a new pack,
+and its row pointed at the new copy in a short transaction of its own. A pack (or a file
+named by a key) is deleted only after the transaction that moved its last row away has
+committed, and saves never add to an existing pack, so no checkpoint ever points at a
+deleted copy. Killed half way, it leaves values under both keys, all readable, and packs no
+row is in, which ``prune`` removes; run it again to finish.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import StoreError, UnsupportedStoreError
+from .blobs import Slot
+from .sealed import SealedBlobStore
+from .values import slot_of
+
+_BATCH = 64
+"""Values per batch (at most ~64 MiB of chunks in memory at once)."""
+
+
+def rekey(store: Any, to: str, *, progress: Callable[[int, int], None] | None = None) -> int:
+    """Seal every blob value of ``store`` under the key ``to`` (one of its ring); how many
+    values were sealed again. ``progress(done, total)`` after each batch."""
+    blobs = getattr(store, "blobs", None)
+    if not isinstance(blobs, SealedBlobStore):
+        raise UnsupportedStoreError(
+            f"{store.url}: rekey needs a store opened with its keys (encryption=...)"
+        )
+    if to not in blobs.encryption.keys:
+        raise UnsupportedStoreError(
+            f"{store.url}: key {to!r} is not in the store's Encryption "
+            f"({', '.join(sorted(blobs.encryption.keys))})"
+        )
+    target = SealedBlobStore(blobs.inner, blobs.encryption.with_current(to))
+    location = blobs.url
+    total = int(store._tx(lambda tx: tx.one(
+        "SELECT COUNT(*) FROM pitstop_blobs WHERE location = ? AND alias IS NULL", (location,)
+    )[0]))
+    done = resealed = 0
+    after = b""
+    while True:
+        rows = store._tx(lambda tx, after=after: tx.all(
+            "SELECT hash, pack, pack_offset, size FROM pitstop_blobs WHERE location = ? "
+            "AND alias IS NULL AND hash > ? ORDER BY hash LIMIT ?", (location, after, _BATCH)
+        ))
+        if not rows:
+            break
+        after = bytes(rows[-1][0])
+        todo: list[tuple[bytes, Slot | None, bytes]] = []
+        for raw_hash, pack, offset, size in rows:
+            key = bytes(raw_hash)
+            slot = slot_of(pack, offset, size)
+            if blobs.sealed_with(key, slot) == to:
+                continue
+            value = blobs.get(key, slot)
+            if value is None:
+                raise StoreError(
+                    f"{store.url}: rekey: value {key.hex()[:16]} cannot be read "
+                    f"({blobs.why_missing(key, slot)}); `pitstop verify` lists what is "
+                    "damaged"
+                )
+            todo.append((key, slot, value))
+        if todo:
+            slots = target.put_many([(key, (value,)) for key, _, value in todo])
+            store._tx(lambda tx, todo=todo, slots=slots: _repoint(tx, blobs, todo, slots),
+                      write=True)
+            resealed += len(todo)
+        done += len(rows)
+        if progress:
+            progress(done, total)
+    return resealed
+
+
+def _repoint(tx: Any, blobs: SealedBlobStore, todo: list[tuple[bytes, Slot | None, bytes]],
+             slots: dict[bytes, Slot]) -> None:
+    """Point each row at its new copy (if it still is where it was read: a concurrent save
+    may have moved it to a copy of its own, which is as good), then delete the old copies
+    no row is in, once this commits."""
+    moved_from: set[str] = set()
+    files: list[bytes] = []
+    for key, old, _ in todo:
+        new = slots[key]
+        where = "pack IS NULL" if old is None else "pack = ? AND pack_offset = ?"
+        params: tuple[Any, ...] = () if old is None else (old.pack, old.offset)
+        count = tx.run(
+            "UPDATE pitstop_blobs SET pack = ?, pack_offset = ?, size = ? "
+            f"WHERE hash = ? AND location = ? AND {where}",
+            (new.pack, new.offset, new.size, key, blobs.url, *params),
+        ).rowcount
+        if count and old is None:
+            files.append(key)
+        elif count and old is not None:
+            moved_from.add(old.pack)
+    if moved_from:
+        still = {str(pack) for (pack,) in tx.in_chunks(
+            "SELECT DISTINCT pack FROM pitstop_blobs WHERE pack IN ({in})", sorted(moved_from))}
+        empty = sorted(moved_from - still)
+    else:
+        empty = []
+    if files or empty:
+        def delete() -> None:
+            blobs.delete(files)
+            blobs.delete_packs(empty)
+
+        tx.on_commit(delete)
+
+
+__all__ = ["rekey"]

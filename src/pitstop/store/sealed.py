@@ -1,0 +1,289 @@
+"""Encryption at rest of a blob store: every value in it sealed with AES-256-GCM.
+
+``blobs=SealedBlobStore("s3://bucket/prefix", pitstop.Encryption(keys={"k2": key2, "k1":
+key1}, current="k2"))`` (any blob store: a directory, a bucket) seals each value the store
+writes under the current key, and opens values sealed under any key of the ring: old keys
+keep decrypting, and ``pitstop rekey --to k2`` (:func:`pitstop.store.rekey.rekey`) seals
+again under ``k2`` whatever an older key sealed. ``?encryption=env:PITSTOP_KEYS`` reads the
+ring from an environment variable (:meth:`Encryption.from_env`).
+
+What it covers, exactly: the bytes in the blob store, i.e. every value of at least
+``blob_threshold`` stored bytes (1 MiB by default) and every chunk of a large array or
+buffer. Values kept in the database (small fields, a conversation's small chunks), run ids,
+step names, metadata, sizes and content keys stay plaintext there: this protects the
+object storage (a bucket shared, leaked or copied) and the blob directory, not the database.
+
+A sealed value is ``magic (4) | key id (16, NUL-padded) | nonce (12) | ciphertext | tag (16)``:
+a fixed 48 bytes more than the value, so a row's recorded size still locates it in its pack.
+The value's content key is the authenticated data: a sealed value moved under another key
+(swapped in a pack, copied between packs) fails to open, as does any altered byte; the load
+then reports the value as damaged (``CorruptCheckpointError``, passed over by
+``latest(fallback=True)``, named by ``verify``). A value sealed under a key the ring does not
+have is refused with :class:`~pitstop.EncryptionKeyError` naming the key id, never handed on
+as garbage.
+
+Every value is written into a pack (also a save's single value, which a plain store names by
+its content key): object and file names are random, so whoever can list the bucket learns
+sizes and times, not which values equal which.
+
+Sealing runs on several threads for a large save (``cryptography``'s AES-GCM releases the
+GIL): bench/objects.py measures it against ``cryptography`` alone.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from ..errors import EncryptionKeyError, UnsupportedStoreError
+from .blobs import BlobStore, Pieces, Slot
+
+MAGIC: Final = b"\xffPSE"
+"""The first bytes of a sealed value (0xff is never a plain value's header byte)."""
+_KEY_ID_SIZE: Final = 16
+_NONCE_SIZE: Final = 12
+_TAG_SIZE: Final = 16
+OVERHEAD: Final = len(MAGIC) + _KEY_ID_SIZE + _NONCE_SIZE + _TAG_SIZE
+"""Bytes a sealed value has beyond its plaintext."""
+
+_PARALLEL_FROM: Final = 8 << 20
+"""Bytes of a save from which values are sealed by several threads."""
+
+
+@dataclass(frozen=True)
+class Encryption:
+    """A key ring for encryption at rest: ``keys`` by id (32 bytes each, AES-256), and the id
+    of the ``current`` key, which seals everything written. The others only open what they
+    sealed before, until ``pitstop rekey`` has sealed it again under the current one."""
+
+    keys: Mapping[str, bytes]
+    current: str
+    _ciphers: dict[str, Any] = field(default_factory=dict, init=False, repr=False,
+                                     compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.keys:
+            raise UnsupportedStoreError("encryption: no keys given")
+        for key_id, key in self.keys.items():
+            if not key_id or len(key_id.encode()) > _KEY_ID_SIZE or "\0" in key_id:
+                raise UnsupportedStoreError(
+                    f"encryption: key id {key_id!r} must be 1 to {_KEY_ID_SIZE} bytes"
+                )
+            if not isinstance(key, bytes | bytearray) or len(key) != 32:
+                raise UnsupportedStoreError(
+                    f"encryption: key {key_id!r} must be 32 bytes (AES-256), not "
+                    f"{len(key) if isinstance(key, bytes | bytearray) else type(key).__name__}"
+                )
+        if self.current not in self.keys:
+            raise UnsupportedStoreError(
+                f"encryption: the current key {self.current!r} is not among the keys "
+                f"({', '.join(sorted(self.keys))})"
+            )
+        try:
+            from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+        except ImportError as exc:
+            raise UnsupportedStoreError(
+                "encryption at rest needs the encryption extra: "
+                f"pip install 'pitstop[encryption]' ({exc})"
+            ) from exc
+        for key_id, key in self.keys.items():
+            self._ciphers[key_id] = AESGCM(bytes(key))
+
+    def __repr__(self) -> str:  # never the keys
+        return f"Encryption(keys=[{', '.join(sorted(self.keys))}], current={self.current!r})"
+
+    @classmethod
+    def from_env(cls, name: str = "PITSTOP_KEYS") -> Encryption:
+        """The ring in the environment variable ``name``: ``id=base64key,id=base64key``, the
+        first one current (``k2=...,k1=...``: seal under k2, open k1's too)."""
+        text = os.environ.get(name)
+        if not text:
+            raise UnsupportedStoreError(f"encryption: environment variable {name} is not set")
+        keys: dict[str, bytes] = {}
+        for item in text.split(","):
+            key_id, sep, encoded = item.strip().partition("=")
+            if not sep:
+                raise UnsupportedStoreError(
+                    f"encryption: {name} must be id=base64key[,id=base64key...]"
+                )
+            try:
+                keys[key_id.strip()] = base64.b64decode(encoded.strip() + "==", validate=False)
+            except ValueError:
+                raise UnsupportedStoreError(
+                    f"encryption: key {key_id.strip()!r} in {name} is not base64"
+                ) from None
+        return cls(keys=keys, current=next(iter(keys)))
+
+    def with_current(self, key_id: str) -> Encryption:
+        """The same ring, sealing under ``key_id`` (one of its keys)."""
+        return Encryption(keys=self.keys, current=key_id)
+
+    def seal(self, key: bytes, plaintext: bytes | memoryview) -> bytes:
+        """``plaintext`` sealed under the current key, bound to the content key ``key``."""
+        nonce = os.urandom(_NONCE_SIZE)
+        sealed: bytes = self._ciphers[self.current].encrypt(nonce, plaintext, key)
+        return MAGIC + _padded(self.current) + nonce + sealed
+
+    def open(self, key: bytes, sealed: bytes | memoryview) -> bytes | None:
+        """The plaintext of ``sealed`` (None: altered, or bound to another key). Raises
+        :class:`~pitstop.EncryptionKeyError` if its key is not in the ring."""
+        from cryptography.exceptions import InvalidTag
+
+        view = memoryview(sealed)
+        if len(view) < OVERHEAD or not is_sealed(view):
+            return None
+        key_id = key_id_of(view)
+        cipher = self._ciphers.get(key_id)
+        if cipher is None:
+            raise EncryptionKeyError(
+                f"value {key.hex()[:16]} is sealed with key {key_id!r}, which this store's "
+                f"Encryption does not have (it has {', '.join(sorted(self.keys))})",
+                key_id=key_id,
+            )
+        start = len(MAGIC) + _KEY_ID_SIZE
+        nonce = bytes(view[start : start + _NONCE_SIZE])
+        try:
+            return bytes(cipher.decrypt(nonce, view[start + _NONCE_SIZE :], key))
+        except InvalidTag:
+            return None
+
+
+def key_id_of(sealed: bytes | memoryview) -> str:
+    """The id of the key ``sealed`` is sealed under (from its header)."""
+    raw = bytes(memoryview(sealed)[len(MAGIC) : len(MAGIC) + _KEY_ID_SIZE])
+    return raw.rstrip(b"\0").decode(errors="replace")
+
+
+def is_sealed(data: bytes | memoryview) -> bool:
+    return bytes(memoryview(data)[: len(MAGIC)]) == MAGIC
+
+
+def _padded(key_id: str) -> bytes:
+    return key_id.encode().ljust(_KEY_ID_SIZE, b"\0")
+
+
+class SealedBlobStore(BlobStore):
+    """A blob store (``inner``: a directory, a bucket, a URL naming one) whose every value is
+    sealed with :class:`Encryption` (see the module)."""
+
+    def __init__(self, inner: BlobStore | str | os.PathLike[str], encryption: Encryption
+                 ) -> None:
+        from .blobs import open_blob_store
+
+        self.inner = open_blob_store(inner)
+        self.encryption = encryption
+        self.url = self.inner.url
+        self.orphan_age = self.inner.orphan_age
+        self._failure = threading.local()
+
+    def _inner_slot(self, slot: Slot | None) -> Slot | None:
+        """Where the sealed value is: rows record the plaintext size, which locates it."""
+        return None if slot is None else Slot(slot.pack, slot.offset, slot.size + OVERHEAD)
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def put(self, key: bytes, data: bytes) -> None:
+        self.put_many([(key, (data,))])
+
+    def put_many(
+        self, items: Sequence[tuple[bytes, Pieces]], *, sync: bool = True, pack: bool = True
+    ) -> dict[bytes, Slot]:
+        """Each value sealed (several threads for a large save), then all packed by the
+        inner store; the slots answered name the plaintext sizes (what rows record)."""
+        todo = dict(items)
+        if not todo:
+            return {}
+        keys = list(todo)
+        total = sum(memoryview(p).nbytes for pieces in todo.values() for p in pieces)
+
+        def seal(key: bytes) -> bytes:
+            pieces = todo[key]
+            body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            return self.encryption.seal(key, body)
+
+        if total >= _PARALLEL_FROM and len(keys) > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(min(4, os.cpu_count() or 1, len(keys))) as pool:
+                sealed = list(pool.map(seal, keys))
+        else:
+            sealed = [seal(key) for key in keys]
+        slots = self.inner.put_many(
+            [(key, (body,)) for key, body in zip(keys, sealed, strict=True)], sync=sync,
+            pack=True,
+        )
+        return {key: Slot(s.pack, s.offset, s.size - OVERHEAD) for key, s in slots.items()}
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def prefetch(self, values: Sequence[tuple[bytes, Slot | None]]) -> None:
+        self.inner.prefetch([(key, self._inner_slot(slot)) for key, slot in values])
+
+    def get(self, key: bytes, slot: Slot | None = None) -> bytes | None:
+        data = self.inner.get(key, self._inner_slot(slot))
+        if data is None:
+            self._failure.reason = None
+            return None
+        if not is_sealed(data):
+            if slot is not None:  # whatever this store packed, it sealed
+                self._failure.reason = "not sealed, where this store seals every value"
+                return None
+            return data  # written before the store was sealed: `pitstop rekey` seals it
+        plain = self.encryption.open(key, data)
+        if plain is None:
+            self._failure.reason = (
+                f"fails authentication under key {key_id_of(data)!r} (altered, or moved "
+                "from another value's place)"
+            )
+        return plain
+
+    def read_into(self, key: bytes, target: memoryview, slot: Slot | None = None) -> int | None:
+        data = self.get(key, slot)
+        if data is None or len(data) != target.nbytes + 1:
+            return None
+        target[:] = memoryview(data)[1:]
+        return data[0]
+
+    def why_missing(self, key: bytes, slot: Slot | None = None) -> str:
+        self.get(key, slot)
+        reason = getattr(self._failure, "reason", None)
+        if reason:
+            return f"sealed value {key.hex()[:16]} {reason}"
+        return self.inner.why_missing(key, self._inner_slot(slot))
+
+    def sealed_with(self, key: bytes, slot: Slot | None) -> str | None:
+        """The id of the key the stored value is sealed under (None: missing, or plain)."""
+        data = self.inner.get(key, self._inner_slot(slot))
+        return key_id_of(data) if data is not None and is_sealed(data) else None
+
+    # -- the rest, as the inner store does it -------------------------------------------------
+
+    def delete(self, keys: Iterable[bytes]) -> None:
+        self.inner.delete(keys)
+
+    def delete_packs(self, names: Iterable[str]) -> None:
+        self.inner.delete_packs(names)
+
+    def keys(self, *, older_than: float = 0.0) -> Iterator[bytes]:
+        return self.inner.keys(older_than=older_than)
+
+    def packs(self, *, older_than: float = 0.0) -> Iterator[str]:
+        return self.inner.packs(older_than=older_than)
+
+    def remove_abandoned(self, *, older_than: float) -> int:
+        return self.inner.remove_abandoned(older_than=older_than)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name == "orphan_age" and "inner" in self.__dict__:
+            self.inner.orphan_age = value
+
+    def __repr__(self) -> str:
+        return f"SealedBlobStore({self.inner!r}, {self.encryption!r})"
+
+
+__all__ = ["OVERHEAD", "Encryption", "SealedBlobStore", "is_sealed", "key_id_of"]
