@@ -33,6 +33,7 @@ GIL): bench/objects.py measures it against ``cryptography`` alone.
 from __future__ import annotations
 
 import base64
+import itertools
 import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -122,11 +123,42 @@ class Encryption:
         """The same ring, sealing under ``key_id`` (one of its keys)."""
         return Encryption(keys=self.keys, current=key_id)
 
-    def seal(self, key: bytes, plaintext: bytes | memoryview) -> bytes:
-        """``plaintext`` sealed under the current key, bound to the content key ``key``."""
+    def seal(self, key: bytes, pieces: Sequence[bytes | memoryview]) -> memoryview:
+        """The value (``pieces`` one after the other) sealed under the current key, bound to
+        the content key ``key``, in a new buffer (see :meth:`seal_into`)."""
+        size = sum(memoryview(piece).nbytes for piece in pieces)
+        out = memoryview(bytearray(sealed_size(size)))
+        return out[: self.seal_into(key, pieces, out)]
+
+    def seal_into(self, key: bytes, pieces: Sequence[bytes | memoryview],
+                  target: memoryview) -> int:
+        """Seal the value (``pieces`` one after the other: a chunk's header byte and a view
+        of an array) under the current key, bound to the content key ``key``, into
+        ``target`` (:func:`sealed_size` bytes or more); how many bytes it took.
+
+        AES-GCM's streaming form, each piece encrypted straight into place: joining a
+        chunk's two pieces first and prefixing the header after (two fresh 1 MiB copies per
+        chunk) sealed at 5% of ``cryptography``'s one-shot speed on the same bytes here;
+        this runs at ~93% of it (bench/encryption.py)."""
+        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
         nonce = os.urandom(_NONCE_SIZE)
-        sealed: bytes = self._ciphers[self.current].encrypt(nonce, plaintext, key)
-        return MAGIC + _padded(self.current) + nonce + sealed
+        head = len(MAGIC) + _KEY_ID_SIZE
+        target[: len(MAGIC)] = MAGIC
+        target[len(MAGIC) : head] = _padded(self.current)
+        target[head : head + _NONCE_SIZE] = nonce
+        encryptor = Cipher(
+            algorithms.AES(self.keys[self.current]), modes.GCM(nonce)
+        ).encryptor()
+        encryptor.authenticate_additional_data(key)
+        at = head + _NONCE_SIZE
+        for piece in pieces:
+            view = memoryview(piece).cast("B")
+            if view.nbytes:
+                at += encryptor.update_into(view, target[at:])
+        encryptor.finalize()
+        target[at : at + _TAG_SIZE] = encryptor.tag
+        return at + _TAG_SIZE
 
     def open(self, key: bytes, sealed: bytes | memoryview) -> bytes | None:
         """The plaintext of ``sealed`` (None: altered, or bound to another key). Raises
@@ -150,6 +182,12 @@ class Encryption:
             return bytes(cipher.decrypt(nonce, view[start + _NONCE_SIZE :], key))
         except InvalidTag:
             return None
+
+
+def sealed_size(size: int) -> int:
+    """Room :meth:`Encryption.seal_into` needs for a value of ``size`` bytes (the sealed
+    value takes ``size + OVERHEAD``; AES-GCM's streaming form wants a block's slack)."""
+    return size + OVERHEAD + 15
 
 
 def key_id_of(sealed: bytes | memoryview) -> str:
@@ -198,20 +236,27 @@ class SealedBlobStore(BlobStore):
         if not todo:
             return {}
         keys = list(todo)
-        total = sum(memoryview(p).nbytes for pieces in todo.values() for p in pieces)
+        sizes = [sum(memoryview(p).nbytes for p in todo[key]) for key in keys]
+        # One buffer for the whole save, not zeroed: a fresh 1 MiB buffer per chunk costs
+        # its allocation and page faults on top of the cipher (256 of them per 256 MiB).
+        starts = list(itertools.accumulate((sealed_size(n) for n in sizes), initial=0))
+        from ..serde.partchunks import uninitialised
 
-        def seal(key: bytes) -> bytes:
-            pieces = todo[key]
-            body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-            return self.encryption.seal(key, body)
+        buffer = memoryview(uninitialised(starts[-1]))
 
-        if total >= _PARALLEL_FROM and len(keys) > 1:
+        def seal(i: int) -> memoryview:
+            start = starts[i]
+            done = self.encryption.seal_into(keys[i], todo[keys[i]],
+                                             buffer[start : starts[i + 1]])
+            return buffer[start : start + done]
+
+        if starts[-1] >= _PARALLEL_FROM and len(keys) > 1:
             from concurrent.futures import ThreadPoolExecutor
 
             with ThreadPoolExecutor(min(4, os.cpu_count() or 1, len(keys))) as pool:
-                sealed = list(pool.map(seal, keys))
+                sealed = list(pool.map(seal, range(len(keys)), chunksize=16))
         else:
-            sealed = [seal(key) for key in keys]
+            sealed = [seal(i) for i in range(len(keys))]
         slots = self.inner.put_many(
             [(key, (body,)) for key, body in zip(keys, sealed, strict=True)], sync=sync,
             pack=True,
