@@ -237,12 +237,13 @@ class SealedBlobStore(BlobStore):
             return {}
         keys = list(todo)
         sizes = [sum(memoryview(p).nbytes for p in todo[key]) for key in keys]
-        # One buffer for the whole save, not zeroed: a fresh 1 MiB buffer per chunk costs
-        # its allocation and page faults on top of the cipher (256 of them per 256 MiB).
+        # One buffer for the whole save: a fresh 1 MiB buffer per chunk costs its allocation
+        # and page faults on top of the cipher (256 of them per 256 MiB). A bytearray, not
+        # partchunks.uninitialised's huge-page-aligned numpy buffer: sealing into that and
+        # writing it out took 0.55 s + 0.66 s for 256 MiB here, a bytearray 0.06 s + 0.09 s
+        # (its zeroing included).
         starts = list(itertools.accumulate((sealed_size(n) for n in sizes), initial=0))
-        from ..serde.partchunks import uninitialised
-
-        buffer = memoryview(uninitialised(starts[-1]))
+        buffer = memoryview(bytearray(starts[-1]))
 
         def seal(i: int) -> memoryview:
             start = starts[i]
