@@ -46,11 +46,15 @@ def save_array(root: Path, size: int, ring: Encryption | None, seed: int) -> flo
 
 def small_steps(stores: dict[str, pitstop.Store], steps: int) -> dict[str, float]:
     """Seconds per save of a small step on each store, the stores taking turns (20 saves
-    each) so that both meet the same moments of the machine."""
+    each, the first of a turn alternating) so that both meet the same moments of the
+    machine."""
     state = base_state()
     took = dict.fromkeys(stores, 0.0)
+    names = list(stores)
     for i in range(0, steps, 20):
-        for name, store in stores.items():
+        turn = names if i % 40 == 0 else names[::-1]  # who goes first alternates
+        for name in turn:
+            store = stores[name]
             t0 = time.perf_counter()
             for j in range(i, i + 20):
                 store.save("agent", {**state, "i": j})
