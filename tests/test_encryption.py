@@ -9,7 +9,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 
@@ -24,6 +24,13 @@ from pitstop.store.sealed import OVERHEAD, SealedBlobStore, key_id_of
 K1, K2, K3 = os.urandom(32), os.urandom(32), os.urandom(32)
 BIG = os.urandom(300_000)
 BIG2 = os.urandom(300_000)
+
+
+class Reviewed(TypedDict, total=False):
+    """The LangGraph test's state (at module level: LangGraph reads its annotations)."""
+
+    doc: str
+    log: list[str]
 
 
 def ring(*ids: str, current: str | None = None) -> Encryption:
@@ -247,3 +254,45 @@ def test_checkpointer_and_cli_rekey_on_a_sealed_store(
         )
     with pytest.raises(StoreError):
         rekey(pitstop.open_store(f"sqlite:///{db}"), "k2")  # no keys: refused
+
+
+def test_langgraph_saver_on_a_sealed_store_in_a_bucket(
+    shared_url: str, s3_blobs: str
+) -> None:
+    """A graph whose channel holds a large document, on PitstopSaver over a store whose blob
+    store is a bucket, sealed: it interrupts, resumes from a fresh store handle, and the
+    document in the bucket is ciphertext."""
+    pytest.importorskip("langgraph")
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import Command, interrupt
+
+    from pitstop.integrations.langgraph import PitstopSaver
+
+    document = os.urandom(400_000).hex()  # 800 kB of text: over the threshold
+
+    def build(saver: PitstopSaver) -> Any:
+        def draft(state: dict[str, Any]) -> dict[str, Any]:
+            return {"doc": document, "log": [*state.get("log", []), "draft"]}
+
+        def review(state: dict[str, Any]) -> dict[str, Any]:
+            decision = interrupt("ship it?")
+            return {"log": [*state["log"], f"review:{decision}"]}
+
+        builder: Any = StateGraph(Reviewed)
+        builder.add_node("draft", draft)
+        builder.add_node("review", review)
+        builder.add_edge(START, "draft")
+        builder.add_edge("draft", "review")
+        builder.add_edge("review", END)
+        return builder.compile(checkpointer=saver)
+
+    cfg: Any = {"configurable": {"thread_id": "t-sealed"}}
+    options = {"blobs": s3_blobs, "blob_threshold": 100_000}
+    with pitstop.open_store(shared_url, encryption=ring("k1"), **options) as store:
+        build(PitstopSaver(store)).invoke({"log": []}, cfg)
+    with pitstop.open_store(shared_url, encryption=ring("k1"), **options) as store:
+        out = build(PitstopSaver(store)).invoke(Command(resume="yes"), cfg)
+        assert out["doc"] == document and out["log"] == ["draft", "review:yes"]
+        assert store.verify() == []
+    everything = b"".join(data for _, data in stored_bytes(s3_blobs))
+    assert everything and document[:64].encode() not in everything
