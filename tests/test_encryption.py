@@ -296,3 +296,22 @@ def test_langgraph_saver_on_a_sealed_store_in_a_bucket(
         assert store.verify() == []
     everything = b"".join(data for _, data in stored_bytes(s3_blobs))
     assert everything and document[:64].encode() not in everything
+
+
+def test_export_of_a_sealed_store_imports_anywhere_and_is_sealed_again_on_import(
+    opener: Callable[..., pitstop.Store], tmp_path: Path
+) -> None:
+    source = opener(encryption=ring("k1"))
+    first = source.save("r", {"doc": BIG})
+    data = source.export_run("r")
+    with pitstop.open_store(f"sqlite:///{tmp_path / 'plain.db'}", blob_threshold=100_000) as plain:
+        plain.import_run(data)
+        assert plain.get(first.id).state == {"doc": BIG}
+    target_blobs = tmp_path / "sealed-blobs"
+    with pitstop.open_store(f"sqlite:///{tmp_path / 'sealed.db'}", blobs=str(target_blobs),
+                            blob_threshold=100_000, encryption=ring("k2")) as sealed:
+        sealed.import_run(data)
+        assert sealed.get(first.id).state == {"doc": BIG}
+        assert sealed.verify() == []
+    on_disk = b"".join(p.read_bytes() for p in target_blobs.rglob("*") if p.is_file())
+    assert on_disk and BIG[:64] not in on_disk

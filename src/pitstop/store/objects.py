@@ -346,21 +346,27 @@ class S3BlobStore(BlobStore):
         return found.get(key) if isinstance(found, dict) else found
 
     def get(self, key: bytes, slot: Slot | None = None) -> bytes | None:
+        data = self._read(key, slot)
+        return None if data is None else bytes(data)
+
+    def _read(self, key: bytes, slot: Slot | None) -> Any:
+        """The value's bytes as the client hands them over (no copy; None: missing):
+        prefetched, or read now by a ranged GET of its slot, a GET, or parallel ranged GETs
+        for a large one."""
         import obstore
 
         data = self._prefetched(key)
         if data is not _NOT_PREFETCHED:
-            return None if data is None else bytes(data)
+            return data
         try:
             if slot is not None:
-                found = self._get_group(slot.pack, [(key, slot)]).get(key)
-                return None if found is None else bytes(found)
+                return self._get_group(slot.pack, [(key, slot)]).get(key)
             path = self._path(key)
             result = obstore.get(self._store, path)
             size = result.meta["size"]
             if size >= 2 * PART_SIZE:  # a large value: parallel ranges
-                return bytes(self._get_ranged(path, size))
-            return bytes(result.bytes())
+                return self._get_ranged(path, size)
+            return result.bytes()
         except FileNotFoundError:  # (what obstore raises for a 404)
             return None
         except Exception as exc:
@@ -385,9 +391,7 @@ class S3BlobStore(BlobStore):
         expected = target.nbytes + 1
         if slot is not None and slot.size != expected:
             return None
-        data = self.get(key, slot) if expected < 2 * PART_SIZE else self._prefetched(key)
-        if data is _NOT_PREFETCHED:
-            data = self.get(key, slot)
+        data = self._read(key, slot)  # straight from the client's buffer: one copy
         if data is None or len(data) != expected:
             return None
         body = memoryview(data)
