@@ -288,3 +288,24 @@ def test_a_short_pack_fails_the_load_naming_the_field(
         assert info.value.checkpoint_id == bad.id and info.value.field == "w"
         assert fresh.latest("r", fallback=True).id == good.id  # type: ignore[union-attr]
         assert any("pack object" in p.message for p in fresh.verify())
+
+
+def test_credentials_from_a_named_profile(
+    tmp_path: Path, s3_blobs: str, s3_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from s3server import ACCESS_KEY, SECRET_KEY
+
+    pytest.importorskip("boto3")
+    credentials = tmp_path / "credentials"
+    credentials.write_text(f"[ci]\naws_access_key_id = {ACCESS_KEY}\n"
+                           f"aws_secret_access_key = {SECRET_KEY}\n")
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_PROFILE", "ci")
+    with pitstop.open_store(f"sqlite:///{tmp_path / 'p.db'}", blobs=s3_blobs,
+                            blob_threshold=100_000) as store:
+        saved = store.save("r", {"doc": BIG})
+        assert store.get(saved.id).state == {"doc": BIG}
+    assert len(objects_in(s3_blobs)) == 1

@@ -23,7 +23,8 @@ array's buffer, and a large single value as parallel ranged GETs.
 
 Settings come from the standard AWS environment variables (``AWS_ACCESS_KEY_ID``,
 ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION``/``AWS_DEFAULT_REGION``,
-``AWS_ENDPOINT_URL``, container and instance credentials), and from the URL's own query:
+``AWS_ENDPOINT_URL``, container and instance credentials), a named profile (``AWS_PROFILE``,
+read by boto3 when no keys are in the environment), and from the URL's own query:
 ``s3://bucket/prefix?endpoint=http://127.0.0.1:9000&region=eu-west-1`` (the endpoint may
 also be given as ``S3BlobStore(url, endpoint=...)``). Rows record the URL without its
 query, so a store moved behind another endpoint keeps reading its values.
@@ -136,7 +137,9 @@ class S3BlobStore(BlobStore):
         client: ClientConfig = {"allow_http": bool(given_endpoint) and str(
             given_endpoint).startswith("http://")}
         try:
-            self._store = S3Store(bucket, config=config, client_options=client)
+            provider = _profile_credentials()
+            self._store = S3Store(bucket, config=config, client_options=client,
+                                  credential_provider=provider)
             if check:
                 # One request, few retries and a short connect timeout: an endpoint that does
                 # not answer is an error in seconds, not after the default minutes of retries.
@@ -146,10 +149,11 @@ class S3BlobStore(BlobStore):
                     client_options={**client, "connect_timeout": timedelta(seconds=5),
                                     "timeout": timedelta(seconds=30)},
                     retry_config={"max_retries": 1, "retry_timeout": timedelta(seconds=10)},
+                    credential_provider=provider,
                 )
                 self._probe(probe)
-        except StoreError:
-            raise
+        except StoreError as exc:  # (a profile that cannot be read)
+            raise StoreError(f"blob store {self._where()}: {exc}") from None
         except Exception as exc:
             raise StoreError(f"blob store {self._where()}: {_reason(exc)}") from None
 
@@ -454,6 +458,24 @@ class S3BlobStore(BlobStore):
 
     def __repr__(self) -> str:
         return f"S3BlobStore({self.url!r})"
+
+
+def _profile_credentials() -> Any:
+    """Credentials of a named profile (``AWS_PROFILE``: ``~/.aws/config`` and
+    ``~/.aws/credentials``, SSO, assumed roles), read by boto3, when no keys are in the
+    environment: obstore itself reads the environment and instance or container
+    credentials, not profiles. None: obstore's own chain."""
+    if not os.environ.get("AWS_PROFILE") or os.environ.get("AWS_ACCESS_KEY_ID"):
+        return None
+    try:
+        import boto3
+        from obstore.auth.boto3 import Boto3CredentialProvider
+    except ImportError as exc:
+        raise StoreError(
+            f"AWS_PROFILE={os.environ['AWS_PROFILE']} names a profile, which boto3 reads: "
+            f"pip install boto3, or set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY ({exc})"
+        ) from None
+    return Boto3CredentialProvider(boto3.Session(profile_name=os.environ["AWS_PROFILE"]))
 
 
 def _parts(pieces: Pieces) -> Iterator[memoryview]:
