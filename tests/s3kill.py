@@ -26,7 +26,9 @@ import pitstop
 def save_forever(url, blobs, first_saved):
     rng = np.random.default_rng(os.getpid())
     run = f"r{os.getpid() % 4}"
-    with pitstop.open_store(url, blobs=blobs, blob_threshold=100_000) as store:
+    keys = os.environ.get("PITSTOP_KILL_KEYS")
+    sealed = {"encryption": keys} if keys else {}
+    with pitstop.open_store(url, blobs=blobs, blob_threshold=100_000, **sealed) as store:
         head = store.latest(run)
         state = dict(head.state) if head else {"w": rng.standard_normal(1 << 20).astype("f4"),
                                                 "i": 0}
@@ -75,7 +77,8 @@ class Outcome:
 
 
 def kill_saves(url: str, blobs: str, rounds: int, *, seed: int = 0,
-               max_delay: float = 0.4) -> Outcome:
+               max_delay: float = 0.4, encryption: str | None = None) -> Outcome:
+    """``encryption``: ``env:NAME``, the savers' and the checker's key ring (sealed blobs)."""
     import pitstop
 
     rng = random.Random(seed)
@@ -83,7 +86,8 @@ def kill_saves(url: str, blobs: str, rounds: int, *, seed: int = 0,
     server = subprocess.Popen(
         [sys.executable, "-c", SAVER, url, blobs],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        cwd=Path(__file__).resolve().parent.parent, env=os.environ.copy(),
+        cwd=Path(__file__).resolve().parent.parent,
+        env={**os.environ, **({"PITSTOP_KILL_KEYS": encryption} if encryption else {})},
     )
     assert server.stdin is not None and server.stdout is not None
     try:
@@ -98,7 +102,8 @@ def kill_saves(url: str, blobs: str, rounds: int, *, seed: int = 0,
     finally:
         server.stdin.close()
         server.wait(60)
-    with pitstop.open_store(url, blobs=blobs, blob_threshold=100_000) as store:
+    sealed = {"encryption": encryption} if encryption else {}
+    with pitstop.open_store(url, blobs=blobs, blob_threshold=100_000, **sealed) as store:
         for run in store.runs():
             head = store.latest(run.id)  # strict: a torn head raises
             outcome.saves += len(store.history(run.id, limit=None))

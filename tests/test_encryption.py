@@ -315,3 +315,72 @@ def test_export_of_a_sealed_store_imports_anywhere_and_is_sealed_again_on_import
         assert sealed.verify() == []
     on_disk = b"".join(p.read_bytes() for p in target_blobs.rglob("*") if p.is_file())
     assert on_disk and BIG[:64] not in on_disk
+
+
+@pytest.mark.slow
+def test_sigkill_during_sealed_saves_to_a_bucket(
+    tmp_path: Path, s3_blobs: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both together: savers killed while they seal values into the bucket; every head
+    opens, nothing referenced is missing or fails to open, and prune removes the orphans
+    (tests/s3kill.py)."""
+    pytest.importorskip("numpy")
+    from s3kill import kill_saves
+
+    monkeypatch.setenv("PITSTOP_KEYS", f"k1={base64.b64encode(K1).decode()}")
+    outcome = kill_saves(f"sqlite:///{tmp_path / 'kills.db'}", s3_blobs, 5, seed=7,
+                         encryption="env:PITSTOP_KEYS")
+    assert outcome.problems == []
+    assert outcome.kills >= 4 and outcome.saves > 0
+
+
+def test_rekey_beside_saves_and_prunes_loses_nothing(
+    shared_url: str, tmp_path: Path
+) -> None:
+    """Rekey runs while another thread keeps saving (new values, and values already stored
+    that a save packs again) and pruning: afterwards every checkpoint left opens under the
+    new key alone, and verify finds nothing."""
+    import threading
+
+    blobs = str(tmp_path / "blobs")
+    docs = [os.urandom(150_000) for _ in range(6)]
+    with pitstop.open_store(shared_url, blobs=blobs, blob_threshold=100_000,
+                            encryption=ring("k1")) as old:
+        for i in range(20):
+            old.save(f"r{i % 3}", {"doc": docs[i % 6], "i": i})
+    store = pitstop.open_store(shared_url, blobs=blobs, blob_threshold=100_000,
+                               encryption=ring("k2", "k1"))
+    worker = pitstop.open_store(shared_url, blobs=blobs, blob_threshold=100_000,
+                                encryption=ring("k2", "k1"))
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def keep_saving() -> None:
+        try:
+            i = 0
+            while not stop.is_set():
+                worker.save(f"r{i % 4}", {"doc": docs[i % 6], "new": os.urandom(120_000),
+                                          "i": i})
+                if i % 5 == 0:
+                    worker.prune(pitstop.RetentionPolicy(keep_last=3))
+                i += 1
+        except BaseException as exc:  # (raised in the test below)
+            errors.append(exc)
+
+    thread = threading.Thread(target=keep_saving)
+    thread.start()
+    try:
+        rekey(store, "k2")
+        rekey(store, "k2")  # what the saves sealed under k1 meanwhile: none (current is k2)
+    finally:
+        stop.set()
+        thread.join(60)
+    assert errors == []
+    worker.close()
+    store.close()
+    with pitstop.open_store(shared_url, blobs=blobs, blob_threshold=100_000,
+                            encryption=ring("k2")) as only_k2:
+        for run in only_k2.runs():
+            for summary in only_k2.history(run.id, limit=None):
+                only_k2.get(summary.id)  # opens under k2 alone
+        assert only_k2.verify() == []
