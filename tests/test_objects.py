@@ -309,3 +309,35 @@ def test_credentials_from_a_named_profile(
         saved = store.save("r", {"doc": BIG})
         assert store.get(saved.id).state == {"doc": BIG}
     assert len(objects_in(s3_blobs)) == 1
+
+
+def test_a_store_used_across_fork_says_so_in_the_child_instead_of_hanging(
+    tmp_path: Path, s3_blobs: str
+) -> None:
+    """obstore's clients stop working in a forked child (a request waits forever): the
+    child's first request is a StoreError naming the cause; the parent carries on."""
+    code = f"""
+import os, signal, sys
+import pitstop
+store = pitstop.open_store({f"sqlite:///{tmp_path / 'f.db'}"!r}, blobs={s3_blobs!r},
+                           blob_threshold=1000)
+store.save("r", {{"doc": os.urandom(5000)}})
+pid = os.fork()
+if pid == 0:
+    signal.alarm(30)
+    try:
+        store.save("child", {{"doc": os.urandom(5000), "more": os.urandom(5000)}})
+    except pitstop.StoreError as exc:
+        print("child:", exc, flush=True)
+        os._exit(0)
+    os._exit(1)
+_, status = os.waitpid(pid, 0)
+print("exit", os.waitstatus_to_exitcode(status))
+store.save("parent", {{"doc": os.urandom(5000)}})
+print("parent saved")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=False, env=os.environ.copy())
+    assert done.returncode == 0, done.stderr
+    assert "do not work across fork" in done.stdout and "exit 0" in done.stdout
+    assert "parent saved" in done.stdout

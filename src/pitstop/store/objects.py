@@ -42,6 +42,7 @@ import os
 import re
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from datetime import timedelta
@@ -136,10 +137,14 @@ class S3BlobStore(BlobStore):
         self._pending_bytes = 0
         client: ClientConfig = {"allow_http": bool(given_endpoint) and str(
             given_endpoint).startswith("http://")}
+        self._forked_from: int | None = None
+        if hasattr(os, "register_at_fork"):
+            ref = weakref.ref(self)
+            os.register_at_fork(after_in_child=lambda: _forked(ref))
         try:
             provider = _profile_credentials()
-            self._store = S3Store(bucket, config=config, client_options=client,
-                                  credential_provider=provider)
+            self._client = S3Store(bucket, config=config, client_options=client,
+                                   credential_provider=provider)
             if check:
                 # One request, few retries and a short connect timeout: an endpoint that does
                 # not answer is an error in seconds, not after the default minutes of retries.
@@ -156,6 +161,19 @@ class S3BlobStore(BlobStore):
             raise StoreError(f"blob store {self._where()}: {exc}") from None
         except Exception as exc:
             raise StoreError(f"blob store {self._where()}: {_reason(exc)}") from None
+
+    @property
+    def _store(self) -> Any:
+        """The client (obstore's ``S3Store``); a clear error in a process forked after it
+        was made (see :func:`_forked`)."""
+        if self._forked_from is not None:
+            raise StoreError(
+                f"blob store {self._where()}: opened in process {self._forked_from}, before "
+                "this process was forked from it, and object storage clients do not work "
+                "across fork: open the store in this process (or start it with spawn), "
+                "and open none in the parent before forking"
+            )
+        return self._client
 
     def _executor(self) -> ThreadPoolExecutor:
         """The threads that upload and prefetch (made on first use: a store that only
@@ -183,6 +201,8 @@ class S3BlobStore(BlobStore):
         return f"{self._path_prefix()}{_PACKS}{name}{_PACK_SUFFIX}"
 
     def _failed(self, exc: BaseException, what: str) -> StoreError:
+        if isinstance(exc, StoreError):  # ours, saying all already
+            return exc
         return StoreError(f"blob store {self._where()}: {what}: {_reason(exc)}")
 
     # -- writing ------------------------------------------------------------------------------
@@ -458,6 +478,18 @@ class S3BlobStore(BlobStore):
 
     def __repr__(self) -> str:
         return f"S3BlobStore({self.url!r})"
+
+
+def _forked(ref: weakref.ReferenceType[S3BlobStore]) -> None:
+    """In a forked child: obstore's runtime threads are not there, and no client made in
+    this process works any more (a request waits forever, measured with obstore 0.12). The
+    store then refuses every request with an error saying so, not a hang."""
+    store = ref()
+    if store is not None:
+        store._forked_from = os.getppid()
+        store._lock = threading.Lock()
+        store._pool = None
+        store._pending = {}
 
 
 def _profile_credentials() -> Any:
