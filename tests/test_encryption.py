@@ -18,8 +18,8 @@ from pitstop import CorruptCheckpointError, Encryption, EncryptionKeyError, Stor
 
 pytest.importorskip("cryptography")
 
-from pitstop.store.rekey import rekey
-from pitstop.store.sealed import OVERHEAD, SealedBlobStore, key_id_of
+from pitstop.store.encoding.sealed import OVERHEAD, SealedBlobStore, key_id_of
+from pitstop.store.engine.rekey import rekey
 
 K1, K2, K3 = os.urandom(32), os.urandom(32), os.urandom(32)
 BIG = os.urandom(300_000)
@@ -66,7 +66,7 @@ def stored_bytes(blobs: str) -> list[tuple[str, bytes]]:
     """Every object or file of the blob store, raw (name, bytes)."""
     if not blobs.startswith("s3://"):
         return [(str(p), p.read_bytes()) for p in sorted(Path(blobs).rglob("*")) if p.is_file()]
-    from pitstop.store.objects import S3BlobStore
+    from pitstop.store import S3BlobStore
 
     bucket = S3BlobStore(blobs)
     out = [(f"pack {name}", _raw_object(bucket, bucket._pack_path(name)))
@@ -130,7 +130,7 @@ def test_old_keys_keep_opening_and_rekey_seals_under_the_new_one(
 
 
 def _rows(store: pitstop.Store) -> list[tuple[bytes, Any]]:
-    from pitstop.store.values import slot_of
+    from pitstop.store.engine.values import slot_of
 
     rows = store._tx(lambda tx: tx.all(  # type: ignore[attr-defined]
         "SELECT hash, pack, pack_offset, size FROM pitstop_blobs WHERE location IS NOT NULL"))

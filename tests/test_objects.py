@@ -17,8 +17,8 @@ from pitstop import CorruptCheckpointError, RetentionPolicy, StoreError
 
 pytest.importorskip("obstore")
 
-from pitstop.store import objects
-from pitstop.store.objects import S3BlobStore
+from pitstop.store import S3BlobStore
+from pitstop.store.encoding import objects
 
 BIG = os.urandom(300_000)  # incompressible: its stored size stays above the threshold
 BIG2 = os.urandom(300_000)

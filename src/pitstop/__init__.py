@@ -84,7 +84,7 @@ _LAZY = {
     ),
     **dict.fromkeys(("MsgpackSerializer", "PickleSerializer", "TypeRegistry", "register"),
                     "serde"),
-    "Encryption": "store.sealed",  # (cryptography is imported only by a store that seals)
+    "Encryption": "store.encoding.sealed",  # (cryptography is imported only by a store that seals)
 }
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ if TYPE_CHECKING:
         send,
     )
     from .serde import MsgpackSerializer, PickleSerializer, TypeRegistry, register
-    from .store.sealed import Encryption
+    from .store.encoding.sealed import Encryption
 
 
 __getattr__ = _lazy_getattr(__name__, globals(), _LAZY)

@@ -357,7 +357,7 @@ def rekey(s: Session, to: str) -> None:
     the store was sealed) are sealed under KEY_ID, a batch at a time beside normal work;
     then the old keys can leave the ring. Safe to stop and run again.
     """
-    from pitstop.store.rekey import rekey as rekey_store
+    from pitstop.store.engine.rekey import rekey as rekey_store
 
     store = s.store()
     count = rekey_store(store, to)

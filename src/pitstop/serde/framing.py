@@ -111,7 +111,7 @@ def unframe(stored: bytes) -> tuple[int, bytes]:
         raise ValueError("empty blob: the header byte is missing")
     header = stored[0]
     if header & ~(FORMAT_MASK | COMPRESSED):
-        if stored[:4] == b"\xffPSE":  # pitstop.store.sealed.MAGIC
+        if stored[:4] == b"\xffPSE":  # pitstop.store.encoding.sealed.MAGIC
             from ..errors import EncryptionKeyError
 
             key_id = bytes(stored[4:20]).rstrip(b"\0").decode(errors="replace")

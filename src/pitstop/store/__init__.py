@@ -40,10 +40,17 @@ from .contract.urls import redact
 
 if TYPE_CHECKING:
     from .backends.vacuum import Space, VacuumReport, free_bytes, free_space, vacuum
+    from .encoding.objects import S3BlobStore
+    from .encoding.sealed import Encryption, SealedBlobStore
 
-# Reclaiming space reads a backend's files and tables: imported on first use.
-__getattr__ = lazy_getattr(__name__, globals(), dict.fromkeys(
-    ("Space", "VacuumReport", "free_bytes", "free_space", "vacuum"), "backends.vacuum"))
+# Reclaiming space reads a backend's files and tables, object storage needs obstore and
+# sealing cryptography: each imported on first use.
+__getattr__ = lazy_getattr(__name__, globals(), {
+    **dict.fromkeys(
+        ("Space", "VacuumReport", "free_bytes", "free_space", "vacuum"), "backends.vacuum"),
+    "S3BlobStore": "encoding.objects",
+    **dict.fromkeys(("Encryption", "SealedBlobStore"), "encoding.sealed"),
+})
 
 DEFAULT_URL = "sqlite:///pitstop.db"
 
@@ -160,6 +167,7 @@ __all__ = [
     "ENV_VAR",
     "UNSET",
     "Durability",
+    "Encryption",
     "Input",
     "Lease",
     "PreparedSave",
@@ -168,6 +176,8 @@ __all__ = [
     "PruneReport",
     "RetentionPolicy",
     "RunList",
+    "S3BlobStore",
+    "SealedBlobStore",
     "Space",
     "Store",
     "StoreStats",

@@ -600,7 +600,7 @@ def _fsync_dir(path: str) -> None:
 
 def open_blob_store(spec: str | os.PathLike[str] | BlobStore) -> BlobStore:
     """A blob store from a ``file:///path`` URL or a directory path, or object storage from an
-    ``s3://bucket/prefix`` URL (:class:`~pitstop.store.objects.S3BlobStore`), or one given as
+    ``s3://bucket/prefix`` URL (:class:`~pitstop.store.S3BlobStore`), or one given as
     is."""
     if isinstance(spec, BlobStore):
         return spec

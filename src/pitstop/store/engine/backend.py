@@ -549,8 +549,8 @@ __all__ = ["CHUNK", "Backoff", "Dialect", "SqlBackend", "Tx", "placeholders"]
 
 
 def _sealed(url: str, blobs: BlobStore | None, encryption: Encryption | str) -> BlobStore:
-    """``blobs`` with every value sealed (see :mod:`pitstop.store.sealed`)."""
-    from .sealed import Encryption, SealedBlobStore
+    """``blobs`` with every value sealed (see :mod:`pitstop.store.encoding.sealed`)."""
+    from ..encoding.sealed import Encryption, SealedBlobStore
 
     if blobs is None:
         raise UnsupportedStoreError(

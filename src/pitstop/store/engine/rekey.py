@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import StoreError, UnsupportedStoreError
-from .blobs import Slot
-from .sealed import SealedBlobStore
+from ...errors import StoreError, UnsupportedStoreError
+from ..encoding.blobs import Slot
+from ..encoding.sealed import SealedBlobStore
 from .values import slot_of
 
 _BATCH = 64

@@ -3,7 +3,7 @@
 ``blobs=SealedBlobStore("s3://bucket/prefix", pitstop.Encryption(keys={"k2": key2, "k1":
 key1}, current="k2"))`` (any blob store: a directory, a bucket) seals each value the store
 writes under the current key, and opens values sealed under any key of the ring: old keys
-keep decrypting, and ``pitstop rekey --to k2`` (:func:`pitstop.store.rekey.rekey`) seals
+keep decrypting, and ``pitstop rekey --to k2`` (:func:`pitstop.store.engine.rekey.rekey`) seals
 again under ``k2`` whatever an older key sealed. ``?encryption=env:PITSTOP_KEYS`` reads the
 ring from an environment variable (:meth:`Encryption.from_env`).
 
@@ -41,7 +41,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from ..errors import EncryptionKeyError, UnsupportedStoreError
+from ...errors import EncryptionKeyError, UnsupportedStoreError
 from .blobs import BlobStore, Pieces, Slot
 
 MAGIC: Final = b"\xffPSE"

@@ -3,7 +3,7 @@ Google Cloud Storage's interoperability API, ...), through obstore.
 
 ``blobs="s3://bucket/prefix"`` keeps each value of at least ``blob_threshold`` bytes (an
 array's 1 MiB chunks, a large document) as one object named by its content key,
-``prefix/<key in hex>.blob``. The rules of :mod:`pitstop.store.blobs` hold unchanged:
+``prefix/<key in hex>.blob``. The rules of :mod:`pitstop.store.encoding.blobs` hold unchanged:
 
 * an object is uploaded, whole, *before* the transaction that references it commits (a PUT
   is atomic: an object is either absent or complete), and deleted only *after* the
@@ -49,7 +49,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import parse_qsl, urlsplit
 
-from ..errors import StoreError
+from ...errors import StoreError
 from .blobs import BlobStore, Pieces, Slot
 
 if TYPE_CHECKING:
