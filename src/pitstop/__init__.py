@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from .delta import Append, Merge
 from .errors import (
     ArchiveError,
+    BrokerUnavailableError,
     CheckpointNotFoundError,
     ChildFailedError,
     ChildRunError,
@@ -30,6 +31,7 @@ from .errors import (
     LeaseLostError,
     MapItemError,
     NotFoundError,
+    PartitionCountError,
     PitstopError,
     RunBusyError,
     RunExistsError,
@@ -40,6 +42,9 @@ from .errors import (
     StepFailedError,
     StoreError,
     StoreSchemaError,
+    StreamError,
+    TrimmedError,
+    UndecodableRecordError,
     UnregisteredTypeError,
     UnsupportedStoreError,
 )
@@ -111,6 +116,7 @@ __getattr__ = _lazy_getattr(__name__, globals(), _LAZY)
 __all__ = [
     "Append",
     "ArchiveError",
+    "BrokerUnavailableError",
     "Checkpoint",
     "CheckpointNotFoundError",
     "CheckpointPolicy",
@@ -132,6 +138,7 @@ __all__ = [
     "Merge",
     "MsgpackSerializer",
     "NotFoundError",
+    "PartitionCountError",
     "PickleSerializer",
     "PitstopError",
     "Problem",
@@ -153,7 +160,10 @@ __all__ = [
     "StoreError",
     "StoreSchemaError",
     "StoreStats",
+    "StreamError",
+    "TrimmedError",
     "TypeRegistry",
+    "UndecodableRecordError",
     "UnregisteredTypeError",
     "UnsupportedStoreError",
     "Worker",
