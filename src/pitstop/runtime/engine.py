@@ -20,10 +20,11 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..delta import Delta
-from ..errors import LeaseLostError, StepFailedError
+from ..errors import CacheKeyError, LeaseLostError, PitstopError, StepFailedError
 from ..logfmt import kv
 from ..model import Checkpoint, RunStatus, utc
 from ..store import Lease, Store
+from .cache import CachePolicy, Renewal, Waiting, claim_owner, step_key
 from .children import WaitForChildren
 from .context import StepContext, Suspend
 from .leases import keeper
@@ -216,6 +217,10 @@ class Execution:
         # The run that started this one (ctx.run_child): told when this run finishes.
         self.parent_run: str | None = None
         self.children_started: list[str] = []  # since the last checkpoint, for history
+        # Steps and ctx.cached calls served from the cache since the last checkpoint, and
+        # the runs that computed them: history shows "cached".
+        self.cached_from: list[dict[str, Any]] = []
+        self.claim: StepClaim | None = None  # the running step's cache claim
 
     # -- checkpoints -----------------------------------------------------------------------------
 
@@ -243,6 +248,8 @@ class Execution:
             meta["tags"] = self.tags
         if self.children_started:
             meta["children"] = self.children_started
+        if self.cached_from:
+            meta["cached"] = self.cached_from
         meta.update(extra)
         return meta
 
@@ -298,6 +305,7 @@ class Execution:
         self.consumed = {}
         self.tags = []
         self.children_started = []
+        self.cached_from = []
         self.steps_since = 0
         self.checkpointed_at = time.monotonic()
         if self.schedule is not None:
@@ -443,17 +451,26 @@ class Execution:
             self.step_start_fields = self.fields
             self.step_start_changed = self.changed
             self.step_start_deltas = self.deltas
+            self.claim = None
             try:
-                output = yield _Call(spec.invoke, view, ctx, inputs)
+                if spec.options.cache is None:
+                    output = yield _Call(spec.invoke, view, ctx, inputs)
+                else:
+                    output = yield from self._cached_step(spec, view, ctx, inputs)
             except Suspend as suspend:
+                self._abandon()
                 self.changed = self.step_start_changed
                 self.deltas = self.step_start_deltas
                 return (yield from self._sleep(spec, suspend.wake_at))
             except WaitForChildren as children:
+                self._abandon()
                 self.changed = self.step_start_changed
                 self.deltas = self.step_start_deltas
                 return (yield from self._wait_children(spec, children.names))
+            except CacheKeyError:
+                raise  # a key that cannot be made: the caller's error, not the step's
             except Exception as exc:
+                self._abandon()
                 retry = spec.options.retry or wf.retry
                 self.attempts[spec.name] = attempt
                 error = _describe(exc, spec.name, attempt)
@@ -474,14 +491,18 @@ class Execution:
 
             updates = wf.adapter.changes(view, self.fields)
             route: str | None
+            output_kind: list[Any]
             if isinstance(output, Goto):
                 route = output.target
+                output_kind = ["goto", route]
                 output = output.update
             elif isinstance(output, Finish):
                 route = None
+                output_kind = ["finish"]
                 output = output.update
             else:
                 route = wf.next_after(spec.name)
+                output_kind = ["next"]
             if output is not None:
                 updates.update(wf.adapter.updates_from(output, self.fields))
             self.fields = merged(self.fields, updates)
@@ -496,6 +517,8 @@ class Execution:
             self.position += 1
             self.next = route
             self.steps_since += 1
+            if self.claim is not None:
+                yield from self._store_step_result(self.claim, updates, output_kind)
 
             if route is not None and route not in wf.steps:
                 return (yield from self._fail(
@@ -523,6 +546,67 @@ class Execution:
                     )
             if due:
                 yield from self.checkpoint(RunStatus.RUNNING)
+
+    # -- steps served from the cache (see pitstop.runtime.cache) --------------------------------
+
+    def _cached_step(
+        self, spec: StepSpec, view: Any, ctx: StepContext, inputs: Mapping[str, Any]
+    ) -> Generator[Op, Any, Any]:
+        """The step's output from the cache, or from running it under a claim (kept in
+        ``self.claim`` for :meth:`_store_step_result`, or :meth:`_abandon` if the step
+        fails); waits while another worker computes the same key."""
+        policy: CachePolicy = spec.options.cache
+        key = step_key(self.wf.name, spec.name, spec.fn, policy, self.fields, view, inputs,
+                       self.run_id)
+        waiting: Waiting | None = None
+        owner = claim_owner()
+        while True:
+            hit = yield _Io(self.store.cache_get, key)
+            if hit is not None:
+                self.cached_from.append({"step": spec.name, "run": hit.entry.run_id})
+                log.info(kv(event="cached", run=self.run_id, step=spec.name,
+                            source=hit.entry.run_id),
+                         extra={"run_id": self.run_id, "step": spec.name})
+                return _cached_output(hit.values)
+            outcome = yield _Io(self.store.cache_claim, key, spec.name, owner,
+                                lease=policy.lease)
+            if outcome == "claimed":
+                break
+            waiting = waiting or Waiting(policy.wait)
+            delay = waiting.next_delay()
+            if delay is None:  # waited long enough: compute it here, unclaimed
+                self.claim = StepClaim(key, spec.name, None, None, policy.seconds)
+                return (yield _Call(spec.invoke, view, ctx, inputs))
+            yield _Sleep(delay)
+        self.claim = StepClaim(key, spec.name, owner,
+                               Renewal(self.store, key, owner, policy.lease), policy.seconds)
+        return (yield _Call(spec.invoke, view, ctx, inputs))
+
+    def _abandon(self) -> None:
+        """The claimed step failed (or parked): nothing is cached, others may claim it."""
+        claim, self.claim = self.claim, None
+        if claim is None or claim.owner is None:
+            return
+        claim.stop()
+        try:
+            self.store.cache_abandon(claim.key, claim.owner)
+        except PitstopError as exc:  # the claim lapses by itself
+            log.warning("cache claim %s not given up: %s", claim.key, exc)
+
+    def _store_step_result(
+        self, claim: StepClaim, updates: Mapping[str, Any], kind: list[Any]
+    ) -> Generator[Op, Any, None]:
+        values: dict[str, Any] = {"route": kind}
+        for name in updates:
+            values["field:" + name] = self.fields[name]
+        try:
+            yield _Io(self.store.cache_put, claim.key, claim.name, values, owner=claim.owner,
+                      ttl=claim.ttl, run_id=self.run_id, checkpoint_id=self.parent_id)
+        except BaseException:
+            self._abandon()
+            raise
+        claim.stop()
+        self.claim = None
 
     def _clear_step_state(self, step: str) -> None:
         """Forget the finished step's timers, input deadlines and retries of the run."""
@@ -606,6 +690,34 @@ class Execution:
                 )
         yield from self.checkpoint(RunStatus.FAILED, sync=True, error=error)
         return self.result(RunStatus.FAILED, error=error, step=step or self.next)
+
+
+@dataclass
+class StepClaim:
+    """A step computed under a cache claim (``owner`` None: computed after waiting too long
+    for another claimant, unclaimed): its result is stored when the step succeeds."""
+
+    key: str
+    name: str
+    owner: str | None
+    renewal: Renewal | None
+    ttl: float | None
+
+    def stop(self) -> None:
+        if self.renewal is not None:
+            self.renewal.stop()
+
+
+def _cached_output(values: Mapping[str, Any]) -> Any:
+    """A cached step result as the step's own return value would have been."""
+    updates = {name[len("field:"):]: value for name, value in values.items()
+               if name.startswith("field:")}
+    kind = values.get("route") or ["next"]
+    if kind[0] == "goto":
+        return Goto(kind[1], updates)
+    if kind[0] == "finish":
+        return Finish(updates)
+    return updates
 
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep

@@ -26,6 +26,7 @@ from ..serde import (
     default_registry,
 )
 from ..store import Input, Lease, RetentionPolicy, Store
+from .cache import CachePolicy
 from .engine import Execution, RunResult, drive_async, drive_sync
 from .leases import abandon, acquire, owner_id
 from .policies import CheckpointPolicy, Retry, StepOptions, WorkflowDurability
@@ -125,6 +126,7 @@ class Workflow:
         checkpoint: bool | None = None,
         tags: Iterable[str] = (),
         show: Iterable[str] = (),
+        cache: CachePolicy | None = None,
     ) -> Callable[[F], F]: ...
 
     def step(
@@ -140,6 +142,7 @@ class Workflow:
         checkpoint: bool | None = None,
         tags: Iterable[str] = (),
         show: Iterable[str] = (),
+        cache: CachePolicy | None = None,
     ) -> Any:
         """Register a step: ``fn(state, ctx)`` returning updates, ``goto(...)`` or ``finish()``.
 
@@ -150,8 +153,12 @@ class Workflow:
         step and tags the checkpoint (kept by retention). ``checkpoint`` forces (True) or
         suppresses (False) the checkpoint after this step whatever the policy. ``show`` names
         the state fields a person deciding the step's inputs needs (recorded with the wait;
-        ``pitstop ui``'s inbox shows those instead of the whole state).
+        ``pitstop ui``'s inbox shows those instead of the whole state). ``cache`` serves the
+        step from a result any run stored for the same inputs and code
+        (:class:`~pitstop.CachePolicy`): the step does not run, its updates are applied.
         """
+        if cache is not None and not isinstance(cache, CachePolicy):
+            raise TypeError(f"cache must be a pitstop.CachePolicy, not {type(cache).__name__}")
         waits = (wait_for,) if isinstance(wait_for, str) else tuple(wait_for or ())
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         options = StepOptions(
@@ -162,6 +169,7 @@ class Workflow:
             checkpoint=checkpoint,
             tags=tuple(tags),
             show=(show,) if isinstance(show, str) else tuple(show),
+            cache=cache,
         )
 
         def register(fn: F) -> F:

@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, NoReturn
 
 from ...errors import CheckpointNotFoundError
 from ...model import Checkpoint, CheckpointSummary, Run, RunStatus
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ...serde import Serializer
     from ..transfer.runs import RunExport
     from .aio import AsyncStore
+    from ..engine.cache import CacheEntry, CacheHit
 
 
 class Unset(enum.Enum):
@@ -130,6 +131,8 @@ class PruneReport:
     runs: list[str] = field(default_factory=list)
     blobs: int = 0
     bytes_reclaimed: int = 0
+    cache_entries: int = 0
+    """Expired cached results deleted (store-wide prunes only)."""
 
     def merge(self, other: PruneReport) -> None:
         """Add ``other``'s deletions to this report."""
@@ -137,6 +140,7 @@ class PruneReport:
         self.runs.extend(other.runs)
         self.blobs += other.blobs
         self.bytes_reclaimed += other.bytes_reclaimed
+        self.cache_entries += other.cache_entries
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +156,8 @@ class StoreStats:
     estimated: frozenset[str] = frozenset()
     """Which of the numbers are estimates (only ever with ``stats(exact=False)``): field names
     (``runs``, ``checkpoints``, ``blobs``, ``bytes``) and ``runs_by_status.STATUS``."""
+    cache_entries: int = 0
+    """Results held in the cache across runs (``CachePolicy``, ``ctx.cached``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -726,6 +732,61 @@ class Store(ABC):
     def attachments(self, run_id: str, checkpoint_id: str) -> dict[str, Any]:
         """What :meth:`attach` (or ``save(attach=...)``) attached to the checkpoint, and the
         effect records naming it (as stores before schema 8 kept pending writes), by key."""
+
+    # -- results cached across runs (see pitstop.store.cache) ----------------------------
+
+    def _no_cache(self) -> NoReturn:
+        from ..errors import UnsupportedStoreError
+
+        raise UnsupportedStoreError(f"{type(self).__name__} keeps no result cache")
+
+    def cache_get(self, key: str) -> CacheHit | None:
+        """The live cached result of ``key`` (None: none, being computed, or expired)."""
+        self._no_cache()
+
+    def cache_claim(self, key: str, name: str, owner: str, *, lease: float) -> str:
+        """Claim computing ``key``: ``"claimed"``, or ``"busy"`` (another owner computes it,
+        or a result appeared)."""
+        self._no_cache()
+
+    def cache_renew(self, key: str, owner: str, *, lease: float) -> bool:
+        """Extend ``owner``'s claim of ``key``; False once it no longer holds it."""
+        self._no_cache()
+
+    def cache_abandon(self, key: str, owner: str) -> None:
+        """Drop ``owner``'s claim of ``key`` (its computation failed): nothing is cached."""
+        self._no_cache()
+
+    def cache_put(
+        self,
+        key: str,
+        name: str,
+        values: Mapping[str, Any],
+        *,
+        owner: str | None = None,
+        ttl: float | None = None,
+        run_id: str | None = None,
+        checkpoint_id: str | None = None,
+    ) -> CacheEntry:
+        """Store ``values`` as the cached result of ``key`` (a live one stored first stands)."""
+        self._no_cache()
+
+    def cache_entries(
+        self, *, name: str | None = None, limit: int | None = None
+    ) -> list[CacheEntry]:
+        """Cached results (and claims being computed), newest first, values unread."""
+        self._no_cache()
+
+    def cache_clear(
+        self,
+        *,
+        name: str | None = None,
+        older_than: float | None = None,
+        expired_only: bool = False,
+        key: str | None = None,
+    ) -> int:
+        """Delete cached results (filtered) and the values only they held; how many."""
+        self._no_cache()
 
     # -- lifecycle ---------------------------------------------------------------------------
 

@@ -200,6 +200,31 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         "checkpoints; rows written before have none and keep their references",
         ["ALTER TABLE pitstop_blobs ADD COLUMN run_id TEXT"],
     ),
+    (
+        11,
+        "results cached across runs (a step's updates or a ctx.cached call's result) by "
+        "key: the field map of the stored result (its values are content-addressed values "
+        "referenced as the pseudo-run `pitstop-cache:KEY`), its expiry, and while it is "
+        "computed the claim (owner, lease expiry) that makes other workers wait for it",
+        [
+            """CREATE TABLE pitstop_cache (
+                key TEXT PRIMARY KEY,
+                name TEXT NOT NULL,
+                run_id TEXT,
+                checkpoint_id TEXT,
+                fields {blob},
+                checksum TEXT,
+                size {bigint} NOT NULL DEFAULT 0,
+                created_at {real} NOT NULL,
+                expires_at {real},
+                claim_owner TEXT,
+                claim_expires {real}
+            )""",
+            "CREATE INDEX pitstop_cache_name ON pitstop_cache (name, created_at)",
+            "CREATE INDEX pitstop_cache_expiry ON pitstop_cache (expires_at) "
+            "WHERE expires_at IS NOT NULL",
+        ],
+    ),
 ]
 
 VALUE_OWNERS = 10
@@ -320,6 +345,26 @@ class EffectRecord:
     created_at: float
 
 
+@dataclass(frozen=True, slots=True)
+class CacheRow:
+    """A ``pitstop_cache`` row: a cached result (``fields`` None while it is computed)."""
+
+    key: str
+    name: str
+    """The step or ``ctx.cached`` name the key was made for."""
+    run_id: str | None
+    """The run whose computation stored the result."""
+    checkpoint_id: str | None
+    fields: bytes | None
+    """The result's field map, encoded like a checkpoint's; None while claimed."""
+    checksum: str | None
+    size: int
+    created_at: float
+    expires_at: float | None
+    claim_owner: str | None
+    claim_expires: float | None
+
+
 class Table(NamedTuple):
     """A table's name and its columns, in the order of its row class's fields."""
 
@@ -356,7 +401,8 @@ BLOB_REFS = Table("pitstop_blob_refs", ("run_id", "hash"))
 counts."""
 INPUTS = Table("pitstop_inputs", _field_names(InputRecord))
 EFFECTS = Table("pitstop_effects", _field_names(EffectRecord))
-TABLES = (RUNS, CHECKPOINTS, BLOBS, BLOB_REFS, INPUTS, EFFECTS)
+CACHE = Table("pitstop_cache", _field_names(CacheRow))
+TABLES = (RUNS, CHECKPOINTS, BLOBS, BLOB_REFS, INPUTS, EFFECTS, CACHE)
 
 EXPORTED_RUN_COLUMNS = _field_names(RunRecord)
 assert set(EXPORTED_RUN_COLUMNS) <= set(RUNS.columns)
@@ -416,6 +462,7 @@ RUN_COLUMN_COUNT = len(RUNS.columns)
 __all__ = [
     "BLOBS",
     "BLOB_REFS",
+    "CACHE",
     "CHECKPOINTS",
     "EFFECTS",
     "INPUTS",
@@ -424,6 +471,7 @@ __all__ = [
     "RUNS",
     "SCHEMA_TABLE",
     "TABLES",
+    "CacheRow",
     "EffectRecord",
     "InputRecord",
     "RunRecord",
