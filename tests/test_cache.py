@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import pitstop
-from clitools import pitstop_exe
+from clitools import one_error_line, pitstop_exe
 from pitstop import CacheKeyError, CachePolicy, RetentionPolicy, Store
 
 
@@ -273,3 +273,165 @@ def test_cli_history_show_and_cache_commands(tmp_path: Path) -> None:
                         store=url)
     assert shown.code == 0, shown.err
     assert "fetch (from run" in shown.out
+
+
+# -- rerun from a named step ---------------------------------------------------------------
+
+
+def pipeline(calls: list[str]) -> pitstop.Workflow:
+    wf = pitstop.Workflow("pipeline")
+
+    @wf.step
+    def load(state: dict[str, Any]) -> dict[str, Any]:
+        calls.append("load")
+        return {"rows": [1, 2, 3]}
+
+    @wf.step(cache=CachePolicy(inputs=["rows"]))
+    def clean(state: dict[str, Any]) -> dict[str, Any]:
+        calls.append("clean")
+        return {"clean": [r * 10 for r in state["rows"]]}
+
+    @wf.step(cache=CachePolicy(inputs=["clean", "style"]))
+    def summarize(state: dict[str, Any]) -> dict[str, Any]:
+        calls.append("summarize")
+        return {"summary": f"{state.get('style', 'short')}:{sum(state['clean'])}"}
+
+    @wf.step(cache=CachePolicy(inputs=["summary"]))
+    def publish(state: dict[str, Any]) -> dict[str, Any]:
+        calls.append("publish")
+        return {"published": state["summary"].upper()}
+
+    return wf
+
+
+def test_rerun_from_a_step_skips_before_and_serves_unchanged_after(store: Store) -> None:
+    calls: list[str] = []
+    wf = pipeline(calls)
+    first = wf.start(store, {"style": "short"})
+    assert calls == ["load", "clean", "summarize", "publish"]
+    calls.clear()
+    same = wf.rerun(store, first.run_id, from_step="clean")
+    assert calls == []  # load not executed again; the rest served from the cache
+    assert same.state == first.state and same.run_id != first.run_id
+    calls.clear()
+    edited = wf.rerun(store, first.run_id, from_step="summarize", update={"style": "long"})
+    assert calls == ["summarize", "publish"]
+    assert edited.state["published"] == "LONG:60"
+    history = store.history(edited.run_id, limit=None)
+    assert history[-1].metadata["rerun_of"] == {"run_id": first.run_id,
+                                                "from_step": "summarize"}
+    assert store.get_run(first.run_id).head_id == first.checkpoint_id  # source untouched
+
+
+def test_rerun_refusals_write_nothing(store: Store) -> None:
+    calls: list[str] = []
+    wf = pipeline(calls)
+    gated = pitstop.Workflow("gated")
+
+    @gated.step(wait_for="approval")
+    def ask(state: dict[str, Any], approval: Any = None) -> dict[str, Any]:
+        return {"approved": approval}
+
+    @gated.step
+    def after(state: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    waiting = gated.start(store, {})
+    queued = wf.enqueue(store, {})
+    done = wf.start(store, {})
+    before = store.stats().runs
+    with pytest.raises(pitstop.RerunError, match="never reached step 'after'"):
+        gated.rerun(store, waiting.run_id, from_step="after")
+    with pytest.raises(pitstop.RerunError, match="still queued"):
+        wf.rerun(store, queued.id, from_step="clean")
+    with pytest.raises(pitstop.RerunError, match="no step 'nope'"):
+        wf.rerun(store, done.run_id, from_step="nope")
+    with pytest.raises(pitstop.FieldEditError):
+        wf.rerun(store, done.run_id, from_step="clean", update={"missing.deep": 1})
+    assert store.stats().runs == before
+
+
+def test_rerun_with_children_and_maps(store: Store) -> None:
+    started: list[Any] = []
+    mapped: list[int] = []
+    child = pitstop.Workflow("child")
+
+    @child.step
+    def work(state: dict[str, Any]) -> dict[str, Any]:
+        started.append(state["n"])
+        return {"out": state["n"] * 2}
+
+    parent = pitstop.Workflow("parent")
+
+    @parent.step
+    def prepare(state: dict[str, Any]) -> dict[str, Any]:
+        return {"n": state.get("n", 1)}
+
+    @parent.step(cache=CachePolicy(inputs=["n"]))
+    def fan_out(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
+        result = ctx.run_child(child, {"n": state["n"]})
+        squares = ctx.map(lambda i: mapped.append(i) or i * i, range(state["n"] + 2))
+        return {"child": result.state["out"], "squares": squares}
+
+    first = parent.start(store, {"n": 3})
+    assert started == [3] and sorted(mapped) == [0, 1, 2, 3, 4]
+    runs = store.stats().runs
+    again = parent.rerun(store, first.run_id, from_step="fan_out")
+    assert started == [3] and len(mapped) == 5  # no child started, nothing mapped
+    assert again.state["child"] == 6 and store.stats().runs == runs + 1
+    changed = parent.rerun(store, first.run_id, from_step="fan_out", update={"n": 4})
+    assert started == [3, 4]  # a child of changed inputs is never reused
+    assert changed.state["child"] == 8 and changed.state["squares"] == [0, 1, 4, 9, 16, 25]
+
+
+REPORT_FLOW = '''
+import sys
+import pitstop
+
+wf = pitstop.Workflow("report")
+
+@wf.step
+def load(state):
+    return {"rows": [1, 2, 3]}
+
+@wf.step(cache=pitstop.CachePolicy(inputs=["rows", "style"]))
+def summarize(state):
+    print("SUMMARIZE", file=sys.stderr, flush=True)
+    return {"summary": f"{state.get('style', 'short')}:{sum(state['rows'])}"}
+'''
+
+
+def test_cli_rerun_cache_ls_clear_and_stats(tmp_path: Path) -> None:
+    (tmp_path / "flows.py").write_text(REPORT_FLOW)
+    url = f"sqlite:///{tmp_path}/cli.db"
+    started = pitstop_exe("start", "flows:wf", "--input", '{"style": "short"}', "--json",
+                          store=url, cwd=tmp_path)
+    assert started.code == 0, started.err
+    run_id = started.json["run_id"]
+    again = pitstop_exe("rerun", run_id, "--from-step", "summarize", "--workflow", "flows:wf",
+                        "--json", store=url, cwd=tmp_path)
+    assert again.code == 0, again.err
+    assert "SUMMARIZE" in started.err
+    assert "SUMMARIZE" not in again.err and again.json["status"] == "completed"
+    edited = pitstop_exe("rerun", run_id, "--from-step", "summarize", "--set", 'style="long"',
+                         "--workflow", "flows:wf", "--json", store=url, cwd=tmp_path)
+    assert edited.code == 0, edited.err
+    assert "SUMMARIZE" in edited.err
+    shown = pitstop_exe("show", edited.json["run_id"], "--json", store=url).json
+    assert shown["state"]["summary"] == "long:6"
+    refused = pitstop_exe("rerun", run_id, "--from-step", "nope", "--workflow", "flows:wf",
+                          store=url, cwd=tmp_path)
+    assert refused.code == 2 and one_error_line(refused).count("\n") == 0
+    bad_edit = pitstop_exe("rerun", run_id, "--from-step", "summarize", "--set", "a.b=1",
+                           "--workflow", "flows:wf", store=url, cwd=tmp_path)
+    assert bad_edit.code == 2 and "nothing was written" in bad_edit.err
+    listed = pitstop_exe("cache", "ls", "--json", store=url).json
+    assert sorted(e["name"] for e in listed) == ["summarize", "summarize"]
+    assert "summarize" in pitstop_exe("cache", "ls", store=url).out
+    stats = pitstop_exe("stats", "--json", store=url).json
+    assert stats["cache_entries"] == 2
+    assert pitstop_exe("cache", "clear", "--older-than", "1h", "--json",
+                       store=url).json == {"deleted": 0}
+    assert pitstop_exe("cache", "clear", "--step", "summarize", "--json",
+                       store=url).json == {"deleted": 2}
+    assert pitstop_exe("stats", "--json", store=url).json["cache_entries"] == 0

@@ -43,7 +43,7 @@ def stats(s: Session, exact: bool) -> None:
         s.out.json({"runs": st.runs, "runs_by_status": dict(st.runs_by_status),
                     "checkpoints": st.checkpoints, "values": st.blobs, "bytes": st.bytes,
                     "file_bytes": st.file_bytes, "free_bytes": free,
-                    "estimated": sorted(st.estimated)})
+                    "cache_entries": st.cache_entries, "estimated": sorted(st.estimated)})
         return
 
     def count(n: int, name: str) -> str:
@@ -56,6 +56,7 @@ def stats(s: Session, exact: bool) -> None:
         ("runs", count(st.runs, "runs") + (f" ({by_status})" if by_status else "")),
         ("checkpoints", count(st.checkpoints, "checkpoints")),
         ("values", count(st.blobs, "blobs")),
+        ("cached results", str(st.cache_entries)),
         ("bytes", f"{'~' if 'bytes' in st.estimated else ''}{human_bytes(st.bytes)} "
                   f"({count(st.bytes, 'bytes')} bytes of records and values)"),
         ("on disk", human_bytes(st.file_bytes) if st.file_bytes is not None else ""),
@@ -175,6 +176,7 @@ def prune(
     if s.as_json:
         s.out.json({"dry_run": dry_run, "runs": report.runs, "checkpoints": report.checkpoints,
                     "values": report.blobs, "bytes_reclaimed": report.bytes_reclaimed,
+                    "cache_entries": report.cache_entries,
                     "vacuumed": _vacuum_json(vacuumed), "space": _space_json(space)})
         return
     verb = "would delete" if dry_run else "deleted"
@@ -186,6 +188,8 @@ def prune(
     )
     if report.runs:
         s.out.line("whole runs: " + ", ".join(report.runs))
+    if report.cache_entries:
+        s.out.line(f"expired cached results: {report.cache_entries}")
     if dry_run and report.checkpoints:
         # Still there: say what each one is, so the operator can judge before deleting.
         shown = [store.summary(c) for c in report.checkpoints[:_PRUNE_LISTED]]

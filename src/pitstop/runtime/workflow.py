@@ -548,6 +548,49 @@ class Workflow:
         ckpt = store.fork(checkpoint_id, new_run_id=run_id, update=update, workflow=self.name)
         return self.resume(store, ckpt.run_id, policy=policy)
 
+    def rerun(
+        self,
+        store: Store,
+        run_id: str,
+        *,
+        from_step: str,
+        update: Mapping[str, Any] | None = None,
+        new_run_id: str | None = None,
+        policy: CheckpointPolicy | None = None,
+    ) -> RunResult:
+        """Run ``run_id`` again from ``from_step``, as a new run, and execute it here.
+
+        The new run starts from the checkpoint taken before ``from_step`` last ran, with
+        ``update`` applied (field paths, validated like ``fork --set``): the steps before it
+        are not executed again; steps after it with a :class:`~pitstop.CachePolicy` whose key
+        did not change are served from the cache. A run still running or queued, or one that
+        never reached the step, raises :class:`~pitstop.RerunError` and nothing is written.
+        """
+        from .rerun import start_rerun
+
+        rerun_id = start_rerun(store, self, run_id, from_step, update, new_run_id)
+        return self.resume(store, rerun_id, policy=policy)
+
+    async def arerun(
+        self,
+        store: Store,
+        run_id: str,
+        *,
+        from_step: str,
+        update: Mapping[str, Any] | None = None,
+        new_run_id: str | None = None,
+        policy: CheckpointPolicy | None = None,
+    ) -> RunResult:
+        """:meth:`rerun` for asyncio."""
+        import asyncio
+
+        from .rerun import start_rerun
+
+        rerun_id = await asyncio.to_thread(
+            start_rerun, store, self, run_id, from_step, update, new_run_id
+        )
+        return await self.aresume(store, rerun_id, policy=policy)
+
     def enqueue(
         self,
         store: Store,
