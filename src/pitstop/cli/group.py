@@ -56,6 +56,7 @@ MODULES = {
                      "rekey"],
                     "maintenance"),
     "cache": "cache",
+    "schedule": "schedule",
     "ui": "inspector",
     "stream": "streams",
 }

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from ..errors import (
     InputError,
@@ -36,6 +36,9 @@ from .state import adapter_for
 # store that only lists runs does without it, but a run is created and then its first
 # checkpoint saved, and half a second of importing between the two (on a loaded machine)
 # would widen the window in which a crash leaves a run without a checkpoint (#18 item 1).
+
+if TYPE_CHECKING:
+    from .schedules import Schedule
 
 F = TypeVar("F", bound=Callable[..., Any])
 log = logging.getLogger("pitstop.runtime")
@@ -590,6 +593,30 @@ class Workflow:
             start_rerun, store, self, run_id, from_step, update, new_run_id
         )
         return await self.aresume(store, rerun_id, policy=policy)
+
+    def schedule(
+        self,
+        store: Store,
+        name: str,
+        *,
+        cron: str,
+        timezone: str = "UTC",
+        input: Any = None,
+        catchup: str = "latest",
+        overlap: str = "skip",
+    ) -> Schedule:
+        """Start a run of this workflow at every tick of ``cron`` in ``timezone``: any
+        :class:`~pitstop.Worker` serving the workflow enqueues each tick's run, exactly one
+        per tick (its id is ``NAME@YYYYMMDDTHHMMSSZ``). ``catchup`` (``none``, ``latest``,
+        ``all``): the ticks missed while no worker ran; ``overlap`` (``skip``, ``queue``,
+        ``allow``): a tick while the previous run is still going. Redefining ``name``
+        replaces it. A cron expression that does not parse or an unknown timezone raises
+        :class:`~pitstop.ScheduleError` with the reason; nothing is stored then.
+        """
+        from .schedules import add_schedule
+
+        return add_schedule(store, self, name, cron=cron, timezone=timezone, input=input,
+                            catchup=catchup, overlap=overlap)
 
     def enqueue(
         self,

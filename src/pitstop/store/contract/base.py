@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from ..transfer.runs import RunExport
     from .aio import AsyncStore
     from ..engine.cache import CacheEntry, CacheHit
+    from ..engine.schema import ScheduleRow
 
 
 class Unset(enum.Enum):
@@ -738,7 +739,8 @@ class Store(ABC):
     def _no_cache(self) -> NoReturn:
         from ..errors import UnsupportedStoreError
 
-        raise UnsupportedStoreError(f"{type(self).__name__} keeps no result cache")
+        raise UnsupportedStoreError(
+            f"{type(self).__name__} keeps no result cache and no schedules")
 
     def cache_get(self, key: str) -> CacheHit | None:
         """The live cached result of ``key`` (None: none, being computed, or expired)."""
@@ -786,6 +788,39 @@ class Store(ABC):
         key: str | None = None,
     ) -> int:
         """Delete cached results (filtered) and the values only they held; how many."""
+        self._no_cache()
+
+    # -- schedules (see pitstop.store.schedules, pitstop.runtime.schedules) --------------
+
+    def schedule_put(
+        self, name: str, workflow: str, cron: str, timezone: str, input: Any, *,
+        catchup: str, overlap: str, next_tick: float,
+    ) -> ScheduleRow:
+        """Create or redefine the schedule ``name`` (use ``Workflow.schedule``)."""
+        self._no_cache()
+
+    def schedule_rows(
+        self, *, workflows: list[str] | None = None, name: str | None = None
+    ) -> list[ScheduleRow]:
+        """Stored schedules by name (only those of ``workflows``, or the one ``name``)."""
+        self._no_cache()
+
+    def schedule_input(self, row: ScheduleRow) -> Any:
+        """The input a schedule's runs start with."""
+        self._no_cache()
+
+    def schedule_delete(self, name: str) -> None:
+        """Remove a schedule (its runs stay)."""
+        self._no_cache()
+
+    def schedule_pause(self, name: str, paused: bool, next_tick: float | None = None) -> None:
+        """Pause or resume a schedule."""
+        self._no_cache()
+
+    def schedule_advance(
+        self, name: str, expected: float, next_tick: float, last_run: str | None
+    ) -> bool:
+        """Move a schedule's next tick by compare-and-set."""
         self._no_cache()
 
     # -- lifecycle ---------------------------------------------------------------------------

@@ -225,6 +225,30 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             "WHERE expires_at IS NOT NULL",
         ],
     ),
+    (
+        12,
+        "schedules: a workflow started on a cron expression in a timezone; `next_tick` is "
+        "the first tick no worker has started yet (advanced by compare-and-set, so however "
+        "many workers look, each tick's run id, derived from the schedule and the tick, is "
+        "enqueued until one advances it), `last_run` the run of the latest tick started",
+        [
+            """CREATE TABLE pitstop_schedules (
+                name TEXT PRIMARY KEY,
+                workflow TEXT NOT NULL,
+                cron TEXT NOT NULL,
+                timezone TEXT NOT NULL,
+                input {blob} NOT NULL,
+                input_hash {blob} NOT NULL,
+                catchup TEXT NOT NULL,
+                overlap TEXT NOT NULL,
+                paused INTEGER NOT NULL DEFAULT 0,
+                created_at {real} NOT NULL,
+                next_tick {real} NOT NULL,
+                last_run TEXT
+            )""",
+            "CREATE INDEX pitstop_schedules_workflow ON pitstop_schedules (workflow)",
+        ],
+    ),
 ]
 
 VALUE_OWNERS = 10
@@ -365,6 +389,26 @@ class CacheRow:
     claim_expires: float | None
 
 
+@dataclass(frozen=True, slots=True)
+class ScheduleRow:
+    """A ``pitstop_schedules`` row: a workflow started on a cron expression."""
+
+    name: str
+    workflow: str
+    cron: str
+    timezone: str
+    input: bytes
+    """The input of each run, framed and content-hashed like a field value."""
+    input_hash: bytes
+    catchup: str
+    overlap: str
+    paused: int
+    created_at: float
+    next_tick: float
+    """The first tick (epoch seconds) not started yet."""
+    last_run: str | None
+
+
 class Table(NamedTuple):
     """A table's name and its columns, in the order of its row class's fields."""
 
@@ -402,7 +446,8 @@ counts."""
 INPUTS = Table("pitstop_inputs", _field_names(InputRecord))
 EFFECTS = Table("pitstop_effects", _field_names(EffectRecord))
 CACHE = Table("pitstop_cache", _field_names(CacheRow))
-TABLES = (RUNS, CHECKPOINTS, BLOBS, BLOB_REFS, INPUTS, EFFECTS, CACHE)
+SCHEDULES = Table("pitstop_schedules", _field_names(ScheduleRow))
+TABLES = (RUNS, CHECKPOINTS, BLOBS, BLOB_REFS, INPUTS, EFFECTS, CACHE, SCHEDULES)
 
 EXPORTED_RUN_COLUMNS = _field_names(RunRecord)
 assert set(EXPORTED_RUN_COLUMNS) <= set(RUNS.columns)
@@ -469,6 +514,7 @@ __all__ = [
     "LATEST_SCHEMA",
     "MIGRATIONS",
     "RUNS",
+    "SCHEDULES",
     "SCHEMA_TABLE",
     "TABLES",
     "CacheRow",
@@ -476,6 +522,7 @@ __all__ = [
     "InputRecord",
     "RunRecord",
     "RunRow",
+    "ScheduleRow",
     "Table",
     "check_id",
 ]
