@@ -92,14 +92,15 @@ def code_version(fn: Callable[..., Any]) -> str:
 class _Hasher:
     """Feeds a value's canonical serialisation into a hash, part by part."""
 
+    _serializer: Any = None  # pitstop's msgpack over the default registry, made once
+
     def __init__(self) -> None:
-        from ..serde import MsgpackSerializer
+        if _Hasher._serializer is None:
+            from ..serde import MsgpackSerializer
 
-        self.serializer = MsgpackSerializer()
+            _Hasher._serializer = MsgpackSerializer()
+        self.dumps: Callable[[Any], bytes] = _Hasher._serializer.dumps
         self.hash = hashlib.sha256()
-
-    def dumps(self, value: Any) -> bytes:
-        return self.serializer.dumps(value)
 
     def feed(self, value: Any) -> None:
         update = self.hash.update

@@ -559,15 +559,17 @@ class Execution:
         key = step_key(self.wf.name, spec.name, spec.fn, policy, self.fields, view, inputs,
                        self.run_id)
         waiting: Waiting | None = None
-        owner = claim_owner()
+        owner = ""
         while True:
             hit = yield _Io(self.store.cache_get, key)
             if hit is not None:
                 self.cached_from.append({"step": spec.name, "run": hit.entry.run_id})
-                log.info(kv(event="cached", run=self.run_id, step=spec.name,
-                            source=hit.entry.run_id),
-                         extra={"run_id": self.run_id, "step": spec.name})
+                if log.isEnabledFor(logging.INFO):
+                    log.info(kv(event="cached", run=self.run_id, step=spec.name,
+                                source=hit.entry.run_id),
+                             extra={"run_id": self.run_id, "step": spec.name})
                 return _cached_output(hit.values)
+            owner = owner or claim_owner()
             outcome = yield _Io(self.store.cache_claim, key, spec.name, owner,
                                 lease=policy.lease)
             if outcome == "claimed":
