@@ -435,3 +435,21 @@ def test_cli_rerun_cache_ls_clear_and_stats(tmp_path: Path) -> None:
     assert pitstop_exe("cache", "clear", "--step", "summarize", "--json",
                        store=url).json == {"deleted": 2}
     assert pitstop_exe("stats", "--json", store=url).json["cache_entries"] == 0
+
+
+def test_inspector_run_page_shows_cached(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from pitstop.ui import create_app
+
+    calls: list[Any] = []
+    wf = counting_workflow("inspected", calls)
+    with pitstop.open_store(f"sqlite:///{tmp_path}/ui.db") as store:
+        first = wf.start(store, {"url": "a"})
+        second = wf.start(store, {"url": "a"})
+        with TestClient(create_app(store)) as client:
+            tree = client.get(f"/api/runs/{second.run_id}/history").json()
+            served = [c["cached"] for c in tree["checkpoints"] if c["cached"]]
+            assert served == [[{"step": "fetch", "run": first.run_id}]]
+            page = client.get(f"/runs/{second.run_id}").text
+            assert 'class="pill cached"' in page and first.run_id in page
