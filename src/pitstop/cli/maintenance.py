@@ -56,7 +56,7 @@ def stats(s: Session, exact: bool) -> None:
         ("runs", count(st.runs, "runs") + (f" ({by_status})" if by_status else "")),
         ("checkpoints", count(st.checkpoints, "checkpoints")),
         ("values", count(st.blobs, "blobs")),
-        ("cached results", str(st.cache_entries)),
+        ("cached", f"{st.cache_entries} results"),
         ("bytes", f"{'~' if 'bytes' in st.estimated else ''}{human_bytes(st.bytes)} "
                   f"({count(st.bytes, 'bytes')} bytes of records and values)"),
         ("on disk", human_bytes(st.file_bytes) if st.file_bytes is not None else ""),

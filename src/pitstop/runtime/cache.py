@@ -89,6 +89,9 @@ def code_version(fn: Callable[..., Any]) -> str:
     return known
 
 
+_SCALARS = frozenset({str, int, float, bool, bytes, type(None)})
+
+
 class _Hasher:
     """Feeds a value's canonical serialisation into a hash, part by part."""
 
@@ -104,7 +107,11 @@ class _Hasher:
 
     def feed(self, value: Any) -> None:
         update = self.hash.update
-        if isinstance(value, Mapping):
+        if type(value) in _SCALARS:  # the common case, without the ABC checks below
+            data = self.dumps(value)
+            update(b"V%d:" % len(data))
+            update(data)
+        elif isinstance(value, Mapping):
             items = sorted((self.dumps(k), v) for k, v in value.items())
             update(b"M%d:" % len(items))
             for key, item in items:

@@ -392,6 +392,8 @@ class Execution:
             raise
         finally:
             keeper.untrack(self.held)
+            if self.claim is not None:  # stopped inside a claimed step (lease lost, ^C)
+                self._abandon()
             try:
                 if self.writer is not None:
                     self.writer.flush(self.run_id)
