@@ -294,10 +294,11 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--schedule", action="store_true", help="only the 500-tick kill run")
+    parser.add_argument("--ticks", type=int, default=500, help="ticks of --schedule")
     parser.add_argument("--no-postgres", action="store_true")
     args = parser.parse_args()
     if args.schedule:
-        result = schedule_kill()
+        result = schedule_kill(ticks=args.ticks)
         print(result)
         save_results("cache-schedule", " ".join(sys.argv), result, str(result))
         return
