@@ -7,11 +7,12 @@ from datetime import timedelta
 
 import click
 
+from pitstop.display.text import age, human_bytes
 from pitstop.model import utc
 
 from .common import Session
 from .group import DURATION, command, subgroup
-from .render import Column, age, human_bytes, local_time
+from .render import Column, local_time
 
 cache = subgroup("cache", "List and clear results cached across runs (CachePolicy, ctx.cached).",
                  examples=["pitstop cache ls", "pitstop cache clear --step fetch"])

@@ -24,10 +24,10 @@ from ...model import Checkpoint, CheckpointSummary, Run, RunStatus
 
 if TYPE_CHECKING:
     from ...serde import Serializer
-    from ..transfer.runs import RunExport
-    from .aio import AsyncStore
     from ..engine.cache import CacheEntry, CacheHit
     from ..engine.schema import ScheduleRow
+    from ..transfer.runs import RunExport
+    from .aio import AsyncStore
 
 
 class Unset(enum.Enum):
@@ -737,7 +737,7 @@ class Store(ABC):
     # -- results cached across runs (see pitstop.store.cache) ----------------------------
 
     def _no_cache(self) -> NoReturn:
-        from ..errors import UnsupportedStoreError
+        from ...errors import UnsupportedStoreError
 
         raise UnsupportedStoreError(
             f"{type(self).__name__} keeps no result cache and no schedules")
