@@ -30,3 +30,14 @@ def test_mypy_strict() -> None:
     if "No module named mypy" in done.stderr:
         pytest.skip("mypy is not installed")
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_repository_tracks_no_symlinks() -> None:
+    """A tracked symlink points outside a fresh clone (a local venv, say) and breaks it."""
+    done = subprocess.run(["git", "ls-files", "-s"], cwd=ROOT, capture_output=True, text=True,
+                          check=False)
+    if done.returncode != 0:
+        pytest.skip("not a git checkout")
+    links = [line.split("\t", 1)[1] for line in done.stdout.splitlines()
+             if line.startswith("120000 ")]
+    assert links == [], f"the repository tracks symlinks: {links}"
