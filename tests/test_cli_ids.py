@@ -56,7 +56,8 @@ def test_a_unique_start_of_a_run_id_works_in_every_command(store: tuple[Path, st
     prefix = generated[:13]  # "01a2326a-2e98", as in the issue
     assert pitstop_exe("show", prefix, "--json", store=url, cwd=cwd).json["run"]["id"] == \
         generated
-    assert pitstop_exe("history", "bet", "--json", store=url, cwd=cwd).code == 2  # too short
+    # run ids are names: a start under 4 characters names a run too (#30)
+    assert pitstop_exe("history", "b", "--json", store=url, cwd=cwd).json["run_id"] == "beta-1"
     assert pitstop_exe("history", "beta", "--json", store=url, cwd=cwd).json["run_id"] == \
         "beta-1"
     assert pitstop_exe("send", "beta", "go", "true", store=url, cwd=cwd).code == 0
@@ -129,3 +130,40 @@ def test_a_unique_start_of_a_checkpoint_id_works_alone(store: tuple[Path, str]) 
     line = one_error_line(pitstop_exe("diff", shared, head, store=url, cwd=cwd))
     assert f"checkpoint id {shared!r} is ambiguous: it starts" in line
     assert "beta-1@" in line
+
+
+def test_a_run_id_start_under_four_characters_lists_the_runs(store: tuple[Path, str]) -> None:
+    cwd, url = store
+    line = one_error_line(pitstop_exe("show", "a", store=url, cwd=cwd))
+    assert "run id 'a' is ambiguous: 2 runs start with it" in line, line
+    assert "alpha-1" in line and "alpha-2" in line
+
+
+def test_the_python_api_takes_the_short_forms_the_cli_prints(store: tuple[Path, str]) -> None:
+    import importlib
+    import sys
+
+    import pitstop
+
+    cwd, url = store
+    entries = history(cwd, url, "alpha-1")
+    first = str(entries[-1]["id"])
+    sys.path.insert(0, str(cwd))
+    try:
+        wf = importlib.import_module("ids").wf
+        with pitstop.open_store(url) as opened:
+            forked = wf.fork(opened, f"alpha-1@{first[-8:]}", run_id="from-short")
+            origin = opened.history("from-short", limit=None)[-1].metadata["forked_from"]
+            assert origin["checkpoint_id"] == first
+            assert forked.status is pitstop.RunStatus.WAITING
+            # a run prefix alone names its latest checkpoint
+            wf.fork(opened, "bet", run_id="from-prefix")
+            assert opened.get_run("from-prefix").metadata["forked_from"] == "beta-1"
+            # resume --from takes a short id as well
+            resumed = wf.resume(opened, "alpha-1", from_checkpoint=first[-8:])
+            assert resumed.run_id == "alpha-1"
+            with pytest.raises(pitstop.AmbiguousReferenceError, match="2 runs start with it"):
+                wf.fork(opened, "alpha")
+    finally:
+        sys.path.remove(str(cwd))
+        sys.modules.pop("ids", None)

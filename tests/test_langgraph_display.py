@@ -128,3 +128,24 @@ def test_pickle_values_show_when_the_store_opted_in(tmp_path: Any) -> None:
         latest = store.latest("r")
         assert latest is not None
         assert state_view(store, latest) == {"v": {"kept": [1, 2]}}
+
+
+def test_short_ids_of_a_thread_are_unique_and_name_its_checkpoints(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every stored id of a thread ends with the same tag naming the thread: the short id is
+    the end of LangGraph's own id, so `show t1@ID` and `diff` name one checkpoint (#30)."""
+    url = f"sqlite:///{tmp_path / 'lg.db'}"
+    with pitstop.open_store(url) as store:
+        _chat(store, "t1")
+        _chat(store, "t1")
+        ids = [c.id for c in store.history("t1", limit=None)]
+    lines = _cli(capsys, url, "history", "t1").splitlines()
+    shown = [word for line in lines for word in line.split() if any(
+        cid.rpartition("~")[0].endswith(word) for cid in ids) and len(word) >= 8]
+    assert len(shown) == len(ids) == len(set(shown)), lines
+    for cid, short in zip(ids, shown, strict=True):
+        picked = json.loads(_cli(capsys, url, "show", f"t1@{short}", "--json"))
+        assert picked["checkpoint"]["id"] == cid
+    diffed = json.loads(_cli(capsys, url, "diff", f"t1@{shown[-1]}", f"t1@{shown[0]}", "--json"))
+    assert diffed["a"]["id"] == ids[-1] and diffed["b"]["id"] == ids[0]

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from .delta import Append, Merge
 from .errors import (
+    AmbiguousReferenceError,
     ArchiveError,
     BrokerUnavailableError,
     CacheKeyError,
@@ -118,6 +119,7 @@ __getattr__ = _lazy_getattr(__name__, globals(), _LAZY)
 
 
 __all__ = [
+    "AmbiguousReferenceError",
     "Append",
     "ArchiveError",
     "BrokerUnavailableError",

@@ -164,11 +164,26 @@ class RunNotStartedError(RunNotFoundError):
 
 
 class CheckpointNotFoundError(NotFoundError):
-    def __init__(self, checkpoint_id: str, *, run_id: str | None = None) -> None:
+    def __init__(self, checkpoint_id: str, *, run_id: str | None = None,
+                 detail: str | None = None) -> None:
         self.checkpoint_id = checkpoint_id
         self.run_id = run_id
         where = f" in run {run_id!r}" if run_id else ""
-        super().__init__(f"no checkpoint {checkpoint_id!r}{where}")
+        more = f" ({detail})" if detail else ""
+        super().__init__(f"no checkpoint {checkpoint_id!r}{where}{more}")
+
+
+class AmbiguousReferenceError(NotFoundError):
+    """A short form (a run id's start, ``RUN@ID``, a checkpoint id's start or end) that names
+    more than one run or checkpoint, or a checkpoint of another run than the one given.
+    ``candidates`` holds (up to a few of) the ids it could mean."""
+
+    def __init__(self, message: str, *, reference: str, run_id: str | None = None,
+                 candidates: tuple[str, ...] = ()) -> None:
+        self.reference = reference
+        self.run_id = run_id
+        self.candidates = candidates
+        super().__init__(message)
 
 
 class RunExistsError(PitstopError, ValueError):
@@ -413,6 +428,7 @@ class ScheduleError(PitstopError, ValueError):
 
 
 __all__ = [
+    "AmbiguousReferenceError",
     "ArchiveError",
     "BrokerUnavailableError",
     "CacheKeyError",

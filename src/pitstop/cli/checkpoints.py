@@ -207,12 +207,15 @@ def history(s: Session, run_id: str, limit: int) -> None:
             "more": more,
         })
         return
+    from pitstop.store.contract.lookup import short_ids
+
+    shown = short_ids(e.id for e in entries)  # unique in the listing, lengthened if need be
     rows = []
     for entry, row in zip(entries, graph, strict=True):
         meta = entry.metadata
         rows.append([
             styled(row.prefix, "magenta"),
-            styled(short(entry.id), "bold green" if entry.id == run.head_id else "bold"),
+            styled(shown[entry.id], "bold green" if entry.id == run.head_id else "bold"),
             str(entry.step),
             meta.get("step_name") or "-",
             entry.source or "-",

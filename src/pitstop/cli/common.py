@@ -19,8 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from pitstop.display.text import short
-from pitstop.errors import CheckpointNotFoundError, RunNotFoundError, StoreSchemaError
+from pitstop.errors import (
+    AmbiguousReferenceError,
+    CheckpointNotFoundError,
+    RunNotFoundError,
+    StoreSchemaError,
+)
 from pitstop.store import DEFAULT_URL, ENV_VAR, Store, open_store
 from pitstop.store.contract.urls import redact
 
@@ -251,66 +255,32 @@ def _describe(exc: BaseException) -> str:
 
 
 # -- naming checkpoints ------------------------------------------------------------------------
+# The rules live in pitstop.store.contract.lookup (the Python API takes the same short forms); here
+# their errors become one `error:` line.
 
 MIN_PREFIX = 4
-"""The shortest id prefix accepted (shorter ones match too much to mean anything)."""
-_LISTED = 5
-
-
-def _candidates(ids: list[str]) -> str:
-    shown = ", ".join(ids[:_LISTED])
-    return shown + (f", ... ({len(ids)} in all)" if len(ids) > _LISTED else "")
+"""The shortest checkpoint id start or end accepted."""
 
 
 def find_in_run(store: Store, run_id: str, ref: str) -> str:
     """The id of the checkpoint of ``run_id`` that ``ref`` names: its full id, or a unique
     short form (the end of the id as ``pitstop history`` prints it, or its beginning)."""
+    from pitstop.store.contract import lookup
+
     try:
-        summary = store.summary(ref)
-    except CheckpointNotFoundError:
-        summary = None
-    if summary is not None:
-        if summary.run_id != run_id:
-            raise CliError(
-                f"checkpoint {ref} belongs to run {summary.run_id!r}, not {run_id!r}"
-            )
-        return summary.id
-    if len(ref) < MIN_PREFIX:
-        raise CliError(f"checkpoint reference {ref!r} is too short (give at least "
-                       f"{MIN_PREFIX} characters)")
-    matches = [
-        s.id
-        for s in store.history(run_id, limit=None)
-        if s.id.endswith(ref) or s.id.startswith(ref)
-    ]
-    if not matches:
-        raise CliError(f"no checkpoint {ref!r} in run {run_id!r} (see `pitstop history {run_id}`)")
-    if len(matches) > 1:
-        raise CliError(
-            f"checkpoint reference {ref!r} is ambiguous in run {run_id!r} ({len(matches)} "
-            f"matches: {_candidates(matches)}); give more characters or the full id"
-        )
-    return matches[0]
+        return lookup.find_in_run(store, run_id, ref)
+    except (AmbiguousReferenceError, CheckpointNotFoundError) as exc:
+        raise CliError(str(exc)) from None
 
 
 def find_run(store: Store, text: str) -> Run:
-    """The run ``text`` names: its id, or a unique start of it (``01a2326a-2e98``)."""
+    """The run ``text`` names: its id, or a unique start of it (``01a2326a-2e98``, ``t``)."""
+    from pitstop.store.contract import lookup
+
     try:
-        return store.get_run(text)
-    except RunNotFoundError:
-        if len(text) < MIN_PREFIX:
-            raise
-    found = store.runs(id_prefix=text, limit=_LISTED + 1)
-    if not found:
-        raise RunNotFoundError(text)
-    if len(found) > 1:
-        total = sum(store.count_runs(id_prefix=text).values()) if len(found) > _LISTED \
-            else len(found)
-        ids = [r.id for r in found[:_LISTED]]
-        raise CliError(f"run id {text!r} is ambiguous: {total} runs start with it "
-                       f"({', '.join(ids)}{', ...' if total > len(ids) else ''}); "
-                       "give more characters")
-    return found[0]
+        return lookup.find_run(store, text)
+    except AmbiguousReferenceError as exc:
+        raise CliError(str(exc)) from None
 
 
 def run_reference(store: Store, text: str) -> tuple[Run, str | None]:
@@ -326,42 +296,22 @@ def resolve(store: Store, ref: str) -> str:
     """A checkpoint id from what a user typed: a checkpoint id, a run id or a unique start of
     one (its head), ``RUN@ID`` with ID as ``pitstop history RUN`` shows it, or a unique
     start of a checkpoint id. A start that fits a run is taken as the run."""
+    from pitstop.store.contract.lookup import resolve_checkpoint
+
     try:
-        return store.summary(ref).id
-    except CheckpointNotFoundError:
-        pass
-    try:
-        run, checkpoint_id = run_reference(store, ref)
+        return resolve_checkpoint(store, ref)
+    except AmbiguousReferenceError as exc:
+        raise CliError(str(exc)) from None
+    except CheckpointNotFoundError as exc:
+        if exc.run_id is not None:  # the run was found; its checkpoint was not
+            raise CliError(str(exc)) from None
+        where = f"no checkpoint or run {ref!r} in this store"
     except RunNotFoundError:
-        found = _checkpoint_prefix(store, ref)
-        if found is not None:
-            return found
-        where = f"no run {ref.rpartition('@')[0]!r} in this store (from {ref!r})" \
-            if "@" in ref else f"no checkpoint or run {ref!r} in this store"
-        raise CliError(
-            f"{where}; give a checkpoint id, a run id (for its latest checkpoint) or RUN@ID "
-            "with an id from `pitstop history RUN`"
-        ) from None
-    if checkpoint_id is not None:
-        return checkpoint_id
-    if run.head_id is None:
-        raise CliError(f"run {run.id!r} has no checkpoints yet")
-    return run.head_id
-
-
-def _checkpoint_prefix(store: Store, ref: str) -> str | None:
-    """The one checkpoint whose id starts with ``ref``; an error listing them if several."""
-    from pitstop.store.contract.lookup import checkpoints_with_prefix
-
-    if "@" in ref or len(ref) < MIN_PREFIX:
-        return None
-    found = checkpoints_with_prefix(store, ref, limit=_LISTED + 1)
-    if len(found) > 1:
-        shown = ", ".join(f"{run}@{short(cid)}" for cid, run in found[:_LISTED])
-        raise CliError(f"checkpoint id {ref!r} is ambiguous: it starts "
-                       f"{'more than ' if len(found) > _LISTED else ''}"
-                       f"{min(len(found), _LISTED)} checkpoints ({shown}); give more characters")
-    return found[0][0] if found else None
+        where = f"no run {ref.rpartition('@')[0]!r} in this store (from {ref!r})"
+    raise CliError(
+        f"{where}; give a checkpoint id, a run id (for its latest checkpoint) or RUN@ID "
+        "with an id from `pitstop history RUN`"
+    )
 
 
 def load_checkpoint(store: Store, checkpoint_id: str) -> Checkpoint:

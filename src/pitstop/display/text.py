@@ -66,7 +66,11 @@ start of a UUIDv7 is its timestamp, shared by checkpoints written in the same mi
 
 
 def short(checkpoint_id: str | None) -> str:
-    return "-" if checkpoint_id is None else checkpoint_id[-SHORT:]
+    """The short form of a checkpoint id, by the rule of ``store.contract.lookup.short_id``
+    (for a LangGraph checkpoint the end of its own id, not of the thread tag)."""
+    from ..store.contract.lookup import short_id
+
+    return short_id(checkpoint_id)
 
 
 

@@ -12,6 +12,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from ..errors import (
+    CheckpointNotFoundError,
     InputError,
     PitstopError,
     RunExistsError,
@@ -427,7 +428,7 @@ class Workflow:
             if from_checkpoint is not None:
                 if run is None:
                     run = self._own(store.get_run(run_id))
-                ckpt = store.get(from_checkpoint)
+                ckpt = store.get(self._in_run(store, run_id, from_checkpoint))
                 if ckpt.run_id != run_id:
                     raise ValueError(
                         f"checkpoint {from_checkpoint} belongs to run {ckpt.run_id!r}, not "
@@ -546,9 +547,18 @@ class Workflow:
         update: Mapping[str, Any] | None = None,
         run_id: str | None = None,
         policy: CheckpointPolicy | None = None,
+        add: bool = False,
     ) -> RunResult:
-        """Start a new run from an earlier checkpoint (of any run), with edited state."""
-        ckpt = store.fork(checkpoint_id, new_run_id=run_id, update=update, workflow=self.name)
+        """Start a new run from an earlier checkpoint (of any run), with edited state.
+
+        ``checkpoint_id`` is a checkpoint id or any short form the CLI takes: a run id (its
+        latest checkpoint), ``RUN@ID`` with ID as ``pitstop history`` prints it, a unique
+        start of a checkpoint id. ``update`` maps fields (or paths inside them:
+        ``"plan.goal"``, ``"messages[-1].content"``) to new values, converted to the type
+        the field holds as ``pitstop fork --set`` does; a field the state does not have is
+        refused with :class:`~pitstop.FieldEditError` (nothing is written) unless ``add``.
+        """
+        ckpt = self._fork(store, checkpoint_id, update, run_id, add)
         return self.resume(store, ckpt.run_id, policy=policy)
 
     def rerun(
@@ -617,6 +627,31 @@ class Workflow:
 
         return add_schedule(store, self, name, cron=cron, timezone=timezone, input=input,
                             catchup=catchup, overlap=overlap)
+
+    def _fork(
+        self,
+        store: Store,
+        reference: str,
+        update: Mapping[str, Any] | None,
+        run_id: str | None,
+        add: bool,
+    ) -> Checkpoint:
+        """The forked run's first checkpoint: the reference resolved, the edits checked (one
+        validation for the Python API, the CLI and the inspector)."""
+        from ..store.contract.lookup import resolve_checkpoint
+
+        checkpoint_id = resolve_checkpoint(store, reference)
+        return store.fork(checkpoint_id, new_run_id=run_id, update=update, workflow=self.name)
+
+    @staticmethod
+    def _in_run(store: Store, run_id: str, reference: str) -> str:
+        """The id of a checkpoint given by its id or by a short form within ``run_id``."""
+        from ..store.contract.lookup import find_in_run
+
+        try:
+            return store.summary(reference).id
+        except CheckpointNotFoundError:
+            return find_in_run(store, run_id, reference)
 
     def enqueue(
         self,
@@ -701,13 +736,12 @@ class Workflow:
         update: Mapping[str, Any] | None = None,
         run_id: str | None = None,
         policy: CheckpointPolicy | None = None,
+        add: bool = False,
     ) -> RunResult:
         """:meth:`fork` for asyncio."""
         import asyncio
 
-        ckpt = await asyncio.to_thread(
-            store.fork, checkpoint_id, new_run_id=run_id, update=update, workflow=self.name
-        )
+        ckpt = await asyncio.to_thread(self._fork, store, checkpoint_id, update, run_id, add)
         return await self.aresume(store, ckpt.run_id, policy=policy)
 
 

@@ -46,12 +46,10 @@ def _ago(value: datetime | None) -> str:
 
 
 def _short(value: str | None) -> str:
-    """The short id ``pitstop history`` shows; for a LangGraph checkpoint (``X~<run tag>``),
-    the end of LangGraph's own id, since the tag is the same for all of a thread's."""
+    """The short id ``pitstop history`` shows (the end of LangGraph's own id for a LangGraph
+    checkpoint, since the tag that ends the stored id is the same for all of a thread's)."""
     from ..display.text import short
 
-    if value and "~" in value:
-        value = value.rpartition("~")[0]
     return short(value)
 
 
