@@ -229,3 +229,29 @@ def test_pydantic_models_validate_with_their_own_rules() -> None:
     assert apply_field_edits(state, {"budget": {"amount": "7"}}) == {"budget": Budget(amount=7)}
     assert "at budget.amount" in refused(state, {"budget": {"amount": "many"}})
     assert apply_field_edits(state, {"budget.currency": "USD"})["budget"].currency == "USD"
+
+
+def test_workflow_fork_from_python_refuses_a_misspelled_field(tmp_path: Any) -> None:
+    """``wf.fork(update=...)`` goes through the same checks as ``pitstop fork --set`` (#30):
+    a typo is refused naming the field and nothing is written; ``add=True`` adds it; values
+    are converted to the field's type and paths reach inside."""
+    wf = pitstop.Workflow("edits-fork")
+
+    @wf.step(wait_for="go")
+    def draft(state: dict[str, Any], go: Any) -> dict[str, Any]:
+        return {"done": True}
+
+    with pitstop.open_store(f"sqlite:///{tmp_path / 'f.db'}") as store:
+        started = wf.start(store, {"title": "Q3 plan", "plan": Plan("ship", [Step("a")])},
+                           run_id="src")
+        runs_before = store.count_runs()
+        with pytest.raises(FieldEditError, match="titel") as caught:
+            wf.fork(store, started.checkpoint_id, update={"titel": "Q4"})
+        assert caught.value.field == "titel"
+        assert store.count_runs() == runs_before  # nothing was written
+        forked = wf.fork(store, "src", update={"title": "Q4", "plan.steps[0].done": True},
+                         run_id="edited")
+        assert forked.state["title"] == "Q4"
+        assert forked.state["plan"] == Plan("ship", [Step("a", done=True)])
+        added = wf.fork(store, "src", update={"titel": "Q4"}, add=True, run_id="added")
+        assert added.state["titel"] == "Q4"

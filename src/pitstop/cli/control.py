@@ -20,7 +20,6 @@ from .common import (
     CliError,
     Session,
     find_in_run,
-    load_checkpoint,
     load_workflow,
     parse_json,
     resolve,
@@ -228,21 +227,15 @@ def fork(
     not fit the field's type, is refused (exit 2) and nothing is written. Exits 1 if the new
     run failed.
     """
-    from pitstop.edits import apply_field_edits
-
     edits = _edits(assignments)
     workflow = load_workflow(spec)
     store = s.store()
     checkpoint_id = resolve(store, ref)
-    updates: dict[str, Any] = {}
-    if edits:
-        source = load_checkpoint(store, checkpoint_id)
-        try:
-            updates = apply_field_edits(source.state, edits, add=add,
-                                        state_type=workflow.state_type)
-        except FieldEditError as exc:
-            raise CliError(f"--set: {exc} (nothing was written)") from None
-    return _result(s, workflow.fork(store, checkpoint_id, update=updates, run_id=new_run_id))
+    try:  # the edits are checked by Workflow.fork, as for a Python caller
+        result = workflow.fork(store, checkpoint_id, update=edits, run_id=new_run_id, add=add)
+    except FieldEditError as exc:
+        raise CliError(f"--set: {exc} (nothing was written)") from None
+    return _result(s, result)
 
 
 @command("rerun", examples=["pitstop rerun 7f3a9c --from-step summarize --workflow flows:report",

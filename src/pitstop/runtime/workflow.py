@@ -638,9 +638,13 @@ class Workflow:
     ) -> Checkpoint:
         """The forked run's first checkpoint: the reference resolved, the edits checked (one
         validation for the Python API, the CLI and the inspector)."""
+        from ..edits import apply_field_edits
         from ..store.contract.lookup import resolve_checkpoint
 
         checkpoint_id = resolve_checkpoint(store, reference)
+        if update:
+            source = store.get(checkpoint_id)
+            update = apply_field_edits(source.state, update, add=add, state_type=self.state_type)
         return store.fork(checkpoint_id, new_run_id=run_id, update=update, workflow=self.name)
 
     @staticmethod
