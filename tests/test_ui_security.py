@@ -128,8 +128,13 @@ def test_token_specs() -> None:
                                                                  "bob": "bbbbbbbb"}
     assert parse_tokens("alice:aaaaaaaa,bob:bbbbbbbb")["bob"] == "bbbbbbbb"
     assert parse_tokens("a9/+=:x==-longer") == {"token": "a9/+=:x==-longer"}
-    with pytest.raises(ValueError, match="shorter"):
-        parse_tokens("short")
+    # a bare secret is not named 'token' in the message, and the secret is never echoed (#30)
+    with pytest.raises(ValueError, match=r"^the token has 3 characters; use at least 8") as bare:
+        parse_tokens("abc")
+    assert "'token'" not in str(bare.value) and "abc" not in str(bare.value)
+    with pytest.raises(ValueError, match="secret of token 'alice' has 5 characters") as named:
+        parse_tokens("alice:short")
+    assert "short" not in str(named.value).replace("shorter", "")
     with pytest.raises(ValueError, match="two tokens"):
         parse_tokens(["aaaaaaaa", "bbbbbbbb"])
 

@@ -5,6 +5,7 @@ states compared field by field.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -171,6 +172,14 @@ def _note(entry: CheckpointSummary, head_id: str | None, branch_point: bool) -> 
     return ", ".join(notes)
 
 
+def _step_label(meta: Mapping[str, Any]) -> str:
+    """The step a checkpoint belongs to: the one that ran before it, or for a checkpoint that
+    stopped a run in a step (waiting for its input or timer, failed) that step."""
+    if meta.get("status") in ("waiting", "failed") and meta.get("next"):
+        return str(meta["next"])
+    return str(meta.get("step_name") or "-")
+
+
 @command("history", examples=["pitstop history 7f3a9c", "pitstop history 7f3a9c --limit 0 --json"])
 @click.argument("run_id", metavar="RUN")
 @click.option("--limit", type=click.IntRange(min=0), default=50, show_default=True,
@@ -217,7 +226,7 @@ def history(s: Session, run_id: str, limit: int) -> None:
             styled(row.prefix, "magenta"),
             styled(shown[entry.id], "bold green" if entry.id == run.head_id else "bold"),
             str(entry.step),
-            meta.get("step_name") or "-",
+            _step_label(meta),
             entry.source or "-",
             status_cell(meta.get("status")),
             local_time(entry.created_at),

@@ -65,10 +65,12 @@ def send(s: Session, run_id: str, name: str, payload: str) -> None:
                    f"(pitstop resume {run_id} --workflow MODULE:ATTR, or a worker)")
 
 
-def _result(s: Session, result: RunResult) -> int:
+def _result(s: Session, result: RunResult, *, note: str | None = None) -> int:
+    """Print where a run stands; ``note`` says why nothing ran (a resume with nothing to do)."""
     error = dict(result.error) if result.error else None
     if s.as_json:
         s.out.json({
+            **({"nothing_ran": note} if note else {}),
             "run_id": result.run_id,
             "status": result.status.value,
             "step": result.step,
@@ -78,6 +80,8 @@ def _result(s: Session, result: RunResult) -> int:
             "error": error,
         })
     else:
+        if note:
+            s.out.line(note, "yellow")
         s.out.fields([
             ("run", result.run_id),
             ("status", status_cell(result.status.value)),
@@ -188,7 +192,29 @@ def resume(s: Session, run_id: str, ref: str | None, spec: str) -> int:
     if at is not None and ref is not None:
         raise CliError(f"{run_id!r} names a checkpoint already; drop --from {ref}")
     checkpoint_id = at or (find_in_run(store, run.id, ref) if ref is not None else None)
-    return _result(s, workflow.resume(store, run.id, from_checkpoint=checkpoint_id))
+    result = workflow.resume(store, run.id, from_checkpoint=checkpoint_id)
+    idle = checkpoint_id is None and result.checkpoint_id == run.head_id
+    return _result(s, result, note=_nothing_ran(result, spec) if idle else None)
+
+
+def _nothing_ran(result: RunResult, spec: str) -> str:
+    """What a resume that ran nothing found, and the way on from there."""
+    run_id = result.run_id
+    if result.status is RunStatus.COMPLETED:
+        return (f"run {run_id} had already completed: nothing was run (to run it again from a "
+                f"checkpoint: pitstop fork {run_id}@ID --workflow {spec})")
+    if result.status is RunStatus.CANCELLED:
+        return (f"run {run_id} is cancelled: nothing was run (pitstop fork {run_id} "
+                f"--workflow {spec} starts a new run from where it stopped)")
+    if result.status is RunStatus.WAITING and result.waiting_for:
+        names = ", ".join(repr(name) for name in result.waiting_for)
+        first = result.waiting_for[0]
+        return (f"run {run_id} still waits for input {names}: nothing was run (deliver it "
+                f"with pitstop send {run_id} {first} JSON, then resume)")
+    if result.status is RunStatus.WAITING and result.wake_at:
+        return (f"run {run_id} sleeps until {local_time(result.wake_at)}: nothing was run "
+                "(resume it then, or let a worker)")
+    return f"run {run_id} is {result.status.value}: nothing was run"
 
 
 def _edits(assignments: Sequence[str]) -> dict[str, Any]:

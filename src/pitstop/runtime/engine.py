@@ -194,6 +194,9 @@ class Execution:
         self.last_step: str | None = None
         self.completed: list[str] = []
         self.attempts: dict[str, int] = {}
+        # Attempts of a step made before its retries were renewed (a manual resume of a failed
+        # run, a parked retry): `attempts` counts every attempt, the Retry budget the rest.
+        self.renewed_at: dict[str, int] = {}
         self.timers: dict[str, float] = {}
         self.deadlines: dict[str, float] = {}
         self.retries: dict[str, int] = {}  # "position:step" -> times parked for retry_failed
@@ -236,6 +239,8 @@ class Execution:
             meta["branch"] = self.branch
         if self.attempts:
             meta["attempts"] = self.attempts
+        if self.renewed_at:
+            meta["renewed_at"] = self.renewed_at
         if self.timers:
             meta["timers"] = self.timers
         if self.deadlines:
@@ -367,6 +372,7 @@ class Execution:
         self.last_step = meta.get("step_name")
         self.completed = list(meta.get("completed", ()))
         self.attempts = dict(meta.get("attempts", {}))
+        self.renewed_at = dict(meta.get("renewed_at", {}))
         self.timers = dict(meta.get("timers", {}))
         self.deadlines = dict(meta.get("deadlines", {}))
         self.retries = dict(meta.get("retries", {}))
@@ -476,11 +482,12 @@ class Execution:
                 retry = spec.options.retry or wf.retry
                 self.attempts[spec.name] = attempt
                 error = _describe(exc, spec.name, attempt)
-                if retry is not None and retry.retries(exc, attempt):
+                budget = attempt - self.renewed_at.get(spec.name, 0)  # since renewed
+                if retry is not None and retry.retries(exc, budget):
                     self.changed = self.step_start_changed
                     self.deltas = self.step_start_deltas
                     yield from self.checkpoint(RunStatus.RUNNING, source="retry", error=error)
-                    delay = retry.delay(attempt)
+                    delay = retry.delay(budget)
                     log.info(kv(event="retry", run=self.run_id, step=spec.name, attempt=attempt,
                                 delay=f"{delay:g}s", error=f"{error['type']}: {exc}"),
                              extra={"run_id": self.run_id, "step": spec.name,
@@ -514,6 +521,7 @@ class Execution:
             if spec.name not in self.completed:
                 self.completed.append(spec.name)
             self.attempts.pop(spec.name, None)
+            self.renewed_at.pop(spec.name, None)
             self._clear_step_state(spec.name)
             self.last_step = spec.name
             self.position += 1
@@ -669,6 +677,12 @@ class Execution:
         yield from self.checkpoint(RunStatus.WAITING, sync=True, waiting_for=names)
         return self.result(RunStatus.WAITING, waiting_for=tuple(names), step=spec.name)
 
+    def renew_attempts(self, step: str) -> None:
+        """Give ``step`` a fresh set of its retries; its attempt count goes on (the error and
+        ``ctx.attempt`` say how many times it ran in all)."""
+        if step in self.attempts:
+            self.renewed_at[step] = self.attempts[step]
+
     def _fail(
         self, error: dict[str, Any], *, step: str | None = None
     ) -> Generator[Op, Any, RunResult]:
@@ -684,7 +698,7 @@ class Execution:
                 # Park the run instead of failing it: a worker takes it up again when due,
                 # with a fresh set of the step's own retries.
                 self.retries[key] = parked
-                self.attempts.pop(step, None)
+                self.renew_attempts(step)
                 wake_at = time.time() + retry.delay(parked)
                 yield from self.checkpoint(
                     RunStatus.WAITING, sync=True, source="retry", error=error, wake_at=wake_at

@@ -476,8 +476,9 @@ class Workflow:
         execution = self._execution(store, run_id, lease, ckpt, policy)
         execution.parent_run = run.parent_run
         if status is RunStatus.FAILED:
-            # A manual resume retries the failed step with a fresh set of attempts.
-            execution.attempts.pop(execution.next or "", None)
+            # A manual resume retries the failed step with a fresh set of retries; the
+            # attempt counter goes on, so the next error says "attempt 2".
+            execution.renew_attempts(execution.next or "")
         return execution, None, status
 
     def _finish(self, store: Store, result: RunResult) -> RunResult:

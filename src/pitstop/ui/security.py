@@ -38,12 +38,12 @@ class Identity:
 
 def parse_tokens(specs: str | Iterable[str] | Mapping[str, str] | None) -> dict[str, str]:
     """``{name: secret}`` from ``"secret"``, ``"name:secret"``, several of those separated by
-    commas, or a mapping. A bare secret is named ``token``. ValueError if one is too short or
-    two share a name."""
+    commas, or a mapping. A bare secret is named ``token`` (errors call it "the token").
+    ValueError if one is too short or two share a name."""
     if specs is None:
         return {}
     if isinstance(specs, Mapping):
-        pairs = [(str(k), str(v)) for k, v in specs.items()]
+        pairs = [(str(k), str(v), True) for k, v in specs.items()]
     else:
         items = [specs] if isinstance(specs, str) else list(specs)
         pairs = []
@@ -53,15 +53,19 @@ def parse_tokens(specs: str | Iterable[str] | Mapping[str, str] | None) -> dict[
                 if not spec:
                     continue
                 name, sep, secret = spec.partition(":")
-                if not sep or not _NAME.match(name):
+                named = bool(sep) and bool(_NAME.match(name))
+                if not named:
                     name, secret = "token", spec
-                pairs.append((name, secret))
+                pairs.append((name, secret, named))
     tokens: dict[str, str] = {}
-    for name, secret in pairs:
+    for name, secret, named in pairs:
         if not _NAME.match(name):
             raise ValueError(f"token name {name!r}: use letters, digits, '_', '.' or '-'")
         if len(secret) < MIN_TOKEN:
-            raise ValueError(f"token {name!r} is shorter than {MIN_TOKEN} characters")
+            # Say whose token, never the secret itself (a bare one has no name of its own).
+            which = f"the secret of token {name!r}" if named else "the token"
+            raise ValueError(f"{which} has {len(secret)} characters; use at least {MIN_TOKEN} "
+                             "(e.g. --token \"$(openssl rand -hex 16)\")")
         if name in tokens:
             raise ValueError(f"two tokens are named {name!r} (name them: --token NAME:SECRET)")
         tokens[name] = secret
