@@ -34,6 +34,13 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     assert (tmp_path / "site" / "reference" / "workflows" / "index.html").exists()
     cli_page = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text()
     assert "pitstop start" in cli_page and "--log-level" in cli_page
+    tools_page = (tmp_path / "site" / "reference" / "tools" / "index.html").read_text()
+    assert 'id="pitstop.ui.create_app"' in tools_page
+    # the site works offline and leaks nothing: no page loads anything from another host
+    for page in (tmp_path / "site").rglob("*.html"):
+        remote = re.findall(r'<(?:link|script)[^>]+(?:href|src)="(https?://[^"]+)"',
+                            page.read_text())
+        assert remote == [], f"{page.relative_to(tmp_path)} loads {remote}"
 
 
 def test_every_page_is_in_the_nav() -> None:

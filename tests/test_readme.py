@@ -50,3 +50,20 @@ def test_ci_installs_the_pinned_cpu_torch_before_the_tests() -> None:
     torch_line = ".venv/bin/pip install -q torch==2.13.0"
     assert torch_line in ci and ci.index(torch_line) < ci.index(tests)
     assert not re.search(r"install[^\n]*\btorch(?!==2\.13\.0)\b", ci)  # never an open range
+
+
+def test_the_readme_shows_a_typed_state_that_runs() -> None:
+    """A dataclass state declared with ``Workflow(name, state=...)``, as the README shows it,
+    runs as written (#30: the README never showed how)."""
+    text = (ROOT / "README.md").read_text()
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "state=Review" in b]
+    assert len(blocks) == 1, "the README shows one dataclass state declared with state="
+    names: dict[str, object] = {}
+    exec(compile(blocks[0], "README.md", "exec"), names)  # noqa: S102 - our own README
+    done = names["done"]
+    assert repr(done.state) == "Review(vendor='Acme Corp', risk='high')"  # type: ignore[attr-defined]
+
+
+def test_the_readme_says_the_browser_tests_need_debians_chromium() -> None:
+    text = " ".join((ROOT / "README.md").read_text().split())
+    assert "Debian's Chromium" in text and "apt-get install -y chromium" in text

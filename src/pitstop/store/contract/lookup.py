@@ -103,7 +103,7 @@ def find_in_run(store: Store, run_id: str, ref: str) -> str:
         return summary.id
     if len(ref) < MIN_PREFIX:
         raise CheckpointNotFoundError(ref, run_id=run_id, detail=(
-            f"the reference is too short (give at least {MIN_PREFIX} characters)"))
+            f"too short: give at least {MIN_PREFIX} characters"))
     ids = [s.id for s in store.history(run_id, limit=None)]
     matches = [cid for cid in ids if _core(cid).endswith(ref) or cid.startswith(ref)]
     if not matches:
