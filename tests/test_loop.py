@@ -248,3 +248,38 @@ def test_sigkill_during_async_save_keeps_the_previous_checkpoint(tmp_path: Path)
             assert (latest.state["w"] == n).all() and (latest.state["also"] == n).all()
             assert not [p for p in store.verify() if p.kind != "blob"]
             last = n
+
+
+def test_a_loop_keeps_its_last_three_checkpoints_and_tagged_ones_by_default(
+    tmp_path: Path,
+) -> None:
+    """20 checkpoints of a model are 20 copies of its weights: by default a Checkpointer
+    keeps the newest 3 and every tagged one, and the SQLite file shrinks back (#30)."""
+    path = tmp_path / "train.db"
+    weights = 1 << 20
+    with pitstop.open_store(f"sqlite:///{path}", blobs=False) as store:
+        with Checkpointer(store, "train") as ckpt:
+            for step in range(20):
+                state = {"weights": np.random.default_rng(step).random(weights // 8),
+                         "step": step}
+                ckpt.save(state, tags=["best"] if step == 5 else ())
+        kept = [c.metadata["iteration"] for c in store.history("train", limit=None)]
+        assert kept == [20, 19, 18, 6]  # the newest 3 and the one tagged "best"
+    assert path.stat().st_size < 6 * weights  # 4 states kept, not 20
+    with pitstop.open_store(f"sqlite:///{path}") as store:
+        with Checkpointer(store, "all", retention=None) as ckpt:
+            for step in range(5):
+                ckpt.save({"step": step})
+        assert len(store.history("all", limit=None)) == 5
+
+
+def test_retention_can_keep_every_nth_checkpoint(url: str) -> None:
+    policy = RetentionPolicy(keep_last=2, keep_every=5, keep_milestones=False)
+    with pitstop.open_store(url) as store:
+        with Checkpointer(store, "sparse", retention=policy) as ckpt:
+            for step in range(12):
+                ckpt.save({"step": step})
+        steps = [c.step for c in store.history("sparse", limit=None)]
+    assert steps == [11, 10, 5, 0]
+    with pytest.raises(ValueError, match="keep_every must be at least 1"):
+        RetentionPolicy(keep_every=0)

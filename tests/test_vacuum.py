@@ -4,7 +4,10 @@ PostgreSQL the output says what VACUUM does and does not return."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import sqlite3
 import uuid
 from pathlib import Path
 
@@ -13,6 +16,7 @@ import pytest
 import pitstop
 from clitools import pitstop_exe
 from conftest import POSTGRES_SKIP, drop_pg_schema, pg_schema_url
+from pitstop.cli.render import human_bytes
 
 
 def fill(url: str, runs: int = 3) -> None:
@@ -25,15 +29,48 @@ def fill(url: str, runs: int = 3) -> None:
                        status=pitstop.RunStatus.COMPLETED)
 
 
-def test_sqlite_prune_says_how_to_get_the_space_back_and_vacuum_does(tmp_path: Path) -> None:
+def _legacy_file(path: Path) -> None:
+    """A SQLite file as pitstop made them before incremental auto-vacuum: WAL, no
+    auto-vacuum (the mode is fixed once the file's first page is written)."""
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.execute("PRAGMA auto_vacuum=NONE")
+        db.execute("PRAGMA journal_mode=WAL")
+
+
+def _file_named(out: str) -> str:
+    found = re.search(r"the SQLite file is ([\d.]+ \w+)", out)
+    assert found, out
+    return found.group(1)
+
+
+def test_a_sqlite_prune_gives_the_space_back_itself(tmp_path: Path) -> None:
+    """A file pitstop creates uses incremental auto-vacuum: the prune shrinks it with no
+    `vacuum`, and says the size the file has (not the file plus its WAL, #30)."""
     path = tmp_path / "runs.db"
     url = f"sqlite:///{path}"
     fill(url)
     before = path.stat().st_size
     pruned = pitstop_exe("prune", "--finished-older-than", "0s", store=url)
     assert pruned.code == 0, pruned
-    assert "the SQLite file is still" in pruned.out and "of it free for new checkpoints" in \
-        pruned.out and "`pitstop vacuum`" in pruned.out
+    assert "the freed space went back to the file system" in pruned.out, pruned.out
+    assert path.stat().st_size < before / 4
+    assert _file_named(pruned.out) == human_bytes(path.stat().st_size)
+    assert pitstop_exe("stats", "--json", store=url).json["free_bytes"] == 0
+
+
+def test_an_older_sqlite_file_is_told_to_vacuum_and_then_shrinks_by_itself(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "runs.db"
+    url = f"sqlite:///{path}"
+    _legacy_file(path)
+    fill(url)
+    before = path.stat().st_size
+    pruned = pitstop_exe("prune", "--finished-older-than", "0s", store=url)
+    assert pruned.code == 0, pruned
+    assert "of it free for new checkpoints" in pruned.out and "`pitstop vacuum`" in pruned.out
+    # the size named is the file's own, whatever the write-ahead log beside it holds
+    assert _file_named(pruned.out) == human_bytes(path.stat().st_size), pruned.out
     stats = pitstop_exe("stats", store=url)
     assert "free (deleted checkpoints); `pitstop vacuum` gives it back" in stats.out
     assert pitstop_exe("stats", "--json", store=url).json["free_bytes"] > 5 << 20
@@ -42,6 +79,11 @@ def test_sqlite_prune_says_how_to_get_the_space_back_and_vacuum_does(tmp_path: P
     assert vacuumed.json["returned"] > 5 << 20
     assert path.stat().st_size < before / 4
     assert "gives it back" not in pitstop_exe("stats", store=url).out
+    # the vacuum switched the file to incremental auto-vacuum: the next prune shrinks it
+    fill(url)
+    grown = path.stat().st_size
+    assert pitstop_exe("prune", "--finished-older-than", "0s", store=url).code == 0
+    assert path.stat().st_size < grown / 4
 
 
 def test_prune_vacuum_does_both(tmp_path: Path) -> None:

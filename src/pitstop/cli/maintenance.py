@@ -210,8 +210,8 @@ def prune(
 
 
 def _space_json(space: Space) -> dict[str, Any]:
-    return {"backend": space.backend, "size": space.size, "free": space.free,
-            "advice": space.advice}
+    return {"backend": space.backend, "size": space.size, "file": space.file,
+            "wal": space.wal, "free": space.free, "advice": space.advice}
 
 
 def _vacuum_json(report: VacuumReport | None) -> dict[str, Any] | None:
@@ -224,9 +224,15 @@ def _vacuum_json(report: VacuumReport | None) -> dict[str, Any] | None:
 def _say_space(s: Session, space: Space) -> None:
     """After a prune: the space is not given back by itself; say what does it."""
     if space.backend == "sqlite":
-        s.out.note(f"the SQLite file is still {human_bytes(space.size)}, "
-                   f"{human_bytes(space.free)} of it free for new checkpoints; "
-                   "`pitstop vacuum` (or prune --vacuum) gives that back to the file system")
+        log = f" (and a {human_bytes(space.wal)} write-ahead log beside it)" if space.wal else ""
+        if space.free:
+            s.out.note(f"the SQLite file is {human_bytes(space.file)}{log}, "
+                       f"{human_bytes(space.free)} of it free for new checkpoints; "
+                       "`pitstop vacuum` (or prune --vacuum) gives that back to the file "
+                       "system")
+        else:
+            s.out.note(f"the SQLite file is {human_bytes(space.file)}{log}: the freed space "
+                       "went back to the file system")
     elif space.backend == "postgresql":
         s.out.note(space.advice)
 

@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from ..errors import LeaseLostError
 from ..model import Checkpoint
@@ -67,6 +67,11 @@ def host_copy(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
+LOOP_RETENTION: Final = RetentionPolicy(keep_last=3, keep_milestones=True)
+"""What a :class:`Checkpointer` keeps unless told otherwise: the newest 3 checkpoints of its
+run and every tagged one."""
+
+
 class Checkpointer:
     """Saves a loop's state as checkpoints of run ``run_id``, when ``policy`` says so.
 
@@ -84,9 +89,15 @@ class Checkpointer:
     Errors of a background write are raised by the next :meth:`save`, :meth:`wait` or
     :meth:`close`.
 
-    ``retention`` prunes the run's old checkpoints after each save (e.g.
-    ``RetentionPolicy(keep_last=3)``: a training run keeps three). ``durability`` overrides
-    the store's (``"full"``: each checkpoint fsynced before it counts as written).
+    ``retention`` prunes the run's old checkpoints after each save. By default
+    (``pitstop.runtime.loop.LOOP_RETENTION``) a loop keeps its newest 3 checkpoints and
+    every tagged one (``save(..., tags=["best"])``), as Orbax's ``max_to_keep`` or
+    Lightning's ``save_top_k`` do: 20 checkpoints of a model are 20 copies of its weights.
+    ``RetentionPolicy(keep_last=5, keep_every=1000)`` also keeps every 1000th step;
+    ``retention=None`` keeps everything.
+    Space freed by a prune goes back to the file system on a SQLite store.
+    ``durability`` overrides the store's (``"full"``: each checkpoint fsynced before it
+    counts as written).
     """
 
     def __init__(
@@ -97,7 +108,7 @@ class Checkpointer:
         policy: CheckpointPolicy | None = None,
         async_save: bool = False,
         durability: Durability | None = None,
-        retention: RetentionPolicy | None = None,
+        retention: RetentionPolicy | None = LOOP_RETENTION,
         workflow: str | None = None,
         metadata: Mapping[str, Any] | None = None,
         lease_ttl: float = 30.0,
@@ -159,13 +170,20 @@ class Checkpointer:
 
     # -- save ------------------------------------------------------------------------------------
 
-    def save(self, state: State | Callable[[], State], *, force: bool = False) -> bool:
+    def save(
+        self, state: State | Callable[[], State], *, force: bool = False,
+        tags: Iterable[str] = (),
+    ) -> bool:
         """Checkpoint ``state`` (or what the callable returns) if the policy says it is due,
         or if ``force``. Returns whether a checkpoint was taken (with ``async_save``: started).
 
         Pass a callable (``lambda: {"model": model.state_dict(), ...}``) so the state is only
         built when a checkpoint is taken. Each call counts as one iteration for the policy.
+        ``tags`` (``["best"]``) name the checkpoint: it is taken whatever the policy says, and
+        retention keeps it (``keep_milestones``, on by default).
         """
+        tags = list(tags)
+        force = force or bool(tags)
         self._check()
         self._iteration += 1
         if not force and not self.schedule.due():
@@ -174,10 +192,12 @@ class Checkpointer:
             if not force:
                 return False  # stays due: the first call after the write completes takes it
             self.wait()
-        self._take(state, force=force)
+        self._take(state, force=force, tags=tags)
         return True
 
-    def _take(self, state: State | Callable[[], State], *, force: bool) -> None:
+    def _take(
+        self, state: State | Callable[[], State], *, force: bool, tags: list[str] | None = None,
+    ) -> None:
         started = self._clock()
         value = state() if callable(state) else state
         if not isinstance(value, Mapping):
@@ -187,6 +207,8 @@ class Checkpointer:
             )
         self._state = state
         metadata: dict[str, Any] = {"source": "loop", "iteration": self._iteration}
+        if tags:
+            metadata["tags"] = tags
         if self._positions:
             metadata["iterate"] = {name: dict(p) for name, p in self._positions.items()}
         if self.async_save:

@@ -359,6 +359,10 @@ def default_blob_dir(path: str) -> str:
     return os.fspath(path) + "-blobs"
 
 
+_RECLAIM_FROM: Final = 1 << 20
+"""Free bytes inside the file from which a prune gives them back to the file system."""
+
+
 class SQLiteStore(SqlStore, RunTransfer):
     """A store in one SQLite file (or in memory, for :class:`~pitstop.store.MemoryStore`)."""
 
@@ -463,6 +467,9 @@ class SQLiteStore(SqlStore, RunTransfer):
             raise error from exc
         try:
             if self.path != ":memory:":
+                # Set before the file's first page is written (a no-op on an existing file):
+                # prunes then give freed pages back to the file system (vacuum.reclaim).
+                conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
                 # Switching to WAL needs a moment of exclusive access; other processes opening
                 # the same new file at once may hold it, so retry like any busy transaction.
                 self._retrying(lambda: conn.execute("PRAGMA journal_mode=WAL"))
@@ -541,6 +548,18 @@ class SQLiteStore(SqlStore, RunTransfer):
         except (sqlite3.DatabaseError, CorruptCheckpointError, StoreError) as exc:
             return [str(exc)]  # too damaged to check: that is the finding
         return [str(line) for (line,) in rows if line != "ok"]
+
+    def _give_space_back(self) -> None:
+        from .vacuum import reclaim
+
+        if self.path == ":memory:":
+            return
+        # Only when there is something worth a connection and a log checkpoint: a loop that
+        # prunes after every save frees a little each time.
+        pages, page_size = self._tx(lambda tx: (tx.one("PRAGMA freelist_count"),
+                                                tx.one("PRAGMA page_size")))
+        if pages and page_size and int(pages[0]) * int(page_size[0]) >= _RECLAIM_FROM:
+            reclaim(self)
 
     def close(self) -> None:
         self._run_before_close()

@@ -1,8 +1,12 @@
 """Giving the space of deleted checkpoints back: what a prune leaves, and vacuuming it.
 
-Deleting rows does not shrink a database. SQLite keeps the freed pages inside the file (on
-its freelist) and reuses them for new checkpoints; only ``VACUUM``, which rewrites the file,
-returns them to the file system. PostgreSQL's (auto)vacuum makes dead rows' space reusable
+Deleting rows does not shrink a database by itself. A SQLite store made by pitstop uses
+incremental auto-vacuum (``PRAGMA auto_vacuum=INCREMENTAL``, set when the file is created), so
+every prune that deletes something gives the freed pages back at once (:func:`reclaim`: moving
+the last pages into the holes and truncating the file, a fraction of a second for ~100 MiB)
+and folds the write-ahead log back; a file made before that keeps freed pages on its
+freelist for new checkpoints until ``VACUUM`` (``pitstop vacuum``), which also switches it
+to incremental auto-vacuum. PostgreSQL's (auto)vacuum makes dead rows' space reusable
 by new rows but returns to the operating system only empty pages at a table's end; ``VACUUM
 FULL`` rewrites the tables and returns the rest, holding an exclusive lock on each table
 while it does (every reader and writer of the store waits).
@@ -40,6 +44,17 @@ class Space:
     free: int | None
     """Bytes inside ``size`` that hold no data and that a vacuum could return (SQLite: the
     freelist); None where the database cannot say cheaply (PostgreSQL)."""
+
+    wal: int | None = None
+    """SQLite: bytes of the write-ahead log beside the file (inside ``size``); folded into
+    the file and truncated at the next checkpoint of the log."""
+
+    @property
+    def file(self) -> int | None:
+        """Bytes of the store's file alone (SQLite: without the write-ahead log)."""
+        if self.size is None:
+            return None
+        return self.size - (self.wal or 0)
 
     @property
     def advice(self) -> str:
@@ -94,7 +109,8 @@ def free_space(store: Store) -> Space:
         with _sqlite(path) as db:
             pages = db.execute("PRAGMA freelist_count").fetchone()[0]
             page_size = db.execute("PRAGMA page_size").fetchone()[0]
-        return Space("sqlite", _sqlite_size(path), int(pages) * int(page_size))
+        wal = os.path.getsize(path + "-wal") if os.path.exists(path + "-wal") else 0
+        return Space("sqlite", _sqlite_size(path), int(pages) * int(page_size), wal=wal)
     if backend == "postgresql":
         with _postgres(store) as conn:
             return Space("postgresql", _postgres_size(conn, store), None)
@@ -123,6 +139,9 @@ def vacuum(store: Store, *, full: bool = False) -> VacuumReport:
         before = _sqlite_size(path)
         try:
             with _sqlite(path) as db:
+                # The rewrite also switches a file made before pitstop used incremental
+                # auto-vacuum, so that later prunes give space back themselves.
+                db.execute("PRAGMA auto_vacuum=INCREMENTAL")
                 db.execute("VACUUM")
                 db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         except sqlite3.Error as exc:  # busy for the whole timeout, disk full, read-only file
@@ -141,6 +160,24 @@ def vacuum(store: Store, *, full: bool = False) -> VacuumReport:
                     sql.Identifier(table)))
             return VacuumReport("postgresql", before, _postgres_size(conn, store), full)
     return VacuumReport("other", None, None, full)
+
+
+def reclaim(store: Store) -> None:
+    """Give the pages a delete freed back to the file system, where that is cheap: SQLite
+    files with incremental auto-vacuum (pitstop's since schema creation; a no-op on older
+    files until a ``VACUUM``), then truncate the write-ahead log the moves went through.
+    Best effort: another process holding the file for longer than a moment leaves it for the
+    next prune (nothing is lost, the pages stay on the freelist for new checkpoints)."""
+    if _backend(store) != "sqlite":
+        return
+    path = str(getattr(store, "path"))  # noqa: B009 - SQLiteStore.path, checked above
+    try:
+        with _sqlite(path, timeout=2.0) as db:
+            # executescript steps each statement to its end: incremental_vacuum frees one
+            # page per step, so execute() would free only one.
+            db.executescript("PRAGMA incremental_vacuum; PRAGMA wal_checkpoint(TRUNCATE);")
+    except sqlite3.Error:
+        pass  # busy or read-only: the freed pages stay reusable inside the file
 
 
 # -- PostgreSQL ---------------------------------------------------------------------------------
@@ -171,4 +208,4 @@ def _postgres_size(conn: psycopg.Connection[Any], store: Store) -> int:
     return sum(_postgres_tables(conn, store).values())
 
 
-__all__ = ["Space", "VacuumReport", "free_bytes", "free_space", "vacuum"]
+__all__ = ["Space", "VacuumReport", "free_bytes", "free_space", "reclaim", "vacuum"]

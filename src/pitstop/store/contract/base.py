@@ -105,7 +105,11 @@ class RetentionPolicy:
     keep_last: int | None = None
     """Keep the newest N checkpoints of each run (None: keep all)."""
     keep_milestones: bool = True
-    """Keep checkpoints tagged as milestones (any tag in ``metadata["tags"]``)."""
+    """Keep checkpoints tagged as milestones (any tag in ``metadata["tags"]``: a workflow's
+    ``milestone=True`` steps, ``Checkpointer.save(..., tags=["best"])``)."""
+    keep_every: int | None = None
+    """Also keep every checkpoint whose step is a multiple of N (with ``keep_last``: the
+    newest few plus a sparse trail of older ones, as Orbax's ``keep_period``)."""
     finished_older_than: timedelta | float | None = None
     """Delete whole runs that finished (see ``finished_statuses``) longer ago than this."""
     finished_statuses: frozenset[RunStatus] = frozenset(
@@ -115,6 +119,13 @@ class RetentionPolicy:
     def __post_init__(self) -> None:
         if self.keep_last is not None and self.keep_last < 1:
             raise ValueError("keep_last must be at least 1 (the run's head is always kept)")
+        if self.keep_every is not None and self.keep_every < 1:
+            raise ValueError("keep_every must be at least 1")
+
+    @property
+    def prunes_checkpoints(self) -> bool:
+        """Whether the policy deletes checkpoints of runs it keeps (not only whole runs)."""
+        return self.keep_last is not None or self.keep_every is not None
 
     @property
     def finished_age(self) -> float | None:

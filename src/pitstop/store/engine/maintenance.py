@@ -223,14 +223,14 @@ class Maintenance(StoredValues):
                 params.append(run_id)
             doomed_runs = self._tx(lambda tx: tx.column(sql, params))
         candidates: list[str] = []
-        if policy.keep_last is not None:
+        if policy.prunes_checkpoints:
             if run_id is not None:
                 candidates = [run_id]
             else:
                 candidates = self._tx(
                     lambda tx: tx.column(
                         "SELECT run_id FROM pitstop_runs WHERE checkpoints > ? ORDER BY run_id",
-                        (policy.keep_last,),
+                        (policy.keep_last or 1,),
                     )
                 )
             candidates = [c for c in candidates if c not in set(doomed_runs)]
@@ -255,7 +255,13 @@ class Maintenance(StoredValues):
                 progress(done, total)
         if not dry_run:
             self._sweep_blob_store()
+            if report.checkpoints or report.runs:
+                self._give_space_back()
         return report
+
+    def _give_space_back(self) -> None:
+        """After deleting: return freed space to the file system where the database can do
+        that in passing (SQLite's incremental auto-vacuum); a no-op elsewhere."""
 
     def _prune_run(
         self, tx: Tx, run_id: str, policy: RetentionPolicy, *, dry_run: bool
@@ -268,7 +274,9 @@ class Maintenance(StoredValues):
             return report
         (head_id,) = found
         rows = [_Held(*row) for row in tx.all(_SELECT_HELD, (run_id,))]
-        keep = {r.id for r in rows[: policy.keep_last]}
+        keep = {r.id for r in rows[: policy.keep_last]} if policy.keep_last is not None else set()
+        if policy.keep_every is not None:
+            keep.update(r.id for r in rows if r.step % policy.keep_every == 0)
         if head_id is not None:
             keep.add(head_id)
         if policy.keep_milestones:
