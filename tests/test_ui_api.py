@@ -499,6 +499,36 @@ def test_with_the_workflow_an_approval_resumes_the_run_here(
         assert c.post("/api/runs/etl-2026-11-30/resume", headers=JSON).status_code == 409
 
 
+def test_with_the_workflow_runs_sent_an_input_elsewhere_resume_here(
+    populated: tuple[Store, Any], tmp_path: Path
+) -> None:
+    """docs/ui.md: with --workflow, runs resume in the server once their inputs arrive, also
+    when the input came from `pitstop send` in another process (#30: they stayed waiting)."""
+    from clitools import pitstop_exe
+
+    store, _ = populated
+    url = f"sqlite:///{tmp_path / 'ui.db'}"
+    with TestClient(create_app(store, workflows=[approval], poll_interval=0.2)) as c:
+        assert c.get("/api/runs").status_code == 200
+        sent = pitstop_exe("send", "inv-1012-soylent", "approval", '{"approved": true}',
+                           store=url)
+        assert sent.code == 0, sent
+        _wait_for(store, "inv-1012-soylent", RunStatus.COMPLETED)
+        assert store.latest("inv-1012-soylent").state["paid"] is True
+        assert store.get_run("inv-1012-soylent").owner is None
+        inbox = c.get("/inbox").text
+        assert "inv-1012-soylent" not in inbox
+    # a read-only inspector runs nothing, nor does one without the workflow
+    pending = [r.id for r in store.runs(status="waiting", workflow="invoice-approval")]
+    assert pending, "the populated store has another waiting approval"
+    run_id = pending[0]
+    with TestClient(create_app(store, workflows=[approval], read_only=True)) as c:
+        assert pitstop_exe("send", run_id, "approval", '{"approved": true}', store=url).code == 0
+        c.get("/api/runs")
+        time.sleep(1.0)
+        assert store.get_run(run_id).status is RunStatus.WAITING
+
+
 def test_read_only_refuses_every_action(populated: tuple[Store, Any]) -> None:
     store, _ = populated
     with TestClient(create_app(store, read_only=True)) as c:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError, PitstopError, RunBusyError, UnregisteredTypeError
 from ..model import Run, RunStatus
-from ..store import Store
+from ..store import Lease, Store
 from . import langgraph_view
 from .security import Identity
 
@@ -52,6 +52,8 @@ class Actions:
         self.workflows: dict[str, Workflow] = {wf.name: wf for wf in workflows}
         self._lock = threading.Lock()
         self.resuming: set[str] = set()
+        self._watcher: threading.Thread | None = None
+        self._stop = threading.Event()
 
     # -- audit ------------------------------------------------------------------------------
 
@@ -219,9 +221,54 @@ class Actions:
         thread.start()
         return True
 
-    def _resume(self, workflow: Workflow, run_id: str) -> None:
+    # -- runs made ready elsewhere ---------------------------------------------------------
+
+    def start_watching(self, interval: float) -> None:
+        """Start :meth:`watch` on a thread of its own, once (a no-op without workflows)."""
+        with self._lock:
+            if not self.workflows or self._watcher is not None:
+                return
+            self._stop = threading.Event()
+            self._watcher = threading.Thread(target=self.watch, args=(self._stop, interval),
+                                             name="pitstop-ui-watch", daemon=True)
+        self._watcher.start()
+
+    def stop_watching(self) -> None:
+        self._stop.set()
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.join(timeout=5)
+
+    def watch(self, stop: threading.Event, interval: float) -> None:
+        """Until ``stop``: resume the runs of our workflows that became due while waiting
+        (an input sent by ``pitstop send`` or ``pitstop.send`` in another process, a timer),
+        as a worker would, but never queued runs: those are a worker's. Claimed with a lease,
+        so a worker or another inspector never runs the same run at the same time."""
+        from ..runtime.leases import owner_id
+
+        names = list(self.workflows)
+        owner = f"{owner_id()}/ui"
+        while not stop.is_set():
+            try:
+                leases = self.store.claim(owner, workflows=names, limit=4, waiting_only=True)
+            except PitstopError:
+                log.warning("could not look for runs to resume", exc_info=True)
+                leases = []
+            for lease in leases:
+                workflow = self.workflows[lease.workflow or ""]
+                with self._lock:
+                    if lease.run_id in self.resuming:  # one of ours already: let it be
+                        self.store.release(lease)
+                        continue
+                    self.resuming.add(lease.run_id)
+                threading.Thread(target=self._resume, args=(workflow, lease.run_id, lease),
+                                 name=f"pitstop-ui-resume-{lease.run_id}", daemon=True).start()
+            if not leases:
+                self.store.wait_for_work(interval)
+
+    def _resume(self, workflow: Workflow, run_id: str, lease: Lease | None = None) -> None:
         try:
-            result = workflow.resume(self.store, run_id)
+            result = workflow.resume(self.store, run_id, lease=lease)
             log.info("run %s resumed: %s", run_id, result.status.value)
         except RunBusyError:
             log.info("run %s is owned by another process (a worker took it)", run_id)

@@ -9,10 +9,11 @@ adds the security headers (a CSP that allows only this server's own script and s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -89,7 +90,18 @@ def create_app(
     guard = Guard(parse_tokens(token))
     ui = UI(store=store, guard=guard, actions=Actions(store, workflows), read_only=read_only,
             ticker=Ticker(store, poll_interval))
+    interval = min(poll_interval, 1.0)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # Also started by the first request (Gate): a mounted app gets no lifespan events.
+        if not read_only:
+            ui.actions.start_watching(interval)
+        yield
+        ui.actions.stop_watching()
+
     app = FastAPI(
+        lifespan=lifespan,
         title="pitstop inspector",
         version=_version(),
         description="Runs, checkpoints and approvals of a pitstop store.",
@@ -103,7 +115,7 @@ def create_app(
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     _errors(app)
-    app.add_middleware(Gate, ui=ui)
+    app.add_middleware(Gate, ui=ui, watch_interval=None if read_only else interval)
     return app
 
 
@@ -202,14 +214,17 @@ def _relative(scope: Scope) -> str:
 class Gate:
     """Authentication, CSRF and security headers for every HTTP request of the app."""
 
-    def __init__(self, app: ASGIApp, ui: UI) -> None:
+    def __init__(self, app: ASGIApp, ui: UI, watch_interval: float | None = None) -> None:
         self.app = app
         self.ui = ui
+        self.watch_interval = watch_interval
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if self.watch_interval is not None:  # resume runs made ready elsewhere (idempotent)
+            self.ui.actions.start_watching(self.watch_interval)
         started = time.perf_counter()
         headers = {k.decode("latin-1").lower(): v.decode("latin-1")
                    for k, v in scope.get("headers", ())}

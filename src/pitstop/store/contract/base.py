@@ -659,12 +659,14 @@ class Store(ABC):
         workflows: Iterable[str] | None = None,
         limit: int = 1,
         ttl: float = 30.0,
+        waiting_only: bool = False,
     ) -> list[Lease]:
         """Lease up to ``limit`` runnable runs for a worker.
 
         Runnable: queued; waiting with all awaited inputs delivered or a due timer; running
         with an expired lease (its owner died). Higher priority first, then oldest.
-        Concurrent claimers never receive the same run.
+        Concurrent claimers never receive the same run. ``waiting_only`` claims only waiting
+        runs that became due (what the inspector resumes: it is not a worker for queued runs).
         """
 
     def wait_for_work(self, timeout: float) -> bool:

@@ -104,20 +104,22 @@ class Leases(SqlBackend):
         workflows: Iterable[str] | None = None,
         limit: int = 1,
         ttl: float = 30.0,
+        waiting_only: bool = False,
     ) -> list[Lease]:
         names = None if workflows is None else list(workflows)
         if names == []:
             return []
 
         now = time.time()
-        sql, params = self._claim_statement(owner, names, limit, now, ttl)
+        sql, params = self._claim_statement(owner, names, limit, now, ttl, waiting_only)
         claimed = [_Claimed(*row) for row in self._claim_write(sql, params)]
         claimed.sort(key=lambda run: (-run.priority, run.due))
         return [Lease(run.run_id, owner, run.fence, now + ttl, run.workflow) for run in claimed]
 
 
     def _claim_statement(
-        self, owner: str, names: list[str] | None, limit: int, now: float, ttl: float
+        self, owner: str, names: list[str] | None, limit: int, now: float, ttl: float,
+        waiting_only: bool = False,
     ) -> tuple[str, list[Any]]:
         """The one statement that picks and leases up to ``limit`` runs (see :meth:`claim`)."""
         # Two index-ordered scans (pitstop_runs_runnable, pitstop_runs_waking), so a claim
@@ -129,7 +131,7 @@ class Leases(SqlBackend):
         for where, order, first in (
             ("status IN ('queued', 'running')", "priority DESC, created_at", []),
             ("status = 'waiting' AND wake_at <= ?", "wake_at", [now]),
-        ):
+        )[1 if waiting_only else 0:]:
             arm = (
                 "SELECT run_id, priority AS p, COALESCE(wake_at, created_at) AS t "
                 f"FROM pitstop_runs WHERE {where} AND COALESCE(lease_expires, 0) < ?"
