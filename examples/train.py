@@ -98,19 +98,38 @@ def demo(args: argparse.Namespace) -> None:
         expected = clean.stdout.split()[-1]
         url = f"sqlite:///{tmp}/killed.db"
         rng = random.Random(args.seed)
+        watch = pitstop.open_store(url)
         for _ in range(3):
+            before = _checkpointed_step(watch, args.run_id)
             proc = subprocess.Popen([*base, "--store", url, "--step-delay", "0.005"],
                                     stdout=subprocess.DEVNULL)
-            time.sleep(rng.uniform(1.0, 3.0))
+            # Kill only once this process has checkpointed: importing torch alone can take
+            # seconds, and a kill before training began would prove nothing.
+            while _checkpointed_step(watch, args.run_id) == before:
+                if proc.poll() is not None:
+                    sys.exit(f"the training process ended early (exit {proc.returncode})")
+                time.sleep(0.05)
+            time.sleep(rng.uniform(0.0, 0.3))
             proc.kill()
             proc.wait()
-            print(f"killed with SIGKILL (exit {proc.returncode})")
+            print(f"killed with SIGKILL (exit {proc.returncode}) after it had checkpointed "
+                  f"step {_checkpointed_step(watch, args.run_id)}")
+        watch.close()
         done = subprocess.run([*base, "--store", url], capture_output=True, text=True, check=True)
         print(done.stdout.splitlines()[0])
         got = done.stdout.split()[-1]
         print(f"uninterrupted: {expected}\nkilled+resumed: {got}")
         print("bit-identical" if got == expected else "DIFFERENT")
         sys.exit(0 if got == expected else 1)
+
+
+def _checkpointed_step(store: pitstop.Store, run_id: str) -> int:
+    """The step of the run's latest checkpoint (-1: none yet), read without its state."""
+    try:
+        head = store.get_run(run_id).head_id
+    except pitstop.RunNotFoundError:
+        return -1
+    return -1 if head is None else int(store.summary(head).metadata.get("iteration", 0))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -54,7 +54,7 @@ from .errors import (
 )
 from .lazy import lazy_getattr as _lazy_getattr
 from .model import Checkpoint, CheckpointSummary, Run, RunStatus
-from .rng import rng_state, set_rng_state
+from .rng import epoch_order, rng_state, set_rng_state
 from .store import (
     Input,
     Lease,
@@ -179,6 +179,7 @@ __all__ = [
     "Worker",
     "Workflow",
     "__version__",
+    "epoch_order",
     "finish",
     "goto",
     "open_store",

@@ -16,6 +16,25 @@ from collections.abc import Mapping
 from typing import Any
 
 
+def epoch_order(size: int, *, seed: int, epoch: int) -> list[int]:
+    """The indices ``0 .. size-1`` in the shuffled order of epoch ``epoch``.
+
+    The same ``(seed, epoch)`` gives the same order in every process, before and after a
+    resume, whatever the program's random generators hold: the order depends on nothing
+    else, so a checkpoint needs only the epoch (and ``iterate``'s position within it) to
+    continue the epoch exactly. Reshuffling with ``torch.randperm`` at each epoch's start
+    instead makes a resume mid-epoch draw a different order (the generator's state at the
+    epoch's start is gone), and the run is no longer bit-identical.
+    """
+    if size < 0:
+        raise ValueError(f"size must be >= 0, not {size}")
+    order = list(range(size))
+    # A string seed is hashed with SHA-512 (random's version 2 seeding): stable across
+    # Python versions and platforms, and no two (seed, epoch) pairs share a stream.
+    random.Random(f"pitstop.epoch_order:{seed}:{epoch}").shuffle(order)
+    return order
+
+
 def rng_state() -> dict[str, Any]:
     """The state of ``random``, numpy's global generator and torch's CPU generator.
 
@@ -61,4 +80,4 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
         torch.set_rng_state(torch.frombuffer(bytearray(state["torch"]), dtype=torch.uint8))
 
 
-__all__ = ["rng_state", "set_rng_state"]
+__all__ = ["epoch_order", "rng_state", "set_rng_state"]
