@@ -628,7 +628,8 @@ def test_live_updates_wake_on_postgres_notify(tmp_path: Path) -> None:
             lines = events.iter_lines()
             assert next(lines).startswith("retry:")
             assert next(lines) == "event: ready"
-            timer = threading.Timer(0.5, pitstop.send, (store, "pg-1", "approval", True))
+            timer = threading.Timer(0.5, pitstop.send, (store, "pg-1", "approval",
+                                                   {"approved": True}))
             timer.start()
             started = time.monotonic()
             for line in lines:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import pitstop
 from pitstop import Store
@@ -47,7 +47,14 @@ def review(state: dict[str, Any]) -> dict[str, Any]:
     return {"risk": "high" if state["amount"] > 10_000 else "low"}
 
 
-@approval.step(wait_for="approval", show=("vendor", "amount", "risk", "summary"))
+class Approval(TypedDict):
+    approved: bool
+    reason: NotRequired[str]
+    by: NotRequired[str]
+
+
+@approval.step(wait_for="approval", show=("vendor", "amount", "risk", "summary"),
+               input_schema=Approval)
 def decide(state: dict[str, Any], approval: dict[str, Any]) -> Any:
     if not approval.get("approved"):
         return pitstop.finish({"decision": "rejected", "reason": approval.get("reason", "")})

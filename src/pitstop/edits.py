@@ -122,6 +122,15 @@ def apply_field_edits(
     return updates
 
 
+def convert_value(value: Any, hint: Any, *, registry: TypeRegistry | None = None) -> Any:
+    """``value`` (decoded JSON) as the type ``hint`` names, by the rules above (a dataclass
+    from a JSON object of its fields...); :class:`~pitstop.errors.FieldEditError` if it
+    cannot be."""
+    editor = _Editor(registry or default_registry, add=False)
+    editor.path = type_name_of(hint)
+    return editor.convert(value, _MISSING, hint, [])
+
+
 def _state_fields(state_type: Any) -> tuple[dict[str, Any], frozenset[str] | None]:
     """Annotations of a state type's fields, and the field names it allows (None: any)."""
     if state_type is None or state_type is dict:

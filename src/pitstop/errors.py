@@ -252,9 +252,12 @@ class LeaseLostError(PitstopError):
 class InputError(PitstopError, ValueError):
     """An input was sent to a run that does not wait for it (or has finished)."""
 
-    def __init__(self, message: str, *, run_id: str, name: str) -> None:
+    def __init__(self, message: str, *, run_id: str, name: str,
+                 field: str | None = None) -> None:
         self.run_id = run_id
         self.name = name
+        self.field = field
+        """The field of the payload at fault, as a path (``approval.reason``), if one is."""
         super().__init__(f"run {run_id!r}, input {name!r}: {message}")
 
 

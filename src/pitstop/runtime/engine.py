@@ -448,7 +448,8 @@ class Execution:
                     timed_out = True
                 for name in spec.options.wait_for:
                     if name in delivered:
-                        inputs[name] = delivered[name].payload
+                        inputs[name] = self._typed_input(spec, name,
+                                                         delivered[name].payload)
                         self.consumed[name] = delivered[name].id
 
             attempt = self.attempts.get(spec.name, 0) + 1
@@ -654,10 +655,22 @@ class Execution:
                 waiting_for=missing,
                 **({"wake_at": deadline} if deadline else {}),
                 **({"show": list(spec.options.show)} if spec.options.show else {}),
+                **({"input_schemas": spec.input_json_schemas()} if spec.options.input_schemas
+                   else {}),
             )
         return self.result(
             RunStatus.WAITING, waiting_for=tuple(missing), wake_at=utc(deadline), step=spec.name
         )
+
+    @staticmethod
+    def _typed_input(spec: StepSpec, name: str, payload: Any) -> Any:
+        """A delivered payload as the type the step declared for it (checked at send)."""
+        declared = spec.options.input_schemas.get(name)
+        if declared is None:
+            return payload
+        from ..schemas import convert
+
+        return convert(declared, payload)
 
     def _sleep(self, spec: StepSpec, wake_at: float) -> Generator[Op, Any, RunResult]:
         self.fields = self.step_start_fields

@@ -226,6 +226,8 @@ class StepOptions:
     """State fields a person deciding the step's input should see (the inspector's inbox)."""
     cache: Any = None
     """The step's :class:`~pitstop.CachePolicy` (None: never served from the cache)."""
+    input_schemas: Mapping[str, Any] = field(default_factory=dict)
+    """Input name -> the type its payload must fit (a pydantic model, TypedDict, dataclass)."""
 
 
 __all__ = [

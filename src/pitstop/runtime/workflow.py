@@ -59,6 +59,16 @@ class StepSpec:
             return self.fn(state, ctx, **kwargs)
         return self.fn(state, **kwargs)
 
+    def input_json_schemas(self) -> dict[str, Any]:
+        """The JSON Schema of each declared input, as recorded with the wait (cached)."""
+        cached: dict[str, Any] | None = getattr(self, "_json_schemas", None)
+        if cached is None:
+            from ..schemas import json_schema
+
+            cached = {name: json_schema(tp) for name, tp in self.options.input_schemas.items()}
+            object.__setattr__(self, "_json_schemas", cached)
+        return cached
+
 
 class Workflow:
     """Steps that run in declared order over a state, checkpointed as they go.
@@ -131,6 +141,7 @@ class Workflow:
         tags: Iterable[str] = (),
         show: Iterable[str] = (),
         cache: CachePolicy | None = None,
+        input_schema: Any = None,
     ) -> Callable[[F], F]: ...
 
     def step(
@@ -147,6 +158,7 @@ class Workflow:
         tags: Iterable[str] = (),
         show: Iterable[str] = (),
         cache: CachePolicy | None = None,
+        input_schema: Any = None,
     ) -> Any:
         """Register a step: ``fn(state, ctx)`` returning updates, ``goto(...)`` or ``finish()``.
 
@@ -160,10 +172,15 @@ class Workflow:
         ``pitstop ui``'s inbox shows those instead of the whole state). ``cache`` serves the
         step from a result any run stored for the same inputs and code
         (:class:`~pitstop.CachePolicy`): the step does not run, its updates are applied.
+        ``input_schema`` (a pydantic model, TypedDict or dataclass; or ``{input name: type}``
+        for several) is the shape of the inputs: recorded with the wait, checked by every ``send`` (Python,
+        ``pitstop send``, the inspector) with an :class:`~pitstop.InputError` naming the
+        field, and the step receives the payload as that type.
         """
         if cache is not None and not isinstance(cache, CachePolicy):
             raise TypeError(f"cache must be a pitstop.CachePolicy, not {type(cache).__name__}")
         waits = (wait_for,) if isinstance(wait_for, str) else tuple(wait_for or ())
+        schemas = _input_schemas(input_schema, waits)
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         options = StepOptions(
             wait_for=waits,
@@ -174,6 +191,7 @@ class Workflow:
             tags=tuple(tags),
             show=(show,) if isinstance(show, str) else tuple(show),
             cache=cache,
+            input_schemas=schemas,
         )
 
         def register(fn: F) -> F:
@@ -748,6 +766,26 @@ class Workflow:
 
         ckpt = await asyncio.to_thread(self._fork, store, checkpoint_id, update, run_id, add)
         return await self.aresume(store, ckpt.run_id, policy=policy)
+
+
+def _input_schemas(declared: Any, waits: tuple[str, ...]) -> dict[str, Any]:
+    """``input_schema=`` as {input name: type}, checked."""
+    from ..schemas import is_schema_type
+
+    if declared is None:
+        return {}
+    if not waits:
+        raise TypeError("input_schema= describes the inputs of wait_for=; this step waits "
+                        "for none")
+    chosen = dict(declared) if isinstance(declared, Mapping) else dict.fromkeys(waits, declared)
+    for name, tp in chosen.items():
+        if name not in waits:
+            raise TypeError(f"input_schema names {name!r}, which is not in wait_for={waits}")
+        if not is_schema_type(tp):
+            raise TypeError(f"input_schema for {name!r} must be a pydantic model, a TypedDict "
+                            f"or a dataclass, not {tp!r}")
+        default_registry.register_annotations(tp)  # sent as an instance, it is stored as one
+    return chosen
 
 
 def send(store: Store, run_id: str, name: str, payload: Any) -> Input:

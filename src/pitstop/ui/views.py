@@ -231,6 +231,7 @@ def inbox(store: Store, *, limit: int = PAGE) -> dict[str, Any]:
         row = run_row(run, head)
         row["pending"] = sorted(_pending(store, run.id))
         row["asks"] = [name for name in run.waiting_for if name not in row["pending"]]
+        row["forms"] = input_forms(head, row["asks"])
         row["shown"], row["shown_fields"] = _shown(run, head)
         items.append(row)
     items.sort(key=lambda r: (r["waiting_since"] or r["updated_at"], r["id"]))
@@ -260,6 +261,53 @@ def _pending(store: Store, run_id: str) -> set[str]:
         return set(store.inputs(run_id))
     except PitstopError:
         return set()
+
+
+def input_forms(head: CheckpointSummary | None, names: Sequence[str]) -> dict[str, Any]:
+    """What the send form of each input starts from: for an input the waiting step declared
+    (``input_schema=``), a payload of its fields (defaults, else empty values), the fields
+    with their types, and approve/reject buttons if it has a boolean ``approved``; for an
+    undeclared one nothing (an empty editor: no payload the workflow did not declare)."""
+    import json
+
+    from ..schemas import template
+
+    declared = head.metadata.get("input_schemas") if head is not None else None
+    forms: dict[str, Any] = {}
+    for name in names:
+        schema = declared.get(name) if isinstance(declared, Mapping) else None
+        if not isinstance(schema, Mapping) or schema.get("type") != "object":
+            forms[name] = {"template": "", "fields": [], "decide": False}
+            continue
+        properties = schema.get("properties") or {}
+        required = set(schema.get("required") or ())
+        fields = [{"name": str(field), "type": _type_label(sub), "required": field in required}
+                  for field, sub in properties.items() if isinstance(sub, Mapping)]
+        approved = properties.get("approved")
+        start = template(dict(schema))
+        decide = isinstance(approved, Mapping) and approved.get("type") == "boolean"
+        forms[name] = {
+            "template": json.dumps(start),
+            "fields": fields,
+            "decide": decide,
+            "approve": json.dumps({**start, "approved": True}) if decide else "",
+            "reject": json.dumps({**start, "approved": False}) if decide else "",
+        }
+    return forms
+
+
+def _type_label(schema: Mapping[str, Any]) -> str:
+    if "enum" in schema:
+        return " | ".join(json_text(v) for v in schema["enum"])
+    if "anyOf" in schema:
+        return " | ".join(_type_label(o) for o in schema["anyOf"] if isinstance(o, Mapping))
+    return str(schema.get("title") or schema.get("type") or "any")
+
+
+def json_text(value: Any) -> str:
+    import json
+
+    return json.dumps(value)
 
 
 def _shown(run: Run, head: Checkpoint | None) -> tuple[dict[str, Any], list[str]]:
@@ -336,6 +384,7 @@ def run_detail(store: Store, run_id: str) -> dict[str, Any]:
     row["error"] = error_of(head) if run.status is RunStatus.FAILED and head else None
     row["pending"] = sorted(_pending(store, run.id))
     row["asks"] = [n for n in run.waiting_for if n not in row["pending"]]
+    row["forms"] = input_forms(head, row["asks"])
     origin = run.metadata.get("forked_from")
     row["forked_from"] = str(origin) if isinstance(origin, str) else None
     row["forks"] = []  # forks_of(): a scan of every run's metadata, asked for separately

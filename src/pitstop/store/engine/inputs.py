@@ -52,6 +52,7 @@ class Inputs(SqlBackend):
                     f"the run is {status.value} and waits for {expected}", run_id=run_id,
                     name=name,
                 )
+            _check_schema(tx, run_id, name, payload)
             pending = set(
                 tx.column(
                     "SELECT name FROM pitstop_inputs WHERE run_id = ? AND consumed_by IS NULL",
@@ -97,3 +98,24 @@ class Inputs(SqlBackend):
 
 
 __all__ = ["Inputs"]
+
+
+def _check_schema(tx: Tx, run_id: str, name: str, payload: Any) -> None:
+    """Refuse a payload that does not fit the schema the waiting step recorded for it
+    (``input_schema=``): the same check whoever sends (Python, ``pitstop send``, the
+    inspector), with no need of the workflow's code."""
+    row = tx.one("SELECT c.metadata FROM pitstop_runs r JOIN pitstop_checkpoints c "
+                 "ON c.id = r.head_id WHERE r.run_id = ?", (run_id,))
+    if row is None:
+        return
+    schemas = json.loads(row[0]).get("input_schemas")
+    schema = schemas.get(name) if isinstance(schemas, dict) else None
+    if not isinstance(schema, dict):
+        return
+    from ..schemas import plain, problem
+
+    found = problem(schema, plain(payload), name)
+    if found is not None:
+        field, what = found
+        raise InputError(f"field {field!r} {what}; nothing was stored", run_id=run_id,
+                         name=name, field=field)
