@@ -149,3 +149,32 @@ def test_short_ids_of_a_thread_are_unique_and_name_its_checkpoints(
         assert picked["checkpoint"]["id"] == cid
     diffed = json.loads(_cli(capsys, url, "diff", f"t1@{shown[-1]}", f"t1@{shown[0]}", "--json"))
     assert diffed["a"]["id"] == ids[-1] and diffed["b"]["id"] == ids[0]
+
+
+@pytest.mark.parametrize("saver", ["pitstop", "sqlite"])
+def test_a_turn_cut_short_by_a_kill_is_finished_before_the_next_message(
+    tmp_path: Any, saver: str
+) -> None:
+    """docs/langgraph.md's check (examples/langgraph_turns.py, #30): after a SIGKILL between
+    a node's saved writes and the step's checkpoint, `tasks` holds that node's result and no
+    interrupt; the driver finishes the turn (the node is not run again) and then sends the
+    message. LangGraph's SqliteSaver leaves the same state (the window is LangGraph's)."""
+    if saver == "sqlite":
+        pytest.importorskip("langgraph.checkpoint.sqlite")
+    script = str(ROOT / "examples" / "langgraph_turns.py")
+    args = ["--saver", saver, "--store", f"sqlite:///{tmp_path / 'turns.db'}",
+            "--ran", str(tmp_path / "ran.txt")]
+    killed = subprocess.run([sys.executable, script, *args, "--die"], capture_output=True,
+                            text=True, timeout=120, check=False)
+    assert killed.returncode == -9, killed.stderr
+    done = subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert "before: finish the cut-short turn" in done.stdout, done.stdout
+    assert "log: ['hello', 'fast', 'slow', 'second message', 'fast', 'slow']" in done.stdout
+    ran = (tmp_path / "ran.txt").read_text().split()
+    assert sorted(ran) == ["fast", "fast", "slow", "slow"]  # fast was not run again
+
+
+def test_the_langgraph_page_shows_the_turn_check_as_tested() -> None:
+    page = (ROOT / "docs" / "langgraph.md").read_text()
+    assert '--8<-- "langgraph_turns.py:next_move"' in page
