@@ -467,9 +467,11 @@ class SQLiteStore(SqlStore, RunTransfer):
             raise error from exc
         try:
             if self.path != ":memory:":
-                # Set before the file's first page is written (a no-op on an existing file):
-                # prunes then give freed pages back to the file system (vacuum.reclaim).
-                conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
+                # Set before the file's first page is written: prunes then give freed pages
+                # back to the file system (vacuum.reclaim). Only on a new file: on an
+                # existing one the pragma rewrites the header page (a WAL frame per open).
+                if conn.execute("PRAGMA page_count").fetchone()[0] == 0:
+                    conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
                 # Switching to WAL needs a moment of exclusive access; other processes opening
                 # the same new file at once may hold it, so retry like any busy transaction.
                 self._retrying(lambda: conn.execute("PRAGMA journal_mode=WAL"))
