@@ -6,10 +6,11 @@ compute, and be inspected, rewound and branched.
 
 The public API is what this module exports, and what the modules of :data:`_PUBLIC_MODULES`
 export (``pitstop.store``, ``pitstop.serde``, ``pitstop.runtime``, ``pitstop.stream``, the
-tools and the LangGraph saver). Every other module, the store's layer folders
-(``pitstop.store.engine``...), the CLI, the inspector and ``pitstop.display`` among them, is
-internal and may change between releases. tests/test_exported_members.py keeps this list,
-the ``__all__`` lists and the reference docs in step.
+tools, the LangGraph saver and ``pitstop.ui.create_app``). Every other module, the store's
+layer folders (``pitstop.store.engine``...), the CLI, the inspector's pages and
+``pitstop.display`` among them, is internal and may change between releases.
+tests/test_exported_members.py keeps this list, the ``__all__`` lists and the reference docs
+in step.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ _PUBLIC_MODULES = (
     "pitstop.serde",
     "pitstop.store",
     "pitstop.stream",
+    "pitstop.ui",
 )
 """The modules besides this one whose ``__all__`` is public API (the reference documents
 objects from them)."""

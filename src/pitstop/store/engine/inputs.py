@@ -112,7 +112,7 @@ def _check_schema(tx: Tx, run_id: str, name: str, payload: Any) -> None:
     schema = schemas.get(name) if isinstance(schemas, dict) else None
     if not isinstance(schema, dict):
         return
-    from ..schemas import plain, problem
+    from ...schemas import plain, problem
 
     found = problem(schema, plain(payload), name)
     if found is not None:
