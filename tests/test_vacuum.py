@@ -16,7 +16,7 @@ import pytest
 import pitstop
 from clitools import pitstop_exe
 from conftest import POSTGRES_SKIP, drop_pg_schema, pg_schema_url
-from pitstop.cli.render import human_bytes
+from pitstop.display.text import human_bytes
 
 
 def fill(url: str, runs: int = 3) -> None:
