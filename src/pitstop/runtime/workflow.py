@@ -173,8 +173,9 @@ class Workflow:
         step from a result any run stored for the same inputs and code
         (:class:`~pitstop.CachePolicy`): the step does not run, its updates are applied.
         ``input_schema`` (a pydantic model, TypedDict or dataclass; or ``{input name: type}``
-        for several) is the shape of the inputs: recorded with the wait, checked by every ``send`` (Python,
-        ``pitstop send``, the inspector) with an :class:`~pitstop.InputError` naming the
+        for several) is the shape of the inputs: recorded with the wait, checked by every
+        ``send`` (Python, ``pitstop send``, the inspector) with an
+        :class:`~pitstop.InputError` naming the
         field, and the step receives the payload as that type.
         """
         if cache is not None and not isinstance(cache, CachePolicy):
