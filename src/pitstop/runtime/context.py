@@ -327,6 +327,7 @@ class StepContext:
         seconds: float | None = None,
         state: Any = None,
         name: str = "items",
+        total: int | None = None,
     ) -> Resumable[T]:
         """Yield the items of ``iterable``, recording the position (and ``state``) every
         ``every`` items or ``seconds`` seconds (default: every second); if this step runs
@@ -338,7 +339,9 @@ class StepContext:
         ``it.state["n"] += 1`` in the loop. Sequences and ranges are resumed by index,
         files by offset, other iterables by skipping the items already done. Items after the
         last recorded position run again after a crash; their ``ctx.effect`` calls return
-        the recorded results instead of repeating the effect.
+        the recorded results instead of repeating the effect. ``total`` (default: the
+        iterable's ``len()`` if it has one) is what progress displays count towards
+        (``pitstop show RUN``, the inspector: "32,000 / 300,000" and a rate).
         """
         x = self._execution
         key = self.idempotency_key(f"iterate:{name}")
@@ -359,6 +362,7 @@ class StepContext:
             due=None,
             record=record,
             done=record,
+            total=total,
         )
         iteration.state = saved["state"] if found else state
         return iteration

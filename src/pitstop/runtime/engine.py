@@ -216,6 +216,12 @@ class Execution:
         # The run that started this one (ctx.run_child): told when this run finishes.
         self.parent_run: str | None = None
         self.children_started: list[str] = []  # since the last checkpoint, for history
+        # The timeline (see _metadata): when the first step since the last checkpoint began
+        # and how long step code ran since, all attempts; the lease owner on this execution's
+        # first save (who claimed the run). Two clock reads a step, two numbers a checkpoint.
+        self.work_started: float | None = None
+        self.work_seconds = 0.0
+        self.claimed_by: str | None = lease.owner
 
     # -- checkpoints -----------------------------------------------------------------------------
 
@@ -243,6 +249,11 @@ class Execution:
             meta["tags"] = self.tags
         if self.children_started:
             meta["children"] = self.children_started
+        if self.work_started is not None:
+            meta["started_at"] = self.work_started
+            meta["duration"] = self.work_seconds
+        if self.claimed_by is not None:
+            meta["claimed_by"] = self.claimed_by
         meta.update(extra)
         return meta
 
@@ -298,6 +309,10 @@ class Execution:
         self.consumed = {}
         self.tags = []
         self.children_started = []
+        self.claimed_by = None
+        if source != "retry":  # a step's retries count in the checkpoint it ends with
+            self.work_started = None
+            self.work_seconds = 0.0
         self.steps_since = 0
         self.checkpointed_at = time.monotonic()
         if self.schedule is not None:
@@ -443,8 +458,14 @@ class Execution:
             self.step_start_fields = self.fields
             self.step_start_changed = self.changed
             self.step_start_deltas = self.deltas
+            began = time.time()
+            if self.work_started is None:
+                self.work_started = began
             try:
-                output = yield _Call(spec.invoke, view, ctx, inputs)
+                try:
+                    output = yield _Call(spec.invoke, view, ctx, inputs)
+                finally:
+                    self.work_seconds += time.time() - began
             except Suspend as suspend:
                 self.changed = self.step_start_changed
                 self.deltas = self.step_start_deltas

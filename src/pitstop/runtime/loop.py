@@ -134,6 +134,7 @@ class Checkpointer:
         self._worker: threading.Thread | None = None
         self._error: BaseException | None = None
         self._closed = False
+        self._since = time.time()  # the timeline: when the work of the next save began
 
     # -- restore ---------------------------------------------------------------------------------
 
@@ -186,7 +187,10 @@ class Checkpointer:
                 f"values, not {type(value).__name__}"
             )
         self._state = state
-        metadata: dict[str, Any] = {"source": "loop", "iteration": self._iteration}
+        now = time.time()
+        metadata: dict[str, Any] = {"source": "loop", "iteration": self._iteration,
+                                    "started_at": self._since, "duration": now - self._since}
+        self._since = now
         if self._positions:
             metadata["iterate"] = {name: dict(p) for name, p in self._positions.items()}
         if self.async_save:
@@ -255,6 +259,7 @@ class Checkpointer:
         seconds: float | None = None,
         state: State | Callable[[], State] | None = None,
         name: str = "items",
+        total: int | None = None,
     ) -> Resumable[T]:
         """Yield the items of ``iterable``, checkpointing the position with ``state`` every
         ``every`` items or ``seconds`` seconds (neither: whenever the policy says so); after
@@ -264,7 +269,8 @@ class Checkpointer:
         the state last restored or saved by this checkpointer. A checkpoint is taken between
         items, so it holds the state after the last finished item. Iterations are told apart
         by ``name``; an iteration that runs to its end drops its position (the next one with
-        that name starts at the beginning, e.g. the next epoch).
+        that name starts at the beginning, e.g. the next epoch). ``total`` (default: the
+        iterable's ``len()`` if it has one) is what progress displays count towards.
         """
         if self._resume is None:  # positions of the checkpoint resumed from, each used once
             self._resume = dict((self._head_meta or {}).get("iterate", {}))
@@ -285,9 +291,9 @@ class Checkpointer:
 
         iteration: Resumable[T] = Resumable(
             iterable, start=start, every=every, seconds=seconds, due=due, record=record,
-            done=done, clock=self._clock,
+            done=done, clock=self._clock, total=total,
         )
-        self._positions[name] = start or {"index": 0, "offset": None}
+        self._positions[name] = start or iteration.snapshot()
         return iteration
 
     # -- lifecycle -------------------------------------------------------------------------------

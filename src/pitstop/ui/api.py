@@ -317,6 +317,49 @@ class Forks(BaseModel):
     runs: list[Fork]
 
 
+class TimelineSpan(BaseModel):
+    kind: str = Field(description="step, retry, failed, wait, child, map or loop")
+    label: str
+    start: float = Field(description="epoch seconds")
+    end: float | None = Field(description="epoch seconds; null while it lasts")
+    seconds: float | None
+    checkpoint_id: str | None
+    detail: str
+
+
+class TimelineEvent(BaseModel):
+    at: float = Field(description="epoch seconds")
+    kind: str = Field(description="created, forked, claimed, input, effect, map, child, "
+                                  "retried, waiting, failed, completed, cancelled, edited")
+    detail: str
+    checkpoint_id: str | None
+
+
+class LoopProgress(BaseModel):
+    name: str
+    step: str | None
+    done: int
+    total: int | None
+    rate: float | None = Field(description="items a second")
+    at: float | None
+    text: str = Field(description='e.g. "32,000 / 300,000 (10.7%) · 1,250/s"')
+
+
+class Timeline(BaseModel):
+    spans: list[TimelineSpan]
+    events: list[TimelineEvent]
+    progress: list[LoopProgress]
+
+
+@router.get("/runs/{run_id}/timeline", response_model=Timeline, responses=_errors(404))
+def get_timeline(ui: Annotated[UI, Depends(ui_of)], run_id: Id) -> dict[str, Any]:
+    """The run's timeline (steps with durations, retries, waits, children, maps; its newest
+    checkpoints), its events and its loops' progress."""
+    found = views.run_timeline(ui.store, run_id)
+    return {"spans": found["spans"], "events": found["events"],
+            "progress": found["progress"]}
+
+
 @router.get("/runs/{run_id}/forks", response_model=Forks, responses=_errors(404))
 def get_forks(ui: Annotated[UI, Depends(ui_of)], run_id: Id) -> dict[str, Any]:
     """The runs forked from this one (reads every run's metadata: asked for on demand)."""

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 
 from ..display.state import compact
-from ..display.text import age, human_bytes
+from ..display.text import age, duration, human_bytes
 from ..errors import PitstopError
 from ..model import RunStatus
 from . import langgraph_view, live, values, views
@@ -65,6 +65,8 @@ def templates() -> Jinja2Templates:
         pretty=lambda v: json.dumps(v, indent=2, ensure_ascii=False, default=str),
         first_line=lambda v: str(v or "").strip().splitlines()[0] if str(v or "").strip()
         else "",
+        seconds=duration,
+        epoch=lambda v: _when(datetime.fromtimestamp(float(v), UTC)),
     )
     env.globals.update(LANE=LANE, ROW=ROW, statuses=views.STATUSES)
     return found
@@ -200,11 +202,12 @@ def run_page(
         "tree_width": max((g.pixels for g in tree["graph"]), default=LANE),
         "can_resume": run.workflow in ui.actions.workflows,
         "inbox_count": _inbox_count(ui),
+        "timeline": views.run_timeline(store, run_id),
     }
     selected = checkpoint or run.head_id
     context["selected"] = selected
     part = request.query_params.get("fragment")
-    if part in ("head", "tree"):
+    if part in ("head", "tree", "timeline"):
         return render(request, f"_run_{part}.html", context)
     if selected is not None:
         context.update(_checkpoint_panel(ui, run_id, selected, against))
@@ -248,9 +251,13 @@ async def events(request: Request, ui: Annotated[UI, Depends(ui_of)]) -> Streami
         run_id = request.query_params.get("run", "")
 
         def fingerprint() -> str:
+            from ..observe import progress
+
             run = store.get_run(run_id)
+            # A loop's position moves without a checkpoint (ctx.iterate records it aside).
+            loops = [(loop.name, loop.done) for loop in progress(store, run_id)]
             return live.digest(run.status, run.head_id, run.updated_at, run.owner,
-                               run_id in ui.actions.resuming)
+                               run_id in ui.actions.resuming, loops)
     elif view == "inbox":
         def fingerprint() -> str:
             count, waiting = views.oldest_waiting(store, views.PAGE)
