@@ -42,6 +42,10 @@ def stats(s: Session, exact: bool) -> None:
     if s.as_json:
         s.out.json({"runs": st.runs, "runs_by_status": dict(st.runs_by_status),
                     "checkpoints": st.checkpoints, "values": st.blobs, "bytes": st.bytes,
+                    "effects": st.effects, "effect_bytes": st.effect_bytes,
+                    "inputs": st.inputs, "input_bytes": st.input_bytes,
+                    "value_refs": st.value_refs, "attached_bytes": st.attached_bytes,
+                    "all_bytes": st.all_bytes,
                     "file_bytes": st.file_bytes, "free_bytes": free,
                     "estimated": sorted(st.estimated)})
         return
@@ -56,8 +60,14 @@ def stats(s: Session, exact: bool) -> None:
         ("runs", count(st.runs, "runs") + (f" ({by_status})" if by_status else "")),
         ("checkpoints", count(st.checkpoints, "checkpoints")),
         ("values", count(st.blobs, "blobs")),
+        ("value refs", count(st.value_refs, "value_refs")),
+        ("effects", f"{count(st.effects, 'effects')} ({human_bytes(st.effect_bytes)})"),
+        ("inputs", f"{count(st.inputs, 'inputs')} ({human_bytes(st.input_bytes)})"),
+        ("attached", human_bytes(st.attached_bytes)),
         ("bytes", f"{'~' if 'bytes' in st.estimated else ''}{human_bytes(st.bytes)} "
                   f"({count(st.bytes, 'bytes')} bytes of records and values)"),
+        ("all records", f"{'~' if st.estimated else ''}{human_bytes(st.all_bytes)} "
+                        "(with effects, inputs and attached records)"),
         ("on disk", human_bytes(st.file_bytes) if st.file_bytes is not None else ""),
     ])
     if st.estimated:

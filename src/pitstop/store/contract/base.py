@@ -151,7 +151,26 @@ class StoreStats:
     """Size of the store on disk where that is one number (SQLite), else None."""
     estimated: frozenset[str] = frozenset()
     """Which of the numbers are estimates (only ever with ``stats(exact=False)``): field names
-    (``runs``, ``checkpoints``, ``blobs``, ``bytes``) and ``runs_by_status.STATUS``."""
+    (``runs``, ``checkpoints``, ``blobs``, ``bytes``, ``effects``, ``inputs``, ``value_refs``,
+    ``attached``) and ``runs_by_status.STATUS``."""
+    effects: int = 0
+    """Effect records (``ctx.effect``, map items, loop positions, pending writes kept aside)."""
+    effect_bytes: int = 0
+    """Bytes of their recorded results (not in ``bytes``)."""
+    inputs: int = 0
+    """Delivered inputs, consumed or not."""
+    input_bytes: int = 0
+    """Bytes of their payloads (not in ``bytes``)."""
+    value_refs: int = 0
+    """Rows saying a run references a value another run stored (deduplication's cost)."""
+    attached_bytes: int = 0
+    """Bytes of records attached to checkpoints (an integration's pending writes; not in
+    ``bytes``)."""
+
+    @property
+    def all_bytes(self) -> int:
+        """Everything the store's records hold: ``bytes`` and effects, inputs, attachments."""
+        return self.bytes + self.effect_bytes + self.input_bytes + self.attached_bytes
 
 
 @dataclass(frozen=True, slots=True)

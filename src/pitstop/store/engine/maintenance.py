@@ -344,6 +344,13 @@ class Maintenance(StoredValues):
                 tx, "pitstop_checkpoints", _RECORD_BYTES, "checkpoints", estimated)
             blobs, blob_bytes = self._bounded_totals(
                 tx, "pitstop_blobs", _VALUE_BYTES, "blobs", estimated)
+            effects = self._bounded_totals(
+                tx, "pitstop_effects", "LENGTH(result)", "effects", estimated)
+            inputs = self._bounded_totals(
+                tx, "pitstop_inputs", "LENGTH(payload)", "inputs", estimated)
+            refs = self._bounded_totals(tx, "pitstop_blob_refs", "0", "value_refs", estimated)
+            attached = self._bounded_totals(
+                tx, "pitstop_checkpoints", "COALESCE(LENGTH(writes), 0)", "attached", estimated)
             if estimated & {"checkpoints", "blobs"}:
                 estimated.add("bytes")
             if any(name.startswith("runs_by_status.") for name in estimated):
@@ -361,6 +368,13 @@ class Maintenance(StoredValues):
             blobs, blob_bytes = tx.one(
                 f"SELECT COUNT(*), COALESCE(SUM({_VALUE_BYTES}), 0) FROM pitstop_blobs"
             )
+            effects = tx.one("SELECT COUNT(*), COALESCE(SUM(LENGTH(result)), 0) "
+                             "FROM pitstop_effects")
+            inputs = tx.one("SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) "
+                            "FROM pitstop_inputs")
+            refs = tx.one("SELECT COUNT(*), 0 FROM pitstop_blob_refs")
+            attached = tx.one("SELECT COUNT(writes), COALESCE(SUM(LENGTH(writes)), 0) "
+                              "FROM pitstop_checkpoints")
         return StoreStats(
             runs=sum(by_status.values()),
             checkpoints=int(checkpoints),
@@ -369,6 +383,12 @@ class Maintenance(StoredValues):
             runs_by_status=by_status,
             file_bytes=file_bytes,
             estimated=frozenset(estimated),
+            effects=int(effects[0]),
+            effect_bytes=int(effects[1]),
+            inputs=int(inputs[0]),
+            input_bytes=int(inputs[1]),
+            value_refs=int(refs[0]),
+            attached_bytes=int(attached[1]),
         )
 
     def _bounded_status_counts(self, tx: Tx, estimated: set[str]) -> dict[str, int]:

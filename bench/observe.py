@@ -1,0 +1,131 @@
+"""Observability costs (issue #29): `pitstop du` on a large store, tracing and metrics overhead.
+
+    .venv/bin/python bench/observe.py du [--checkpoints 100000] [--postgres URL]
+    .venv/bin/python bench/observe.py overhead [--steps 2000 --rounds 7]
+
+``du``: a store of ``--checkpoints`` checkpoints (1,000 runs of 100, each checkpoint a small
+state whose list grows, so values, references and effects exist), then `pitstop du`,
+`pitstop du --by field` and `pitstop du RUN` each in a fresh process as an operator runs them
+(interpreter start included), medians of 5. Target: <= 2 s on SQLite and PostgreSQL.
+
+``overhead``: a small workflow step (two fields, checkpoint every step, SQLite) timed with
+tracing off, tracing on (the OpenTelemetry SDK with a batch span processor exporting to
+nothing), and metrics on (prometheus-client), in interleaved rounds; ratios of medians.
+Targets: tracing <= 1.05x, metrics <= 1.02x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import fmt_time, machine, median_of, save_results, table
+
+import pitstop
+
+RUNS_OF = 100
+PG_DEFAULT = os.environ.get("PITSTOP_TEST_POSTGRES_URL",
+                            "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def build(url: str, checkpoints: int) -> str:
+    """Runs of RUNS_OF checkpoints each; returns one run's id."""
+    runs = max(1, checkpoints // RUNS_OF)
+    with pitstop.open_store(url) as store:
+        for r in range(runs):
+            run_id = f"run-{r:05d}"
+            messages: list[str] = []
+            for i in range(RUNS_OF):
+                messages = [*messages, f"message {i} of run {r}"]
+                store.save(run_id, {"messages": messages, "i": i, "model": "m" * 60},
+                           metadata={"source": "step", "step_name": f"step_{i % 5}",
+                                     "status": "running", "duration": 0.001},
+                           workflow="bench")
+            store.record_effect(run_id, f"{run_id}:e", {"paid": r})
+    return "run-00000"
+
+
+def _pitstop(url: str, *args: str) -> float:
+    env = {**os.environ, "PITSTOP_STORE": url}
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "pitstop", *args], env=env,
+                          capture_output=True, text=True, check=False)
+    elapsed = time.perf_counter() - start
+    if done.returncode:
+        raise SystemExit(f"pitstop {' '.join(args)} failed: {done.stderr}")
+    return elapsed
+
+
+def bench_du(url: str, checkpoints: int, label: str, repeat: int) -> list[list[str]]:
+    t0 = time.perf_counter()
+    one = build(url, checkpoints)
+    built = time.perf_counter() - t0
+    print(f"{label}: built {checkpoints:,} checkpoints in {built:.0f} s", flush=True)
+    rows = []
+    for args in (["du"], ["du", "--by", "field"], ["du", one], ["stats"]):
+        samples = [_pitstop(url, *args) for _ in range(repeat)]
+        rows.append([label, "pitstop " + " ".join(args), fmt_time(median_of(samples)),
+                     "yes" if median_of(samples) <= 2.0 else "NO"])
+    return rows
+
+
+def _pg_url(base: str) -> str:
+    import psycopg
+
+    schema = f"bench_observe_{os.getpid()}"
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    separator = "&" if "?" in base else "?"
+    return f"{base}{separator}schema={schema}"
+
+
+def _drop_pg(base: str, url: str) -> None:
+    import psycopg
+
+    schema = url.rsplit("schema=", 1)[1]
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def main_du(args: argparse.Namespace) -> None:
+    rows: list[list[str]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        rows += bench_du(f"sqlite:///{Path(tmp) / 'du.db'}", args.checkpoints, "SQLite",
+                         args.repeat)
+    if args.postgres:
+        url = _pg_url(args.postgres)
+        try:
+            rows += bench_du(url, args.checkpoints, "PostgreSQL", args.repeat)
+        finally:
+            _drop_pg(args.postgres, url)
+    headers = ["store", "command", "median wall (process start included)", "<= 2 s"]
+    text = table(headers, rows)
+    print(text)
+    markdown = (f"`pitstop du` on {args.checkpoints:,} checkpoints ({machine()}):\n\n" + text)
+    save_results("observe-du", " ".join(sys.argv), {"rows": rows}, markdown)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="what", required=True)
+    du = sub.add_parser("du")
+    du.add_argument("--checkpoints", type=int, default=100_000)
+    du.add_argument("--postgres", nargs="?", const=PG_DEFAULT, default=None)
+    du.add_argument("--repeat", type=int, default=5)
+    args: Any = parser.parse_args()
+    if args.what == "du":
+        main_du(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""Byte accounting (#29): ``pitstop du`` by run, field and step, and ``stats`` counting every
+kind of record, on every backend."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pitstop
+from clitools import pitstop_exe
+from pitstop import Store, Workflow
+from pitstop.observe.usage import fields_usage, growth, runs_usage, steps_usage
+
+
+def _fill(store: Store) -> tuple[str, str]:
+    """Two runs: one grows a big field step by step and records effects; the other is a
+    fork of it (so it shares the values it did not change)."""
+    wf = Workflow("grow")
+
+    @wf.step
+    def add(state: dict[str, Any], ctx: pitstop.StepContext) -> Any:
+        n = state.get("n", 0) + 1
+        ctx.effect("note", lambda: "x" * 500)
+        return pitstop.goto("add" if n < 5 else "finish",
+                            {"n": n, "blob": bytes(range(256)) * 40 * n, "tag": "same"})
+
+    @wf.step(checkpoint=True)
+    def finish(state: dict[str, Any]) -> dict[str, Any]:
+        return {"done": True}
+
+    big = wf.start(store, {})
+    store.fork(big.checkpoint_id, new_run_id="forked")
+    return big.run_id, "forked"
+
+
+def test_runs_usage_counts_records_new_shared_effects(store: Store) -> None:
+    big, forked = _fill(store)
+    usages = {u.run_id: u for u in runs_usage(store)}
+    grown, fork = usages[big], usages[forked]
+    assert grown.checkpoints == store.get_run(big).checkpoints
+    assert grown.effects >= 5 * 500 and grown.inputs == 0
+    # The blob field's versions (10, 20 ... 50 KiB before compression) are the run's own.
+    assert grown.new > 0 and grown.records > 0
+    assert grown.total == grown.records + grown.new + grown.effects + grown.inputs
+    assert fork.new == 0 and fork.shared > 0  # the fork stored nothing of its own
+    assert fork.head_size == grown.head_size
+    assert runs_usage(store)[0].run_id == big  # largest first
+    assert [u.run_id for u in runs_usage(store, [forked])] == [forked]
+    assert len(runs_usage(store, limit=1)) == 1
+
+
+def test_fields_and_steps_usage(store: Store) -> None:
+    big, _ = _fill(store)
+    fields = {g.name: g for g in fields_usage(store, big)}
+    assert fields["blob"].versions == 5 and fields["tag"].versions == 1
+    assert fields["blob"].written >= fields["blob"].largest > fields["tag"].written
+    assert fields["tag"].referenced == fields["tag"].checkpoints * fields["tag"].written
+    assert fields["blob"].head == fields["blob"].largest
+    assert fields_usage(store)[0].name == "blob"  # store-wide too
+    steps = {g.name: g for g in steps_usage(store, big)}
+    assert steps["add"].checkpoints >= 1 and steps["add"].written > 0
+    assert steps["add"].seconds >= 0
+    newest = growth(store, big, limit=2)
+    assert len(newest) == 2 and newest[0]["created_at"] >= newest[1]["created_at"]
+
+
+def test_stats_count_every_kind_of_record(store: Store) -> None:
+    _fill(store)
+    st = store.stats()
+    assert st.effects >= 5 and st.effect_bytes >= 5 * 500
+    assert st.inputs == 0 and st.input_bytes == 0
+    assert st.all_bytes == st.bytes + st.effect_bytes + st.input_bytes + st.attached_bytes
+    bounded = store.stats(exact=False)
+    assert bounded.effects == st.effects  # small tables are counted exactly either way
+
+
+def test_du_cli(tmp_path: Any) -> None:
+    url = f"sqlite:///{tmp_path / 'du.db'}"
+    store = pitstop.open_store(url)
+    try:
+        big, forked = _fill(store)
+    finally:
+        store.close()
+    listing = pitstop_exe("du", store=url)
+    assert listing.code == 0, listing.err
+    assert "largest runs" in listing.out and big in listing.out and forked in listing.out
+    doc = pitstop_exe("du", "--json", store=url).json
+    assert doc["by"] == "run" and doc["runs"][0]["run_id"] == big
+    one = pitstop_exe("du", big, store=url)
+    assert one.code == 0 and "steps of run" in one.out and "growth per checkpoint" in one.out
+    fields = pitstop_exe("du", big, "--by", "field", "--json", store=url).json
+    assert fields["fields"][0]["name"] == "blob" and fields["growth"]
+    wide = pitstop_exe("du", "--by", "field", store=url)
+    assert wide.code == 0 and "blob" in wide.out
+    refused = pitstop_exe("du", "--by", "step", store=url)
+    assert refused.code == 2 and "needs a RUN" in refused.err
+    stats = pitstop_exe("stats", "--json", store=url).json
+    assert stats["effects"] >= 5 and stats["all_bytes"] > stats["bytes"]
