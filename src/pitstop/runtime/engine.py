@@ -23,6 +23,7 @@ from ..delta import Delta
 from ..errors import LeaseLostError, StepFailedError
 from ..logfmt import kv
 from ..model import Checkpoint, RunStatus, utc
+from ..observe import tracing
 from ..store import Lease, Store
 from .children import WaitForChildren
 from .context import StepContext, Suspend
@@ -222,6 +223,11 @@ class Execution:
         self.work_started: float | None = None
         self.work_seconds = 0.0
         self.claimed_by: str | None = lease.owner
+        # Tracing (pitstop.observe.tracing): None when off, and then each step and save
+        # checks this one attribute, nothing more.
+        self.tracer: Any = tracing.tracer()
+        self.run_span: tracing.RunSpan | None = None
+        self.trace_links: list[Any] = []
 
     # -- checkpoints -----------------------------------------------------------------------------
 
@@ -273,6 +279,13 @@ class Execution:
         # tells other workers it can be taken.
         release = status in _STOPS
         started = time.monotonic()
+        span = None if self.run_span is None else self.tracer.start_span(
+            "pitstop.checkpoint.save", context=self.run_span.context,
+            attributes={"pitstop.run.id": self.run_id, "pitstop.checkpoint.step": self.position,
+                        "pitstop.checkpoint.status": status.value,
+                        "pitstop.checkpoint.source": source,
+                        "db.system.name": tracing.db_system(self.store),
+                        "db.operation.name": "save"})
         prepared = self.store.prepare(
             self.run_id,
             fields,
@@ -301,8 +314,13 @@ class Execution:
                 yield _Io(self.writer.flush, self.run_id)
             if release:
                 keeper.untrack(self.held)  # no renewal may race the release
-            yield _Io(self.store.commit, prepared)
+            saved = yield _Io(self.store.commit, prepared)
             self.released = release
+            if span is not None and saved is not None:
+                span.set_attribute("pitstop.checkpoint.bytes", saved.added or 0)
+        if span is not None:
+            span.set_attribute("pitstop.checkpoint.id", prepared.checkpoint_id)
+            span.end()
         self.parent_id = prepared.checkpoint_id
         self.run_status = status
         self.checkpointed = True
@@ -388,6 +406,23 @@ class Execution:
         )
 
     def run(self, start_status: RunStatus) -> Loop:
+        """The loop for a driver: executes from the restored checkpoint until it stops."""
+        if self.tracer is None:
+            return self._run(start_status)
+        return self._traced(start_status)
+
+    def _traced(self, start_status: RunStatus) -> Loop:
+        span = self.run_span = tracing.RunSpan(
+            self.tracer, self.wf.name, self.run_id, start_status.value, self.trace_links)
+        try:
+            result = yield from self._run(start_status)
+        except BaseException as exc:
+            span.end(None, exc)
+            raise
+        span.end(result.status.value)
+        return result
+
+    def _run(self, start_status: RunStatus) -> Loop:
         self.run_status = start_status
         self.held = keeper.track(self.store, self.lease, self.wf.lease_ttl)
         try:
@@ -458,12 +493,17 @@ class Execution:
             self.step_start_fields = self.fields
             self.step_start_changed = self.changed
             self.step_start_deltas = self.deltas
+            invoke = spec.invoke if self.run_span is None else tracing.traced_step(
+                self.tracer, self.run_span.context, spec.invoke,
+                {"pitstop.run.id": self.run_id, "pitstop.step.name": spec.name,
+                 "pitstop.step.position": self.position, "pitstop.step.attempt": attempt},
+                (Suspend, WaitForChildren))
             began = time.time()
             if self.work_started is None:
                 self.work_started = began
             try:
                 try:
-                    output = yield _Call(spec.invoke, view, ctx, inputs)
+                    output = yield _Call(invoke, view, ctx, inputs)
                 finally:
                     self.work_seconds += time.time() - began
             except Suspend as suspend:
@@ -545,6 +585,21 @@ class Execution:
             if due:
                 yield from self.checkpoint(RunStatus.RUNNING)
 
+    def _trace_wait(self, spec: StepSpec, *, inputs: list[str] | None = None,
+                    wake_at: float | None = None, children: list[str] | None = None) -> None:
+        """A ``pitstop.wait`` span (no duration: the wait itself holds no process)."""
+        if self.run_span is None:
+            return
+        attributes: dict[str, Any] = {"pitstop.run.id": self.run_id,
+                                      "pitstop.step.name": spec.name}
+        if inputs:
+            attributes["pitstop.wait.inputs"] = list(inputs)
+        if children:
+            attributes["pitstop.wait.children"] = list(children)
+        if wake_at is not None:
+            attributes["pitstop.wait.wake_at"] = wake_at
+        tracing.event_span(self.tracer, self.run_span.context, "pitstop.wait", attributes)
+
     def _clear_step_state(self, step: str) -> None:
         """Forget the finished step's timers, input deadlines and retries of the run."""
         if not self.timers and not self.deadlines and not self.retries:
@@ -572,6 +627,7 @@ class Execution:
         already = (
             start_status is RunStatus.WAITING and not self.steps_since and not self.changed
         )
+        self._trace_wait(spec, inputs=missing, wake_at=deadline)
         if not already:
             yield from self.checkpoint(
                 RunStatus.WAITING,
@@ -588,6 +644,7 @@ class Execution:
         self.fields = self.step_start_fields
         self.deltas = self.step_start_deltas
         self.next = spec.name
+        self._trace_wait(spec, wake_at=wake_at)
         yield from self.checkpoint(RunStatus.WAITING, sync=True, wake_at=wake_at)
         return self.result(RunStatus.WAITING, wake_at=utc(wake_at), step=spec.name)
 
@@ -599,6 +656,7 @@ class Execution:
         self.fields = self.step_start_fields
         self.deltas = self.step_start_deltas
         self.next = spec.name
+        self._trace_wait(spec, children=names)
         yield from self.checkpoint(RunStatus.WAITING, sync=True, waiting_for=names)
         return self.result(RunStatus.WAITING, waiting_for=tuple(names), step=spec.name)
 

@@ -21,6 +21,7 @@ from ..errors import (
 )
 from ..ids import new_id
 from ..model import Checkpoint, Run, RunStatus
+from ..observe import tracing
 from ..serde import (
     codec,  # noqa: F401  # see below
     default_registry,
@@ -447,7 +448,13 @@ class Workflow:
             else:
                 # The run as of now that the lease is held (one read with its head): read
                 # before the lease, it may have been cancelled since, and must not go on.
-                owned, found = store.latest_with_run(run_id)
+                with tracing.span("pitstop.checkpoint.restore", {
+                        "pitstop.run.id": run_id, "db.system.name": tracing.db_system(store),
+                        "db.operation.name": "restore"}) as span:
+                    owned, found = store.latest_with_run(run_id)
+                    if span is not None and found is not None:
+                        span.set_attribute("pitstop.checkpoint.id", found.id)
+                        span.set_attribute("pitstop.checkpoint.bytes", found.size)
                 run = self._own(owned)
                 if found is None:
                     raise RunNotStartedError(run_id)
@@ -463,6 +470,8 @@ class Workflow:
             raise
         execution = self._execution(store, run_id, lease, ckpt, policy)
         execution.parent_run = run.parent_run
+        if execution.tracer is not None:
+            execution.trace_links = tracing.links_of(run.metadata)
         if status is RunStatus.FAILED:
             # A manual resume retries the failed step with a fresh set of attempts.
             execution.attempts.pop(execution.next or "", None)
@@ -553,7 +562,12 @@ class Workflow:
 
         Enqueuing ``run_id`` again with the same input returns that run (whatever became of
         it); other input or another workflow raises :class:`~pitstop.RunExistsError`.
+        With tracing on, the current trace context is kept with the run: the worker's span
+        of it links to the enqueuing trace.
         """
+        traceparent = tracing.current_traceparent()
+        if traceparent is not None:
+            metadata = {**(metadata or {}), tracing.TRACE_KEY: {"enqueued": traceparent}}
         try:
             run_id, _, _ = self._new_run(
                 store, input, run_id, RunStatus.QUEUED, metadata, priority, owner=None
@@ -637,9 +651,16 @@ def send(store: Store, run_id: str, name: str, payload: Any) -> Input:
     """Deliver input ``name`` to a waiting run, durably. The next resume continues with it.
 
     Raises :class:`~pitstop.InputError` (storing nothing) if the run has finished or does not
-    wait for ``name``.
+    wait for ``name``. With tracing on, the current trace context is kept with the run (its
+    metadata), and the resumed run's span links to it.
     """
-    return store.send(run_id, name, payload)
+    delivered = store.send(run_id, name, payload)
+    traceparent = tracing.current_traceparent()
+    if traceparent is not None:
+        traced = store.get_run(run_id).metadata.get(tracing.TRACE_KEY) or {}
+        inputs = {**(traced.get("inputs") or {}), name: traceparent}
+        store.update_run(run_id, metadata={tracing.TRACE_KEY: {**traced, "inputs": inputs}})
+    return delivered
 
 
 __all__ = ["InputError", "StepSpec", "Workflow", "send"]
