@@ -23,7 +23,7 @@ from ..delta import Delta
 from ..errors import LeaseLostError, StepFailedError
 from ..logfmt import kv
 from ..model import Checkpoint, RunStatus, utc
-from ..observe import tracing
+from ..observe import metrics, tracing
 from ..store import Lease, Store
 from .children import WaitForChildren
 from .context import StepContext, Suspend
@@ -228,6 +228,8 @@ class Execution:
         self.tracer: Any = tracing.tracer()
         self.run_span: tracing.RunSpan | None = None
         self.trace_links: list[Any] = []
+        counting = metrics.current()  # None unless metrics are on (pitstop.observe.metrics)
+        self.metrics = None if counting is None else counting.for_workflow(wf.name)
 
     # -- checkpoints -----------------------------------------------------------------------------
 
@@ -318,6 +320,9 @@ class Execution:
             self.released = release
             if span is not None and saved is not None:
                 span.set_attribute("pitstop.checkpoint.bytes", saved.added or 0)
+            if self.metrics is not None:
+                self.metrics.saved_checkpoint(status.value, time.monotonic() - started,
+                                              saved.added if saved is not None else None)
         if span is not None:
             span.set_attribute("pitstop.checkpoint.id", prepared.checkpoint_id)
             span.end()
@@ -515,6 +520,8 @@ class Execution:
                 self.deltas = self.step_start_deltas
                 return (yield from self._wait_children(spec, children.names))
             except Exception as exc:
+                if self.metrics is not None:
+                    self.metrics.errors.inc()
                 retry = spec.options.retry or wf.retry
                 self.attempts[spec.name] = attempt
                 error = _describe(exc, spec.name, attempt)
@@ -533,6 +540,8 @@ class Execution:
                 self.deltas = self.step_start_deltas
                 return (yield from self._fail(error, step=spec.name))
 
+            if self.metrics is not None:
+                self.metrics.ok.inc()
             updates = wf.adapter.changes(view, self.fields)
             route: str | None
             if isinstance(output, Goto):

@@ -279,6 +279,25 @@ async def events(request: Request, ui: Annotated[UI, Depends(ui_of)]) -> Streami
                              headers={"cache-control": "no-store", "x-accel-buffering": "no"})
 
 
+# -- metrics ---------------------------------------------------------------------------------------
+
+
+@router.get("/metrics", include_in_schema=False)
+def metrics_page(ui: Annotated[UI, Depends(ui_of)]) -> Response:
+    """Prometheus metrics (pitstop.observe.metrics): the store's runs, queue and waits, and
+    what runs this process executed did. Behind the same tokens as every page (Prometheus
+    sends one as a bearer token)."""
+    from ..observe import metrics
+
+    try:
+        metrics.enable(ui.store)
+        body, content_type = metrics.exposition()
+    except ImportError:
+        return Response("metrics need prometheus-client: pip install 'pitstop[metrics]'\n",
+                        status_code=404, media_type="text/plain")
+    return Response(body, media_type=content_type)
+
+
 # -- login -----------------------------------------------------------------------------------------
 
 
