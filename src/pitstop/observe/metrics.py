@@ -36,7 +36,9 @@ never reaches a run.
 
 from __future__ import annotations
 
+import bisect
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -49,11 +51,64 @@ _SECONDS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 
 _BYTES_BUCKETS = tuple(float(4 ** n) for n in range(3, 15))  # 64 B .. 256 MiB
 
 
+class _Histogram:
+    """One workflow's histogram: bucket counts in a list under a lock, exposed by
+    :class:`_HistogramCollector` (prometheus-client's own costs ~0.9 µs an observation, a
+    quarter of the 2% a small step can spare)."""
+
+    __slots__ = ("bounds", "counts", "lock", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last: above every bound (+Inf only)
+        self.total = 0.0
+        self.lock = threading.Lock()
+
+    def observe(self, value: float) -> None:
+        slot = bisect.bisect_left(self.bounds, value)
+        with self.lock:
+            self.counts[slot] += 1
+            self.total += value
+
+
+class _HistogramCollector:
+    """Exposes per-workflow :class:`_Histogram` s as one Prometheus histogram family."""
+
+    def __init__(self, name: str, documentation: str, bounds: tuple[float, ...]) -> None:
+        self.name, self.documentation, self.bounds = name, documentation, bounds
+        self.children: dict[str, _Histogram] = {}
+        self.lock = threading.Lock()
+
+    def labels(self, workflow: str) -> _Histogram:
+        with self.lock:
+            child = self.children.get(workflow)
+            if child is None:
+                child = self.children[workflow] = _Histogram(self.bounds)
+            return child
+
+    def describe(self) -> list[Any]:
+        return list(self.collect())
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import HistogramMetricFamily
+
+        family = HistogramMetricFamily(self.name, self.documentation, labels=["workflow"])
+        for workflow, child in list(self.children.items()):
+            with child.lock:
+                counts, total = list(child.counts), child.total
+            cumulative, buckets = 0, []
+            for bound, count in zip([*map(repr, self.bounds), "+Inf"], counts, strict=True):
+                cumulative += count
+                buckets.append((bound, float(cumulative)))
+            family.add_metric([workflow], buckets, total)
+        yield family
+
+
 class Metrics:
     """The metric objects, and per-workflow children cached for the hot path."""
 
     def __init__(self) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        from prometheus_client import CollectorRegistry, Counter, Gauge
 
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
@@ -61,12 +116,13 @@ class Metrics:
                              registry=r)
         self.checkpoints = Counter("pitstop_checkpoints", "Checkpoints written",
                                    ["workflow", "status"], registry=r)
-        self.checkpoint_seconds = Histogram(
+        self.checkpoint_seconds = _HistogramCollector(
             "pitstop_checkpoint_seconds", "Time a checkpoint took (serialise and write)",
-            ["workflow"], buckets=_SECONDS_BUCKETS, registry=r)
-        self.checkpoint_bytes = Histogram(
-            "pitstop_checkpoint_bytes", "Bytes a checkpoint added to the store",
-            ["workflow"], buckets=_BYTES_BUCKETS, registry=r)
+            _SECONDS_BUCKETS)
+        self.checkpoint_bytes = _HistogramCollector(
+            "pitstop_checkpoint_bytes", "Bytes a checkpoint added to the store", _BYTES_BUCKETS)
+        r.register(self.checkpoint_seconds)
+        r.register(self.checkpoint_bytes)
         self.takeovers = Counter("pitstop_lease_takeovers",
                                  "Runs taken over from an owner that died", ["workflow"],
                                  registry=r)

@@ -281,13 +281,9 @@ class Execution:
         # tells other workers it can be taken.
         release = status in _STOPS
         started = time.monotonic()
-        span = None if self.run_span is None else self.tracer.start_span(
-            "pitstop.checkpoint.save", context=self.run_span.context,
-            attributes={"pitstop.run.id": self.run_id, "pitstop.checkpoint.step": self.position,
-                        "pitstop.checkpoint.status": status.value,
-                        "pitstop.checkpoint.source": source,
-                        "db.system.name": tracing.db_system(self.store),
-                        "db.operation.name": "save"})
+        # The save's span is made once it is known, with a start time (one attribute pass,
+        # no updates of a live span: an SDK span costs tens of microseconds).
+        span_start = None if self.run_span is None else time.time_ns()
         prepared = self.store.prepare(
             self.run_id,
             fields,
@@ -309,6 +305,7 @@ class Execution:
             durability=self.durability,
             deliver_to=self.parent_run,
         )
+        saved = None
         if self.writer is not None and not sync and status is RunStatus.RUNNING:
             self.writer.submit(prepared)
         else:
@@ -318,14 +315,11 @@ class Execution:
                 keeper.untrack(self.held)  # no renewal may race the release
             saved = yield _Io(self.store.commit, prepared)
             self.released = release
-            if span is not None and saved is not None:
-                span.set_attribute("pitstop.checkpoint.bytes", saved.added or 0)
             if self.metrics is not None:
                 self.metrics.saved_checkpoint(status.value, time.monotonic() - started,
                                               saved.added if saved is not None else None)
-        if span is not None:
-            span.set_attribute("pitstop.checkpoint.id", prepared.checkpoint_id)
-            span.end()
+        if span_start is not None:
+            self._trace_save(span_start, prepared.checkpoint_id, status, source, saved)
         self.parent_id = prepared.checkpoint_id
         self.run_status = status
         self.checkpointed = True
@@ -341,6 +335,20 @@ class Execution:
         if self.schedule is not None:
             self.schedule.taken(self.checkpointed_at - started)
         return prepared.checkpoint_id
+
+    def _trace_save(self, start: int, checkpoint_id: str, status: RunStatus, source: str,
+                    saved: Checkpoint | None) -> None:
+        """The ``pitstop.checkpoint.save`` span of a save that started at ``start`` (ns)."""
+        assert self.run_span is not None
+        attributes: dict[str, Any] = {
+            "pitstop.run.id": self.run_id, "pitstop.checkpoint.id": checkpoint_id,
+            "pitstop.checkpoint.step": self.position, "pitstop.checkpoint.status": status.value,
+            "pitstop.checkpoint.source": source, "db.system.name": tracing.db_system(self.store),
+            "db.operation.name": "save"}
+        if saved is not None:
+            attributes["pitstop.checkpoint.bytes"] = saved.added or 0
+        self.tracer.start_span("pitstop.checkpoint.save", context=self.run_span.context,
+                               attributes=attributes, start_time=start).end()
 
     def _no_changes(self) -> set[str] | None:
         """What "nothing changed since the last checkpoint" is: an empty set, or None when
