@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 import pitstop
 from clitools import pitstop_exe
 from pitstop import Store, Workflow
@@ -95,3 +97,54 @@ def test_du_cli(tmp_path: Any) -> None:
     assert refused.code == 2 and "needs a RUN" in refused.err
     stats = pitstop_exe("stats", "--json", store=url).json
     assert stats["effects"] >= 5 and stats["all_bytes"] > stats["bytes"]
+
+
+def test_size_warning_logs_counts_and_marks_the_run(store: Store, caplog: Any) -> None:
+    import logging
+
+    from pitstop.observe import metrics
+
+    wf = Workflow("big", size_warning=20_000)
+
+    @wf.step
+    def grow(state: dict[str, Any]) -> dict[str, Any]:
+        return {"blob": bytes(range(256)) * 200, "small": 1}  # ~51 KiB, incompressible-ish
+
+    @wf.step
+    def again(state: dict[str, Any]) -> dict[str, Any]:
+        return {"small": 2}
+
+    counting = metrics.enable()
+    before = counting.size_warnings.labels("big", "checkpoint")._value.get()
+    with caplog.at_level(logging.WARNING, logger="pitstop.runtime"):
+        result = wf.start(store, {})
+    warnings = [r for r in caplog.records if "size_warning" in r.getMessage()]
+    assert len(warnings) == 1  # once an execution, not at every checkpoint
+    assert "blob=" in warnings[0].getMessage()
+    mark = store.get_run(result.run_id).metadata["size_warning"]
+    assert mark["limit"] == 20_000 and mark["bytes"] >= 20_000 and mark["over"] == ["blob"]
+    assert counting.size_warnings.labels("big", "checkpoint")._value.get() == before + 1
+
+    # The store's threshold applies when the workflow sets none.
+    quiet = Workflow("quiet")
+
+    @quiet.step
+    def small(state: dict[str, Any]) -> dict[str, Any]:
+        return {"blob": bytes(range(256)) * 200}
+
+    store.size_warning = 10 * 2**20
+    assert "size_warning" not in store.get_run(quiet.start(store, {}).run_id).metadata
+    store.size_warning = 1_000
+    flagged = quiet.start(store, {})
+    assert store.get_run(flagged.run_id).metadata["size_warning"]["limit"] == 1_000
+
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from pitstop.ui import create_app
+
+    store.size_warning = None
+    with TestClient(create_app(store)) as client:
+        assert "size warning: 50.0 KiB" in client.get(f"/runs/{result.run_id}").text
+        unmarked = quiet.start(store, {}).run_id
+        assert "size warning:" not in client.get(f"/runs/{unmarked}").text

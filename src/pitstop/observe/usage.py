@@ -193,6 +193,16 @@ def fields_usage(store: Any, run_id: str | None = None) -> list[GroupUsage]:
     return found
 
 
+def field_sizes(store: Any, run_id: str, checkpoint_id: str) -> dict[str, int]:
+    """Each field's stored size in one checkpoint (from its field map; no value read)."""
+    data = store._tx(lambda tx: tx.scalar(
+        "SELECT fields FROM pitstop_checkpoints WHERE run_id = ? AND id = ?",
+        (run_id, checkpoint_id)))
+    if data is None:
+        return {}
+    return {name: ref.size for name, ref in decode_field_map(bytes(data)).items()}
+
+
 def steps_usage(store: Any, run_id: str) -> list[GroupUsage]:
     """Bytes by step name over a run's checkpoints: what the checkpoints each step ended
     with added (records and new values) and the time they record, largest first."""
@@ -233,4 +243,5 @@ def growth(store: Any, run_id: str, *, limit: int | None = None) -> list[dict[st
              "size": int(row[3]), "added": int(row[4]), "record": int(row[5])} for row in rows]
 
 
-__all__ = ["GroupUsage", "RunUsage", "fields_usage", "growth", "runs_usage", "steps_usage"]
+__all__ = ["GroupUsage", "RunUsage", "field_sizes", "fields_usage", "growth", "runs_usage",
+           "steps_usage"]

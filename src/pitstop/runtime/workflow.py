@@ -67,6 +67,10 @@ class Workflow:
     ``state`` is the state type (dict by default; a TypedDict, dataclass or pydantic model);
     its classes are registered for safe serialisation. ``version`` is the schema version of
     the state, with ``@wf.migration`` functions upgrading older checkpoints on load.
+    ``size_warning`` (bytes; default: the store's ``size_warning``, else none): a checkpoint
+    whose state reaches it is logged with its largest fields, counted in metrics and marked
+    on the run (``run.metadata["size_warning"]``, shown by the inspector), once per run
+    execution.
     """
 
     def __init__(
@@ -82,7 +86,10 @@ class Workflow:
         lease_ttl: float = 30.0,
         max_steps: int = 100_000,
         change_detection: str = "updates",
+        size_warning: int | None = None,
     ) -> None:
+        if size_warning is not None and size_warning < 1:
+            raise ValueError("size_warning must be a number of bytes >= 1")
         if durability not in ("full", "normal", "background"):
             raise ValueError("durability must be 'full', 'normal' or 'background'")
         if change_detection not in ("updates", "content"):
@@ -100,6 +107,7 @@ class Workflow:
         self.lease_ttl = lease_ttl
         self.max_steps = max_steps
         self.change_detection = change_detection
+        self.size_warning = size_warning
         self.steps: dict[str, StepSpec] = {}
         self._order: list[str] = []
         self._migrations: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
@@ -659,7 +667,10 @@ def send(store: Store, run_id: str, name: str, payload: Any) -> Input:
     if traceparent is not None:
         traced = store.get_run(run_id).metadata.get(tracing.TRACE_KEY) or {}
         inputs = {**(traced.get("inputs") or {}), name: traceparent}
-        store.update_run(run_id, metadata={tracing.TRACE_KEY: {**traced, "inputs": inputs}})
+        try:
+            store.update_run(run_id, metadata={tracing.TRACE_KEY: {**traced, "inputs": inputs}})
+        except PitstopError as exc:  # a worker took the run at once: the link is lost, no more
+            log.debug("send to run %r: trace context not kept: %s", run_id, exc)
     return delivered
 
 

@@ -226,6 +226,11 @@ class Store(ABC):
 
     # -- checkpoints -------------------------------------------------------------------------
 
+    size_warning: int | None = None
+    """Bytes of state at which a workflow's checkpoint is flagged (logged, counted in metrics,
+    marked on the run) when its workflow sets no ``size_warning`` of its own. Set it on the
+    store object: ``store.size_warning = 50 * 2**20``."""
+
     @abstractmethod
     def save(
         self,
