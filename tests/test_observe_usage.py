@@ -148,3 +148,16 @@ def test_size_warning_logs_counts_and_marks_the_run(store: Store, caplog: Any) -
         assert "size warning: 50.0 KiB" in client.get(f"/runs/{result.run_id}").text
         unmarked = quiet.start(store, {}).run_id
         assert "size warning:" not in client.get(f"/runs/{unmarked}").text
+
+
+def test_prune_reports_the_effects_and_inputs_it_removes(store: Store) -> None:
+    big, forked = _fill(store)
+    effects_before = store.stats().effects
+    report = store.prune(pitstop.RetentionPolicy(keep_last=1), run_id=big, dry_run=True)
+    assert report.checkpoints and report.effects >= 1 and report.effect_bytes >= 500
+    assert store.stats().effects == effects_before  # a dry run removes nothing
+    done = store.prune(pitstop.RetentionPolicy(keep_last=1), run_id=big)
+    assert (done.effects, done.effect_bytes) == (report.effects, report.effect_bytes)
+    assert store.stats().effects == effects_before - done.effects
+    gone = store.delete_run(forked)
+    assert gone.inputs == 0 and gone.runs == [forked]

@@ -185,6 +185,8 @@ def prune(
     if s.as_json:
         s.out.json({"dry_run": dry_run, "runs": report.runs, "checkpoints": report.checkpoints,
                     "values": report.blobs, "bytes_reclaimed": report.bytes_reclaimed,
+                    "effects": report.effects, "effect_bytes": report.effect_bytes,
+                    "inputs": report.inputs, "input_bytes": report.input_bytes,
                     "vacuumed": _vacuum_json(vacuumed), "space": _space_json(space)})
         return
     verb = "would delete" if dry_run else "deleted"
@@ -194,6 +196,10 @@ def prune(
         f"({report.bytes_reclaimed} bytes) {'would be ' if dry_run else ''}reclaimed",
         "yellow" if dry_run else "green",
     )
+    if report.effects or report.inputs:
+        s.out.line(f"with them: {report.effects} effect records "
+                   f"({human_bytes(report.effect_bytes)}), {report.inputs} inputs "
+                   f"({human_bytes(report.input_bytes)})")
     if report.runs:
         s.out.line("whole runs: " + ", ".join(report.runs))
     if dry_run and report.checkpoints:

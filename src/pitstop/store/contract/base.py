@@ -130,6 +130,13 @@ class PruneReport:
     runs: list[str] = field(default_factory=list)
     blobs: int = 0
     bytes_reclaimed: int = 0
+    """Bytes of checkpoint records and values (what ``stats().bytes`` counts)."""
+    effects: int = 0
+    """Effect records removed with their checkpoints or runs."""
+    effect_bytes: int = 0
+    inputs: int = 0
+    """Delivered inputs removed with their runs."""
+    input_bytes: int = 0
 
     def merge(self, other: PruneReport) -> None:
         """Add ``other``'s deletions to this report."""
@@ -137,6 +144,10 @@ class PruneReport:
         self.runs.extend(other.runs)
         self.blobs += other.blobs
         self.bytes_reclaimed += other.bytes_reclaimed
+        self.effects += other.effects
+        self.effect_bytes += other.effect_bytes
+        self.inputs += other.inputs
+        self.input_bytes += other.input_bytes
 
 
 @dataclass(frozen=True, slots=True)

@@ -97,6 +97,12 @@ class Maintenance(StoredValues):
         report.checkpoints.extend(ids)
         report.blobs = len(freed)
         report.bytes_reclaimed = int(record_bytes) + freed_bytes
+        report.effects, report.effect_bytes = (int(n) for n in tx.one(
+            "SELECT COUNT(*), COALESCE(SUM(LENGTH(result)), 0) FROM pitstop_effects "
+            "WHERE run_id = ?", (run_id,)))
+        report.inputs, report.input_bytes = (int(n) for n in tx.one(
+            "SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM pitstop_inputs "
+            "WHERE run_id = ?", (run_id,)))
         if dry_run:
             return report
         self._lock_gc(tx)
@@ -176,6 +182,11 @@ class Maintenance(StoredValues):
         report.checkpoints.extend(ids)
         report.blobs = len(freed)
         report.bytes_reclaimed = record_bytes + freed_bytes
+        for count, size in tx.in_chunks(
+                "SELECT COUNT(*), COALESCE(SUM(LENGTH(result)), 0) FROM pitstop_effects "
+                "WHERE run_id = ? AND checkpoint_id IN ({in})", ids, run_id):
+            report.effects += int(count)
+            report.effect_bytes += int(size)
         if dry_run:
             return report
         self._lock_gc(tx)
