@@ -22,6 +22,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import ormsgpack
+
 from ..store.records import decode_field_map
 
 _RECORD_BYTES = "LENGTH(fields) + LENGTH(metadata) + COALESCE(LENGTH(writes), 0)"
@@ -144,14 +146,6 @@ def runs_usage(store: Any, run_ids: Iterable[str] | None = None, *,
     return found[:limit] if limit else found
 
 
-def _ref_identity(ref: Any) -> Any:
-    if ref.inline is not None:
-        return ("i", ref.inline)
-    if ref.manifest is not None:
-        return ("m", ref.manifest)
-    return ("h", ref.hash)
-
-
 def fields_usage(store: Any, run_id: str | None = None) -> list[GroupUsage]:
     """Bytes by field name over a run's checkpoints (or the whole store's), largest
     ``written`` first: reads field maps (names, hashes, sizes), never values."""
@@ -172,18 +166,25 @@ def fields_usage(store: Any, run_id: str | None = None) -> list[GroupUsage]:
             group = groups[name] = GroupUsage(name)
         return group
 
+    unpack = ormsgpack.unpackb
     for data in rows:
-        for name, ref in decode_field_map(bytes(data)).items():
-            group = group_of(name)
+        # The field map's entries as stored (see records.encode_field_map): [name, inline],
+        # [name, hash, size] or [name, manifest, size, 1]; read raw, no FieldRef made (a
+        # store-wide listing reads every checkpoint's map).
+        for entry in unpack(data):
+            name, key = entry[0], entry[1]
+            size = len(key) if len(entry) == 2 else entry[2]
+            group = groups.get(name) or group_of(name)
             group.checkpoints += 1
-            group.referenced += ref.size
-            group.largest = max(group.largest, ref.size)
-            identity = _ref_identity(ref)
-            if identity not in group._seen:
-                group._seen.add(identity)
+            group.referenced += size
+            group.largest = max(group.largest, size)
+            seen = group._seen
+            if key not in seen:
+                seen.add(key)
                 group.versions += 1
-                group.written += ref.size
-                group.chunked = group.chunked or ref.manifest is not None
+                group.written += size
+                if len(entry) == 4:
+                    group.chunked = True
     for data in head_rows:
         for name, ref in decode_field_map(bytes(data)).items():
             group_of(name).head += ref.size
