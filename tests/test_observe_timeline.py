@@ -202,3 +202,22 @@ def test_inspector_run_page_and_api_show_the_timeline(tmp_path: Path) -> None:
             assert client.get("/api/runs/nope/timeline").status_code == 404
     finally:
         store.close()
+
+
+def test_a_checkpoint_inside_a_step_splits_its_time(store: Store) -> None:
+    wf = Workflow("split")
+
+    @wf.step
+    def long(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
+        time.sleep(0.03)
+        ctx.checkpoint(tag="half")
+        time.sleep(0.03)
+        return {"done": True}
+
+    result = wf.start(store, {})
+    manual, done = (next(e for e in store.history(result.run_id) if e.source == source)
+                    for source in ("manual", "step"))
+    # The manual checkpoint saves the step-start state; the step's own checkpoint counts
+    # the time after it, not the step's whole.
+    assert done.metadata["started_at"] >= manual.created_at.timestamp() - 0.001
+    assert done.metadata["duration"] >= 0.03

@@ -332,7 +332,9 @@ class Execution:
         self.tags = []
         self.children_started = []
         self.claimed_by = None
-        if source != "retry":  # a step's retries count in the checkpoint it ends with
+        if source == "manual":  # ctx.checkpoint() inside a step: the rest of it is new work
+            self.work_started, self.work_seconds = time.time(), 0.0
+        elif source != "retry":  # a step's retries count in the checkpoint it ends with
             self.work_started = None
             self.work_seconds = 0.0
         self.steps_since = 0
@@ -549,7 +551,8 @@ class Execution:
                 try:
                     output = yield _Call(invoke, view, ctx, inputs)
                 finally:
-                    self.work_seconds += time.time() - began
+                    # From the step's start, or from a ctx.checkpoint() it took meanwhile.
+                    self.work_seconds += time.time() - max(began, self.work_started or began)
             except Suspend as suspend:
                 self.changed = self.step_start_changed
                 self.deltas = self.step_start_deltas
