@@ -161,3 +161,16 @@ def test_prune_reports_the_effects_and_inputs_it_removes(store: Store) -> None:
     assert store.stats().effects == effects_before - done.effects
     gone = store.delete_run(forked)
     assert gone.inputs == 0 and gone.runs == [forked]
+
+
+def test_checkpointer_size_warning(store: Store, caplog: Any) -> None:
+    import logging
+    import os
+
+    with caplog.at_level(logging.WARNING, logger="pitstop.runtime"), \
+            pitstop.Checkpointer(store, "loop", size_warning=5_000) as ckpt:
+        ckpt.save({"w": b"x" * 100})
+        ckpt.save({"w": os.urandom(10_000)})  # incompressible: stored at its size
+        ckpt.save({"w": os.urandom(11_000)})
+    assert sum("size_warning" in r.getMessage() for r in caplog.records) == 1
+    assert store.get_run("loop").metadata["size_warning"]["over"] == ["w"]

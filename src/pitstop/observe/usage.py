@@ -18,6 +18,7 @@ for the shared values, which stay while another run references them.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,8 @@ from typing import Any
 import ormsgpack
 
 from ..store.records import decode_field_map
+
+log = logging.getLogger("pitstop.runtime")
 
 _RECORD_BYTES = "LENGTH(fields) + LENGTH(metadata) + COALESCE(LENGTH(writes), 0)"
 _VALUE_BYTES = "CASE WHEN b.alias IS NULL THEN b.size ELSE 0 END"  # an alias holds no bytes
@@ -204,6 +207,38 @@ def field_sizes(store: Any, run_id: str, checkpoint_id: str) -> dict[str, int]:
     return {name: ref.size for name, ref in decode_field_map(bytes(data)).items()}
 
 
+def flag_size(store: Any, saved: Any, limit: int, *, workflow: str | None,
+              lease: Any) -> None:
+    """Checkpoint ``saved`` reached ``limit`` bytes of state (``size_warning``): log it with
+    its largest fields, count it in metrics, mark its run (``metadata["size_warning"]``, what
+    the inspector shows). Reads one field map and updates the run: paid only when it fires."""
+    import time
+
+    from ..errors import PitstopError
+    from ..logfmt import kv
+    from . import metrics
+
+    run_id = saved.run_id
+    fields = field_sizes(store, run_id, saved.id)
+    largest = dict(sorted(fields.items(), key=lambda item: -item[1])[:5])
+    over = [name for name, size in fields.items() if size >= limit]
+    log.warning(kv(event="size_warning", run=run_id, workflow=workflow or "-",
+                   checkpoint=saved.id, bytes=saved.size, limit=limit,
+                   fields=",".join(f"{n}={s}" for n, s in largest.items())),
+                extra={"run_id": run_id, "checkpoint_id": saved.id})
+    counting = metrics.current()
+    if counting is not None:
+        counting.size_warnings.labels(workflow or "", "checkpoint").inc()
+        if over:
+            counting.size_warnings.labels(workflow or "", "field").inc(len(over))
+    try:
+        store.update_run(run_id, lease=lease, metadata={"size_warning": {
+            "checkpoint": saved.id, "bytes": saved.size, "limit": limit, "fields": largest,
+            "over": over, "at": time.time()}})
+    except PitstopError as exc:  # the mark is advice: the run goes on without it
+        log.debug("run %r: size warning not marked: %s", run_id, exc)
+
+
 def steps_usage(store: Any, run_id: str) -> list[GroupUsage]:
     """Bytes by step name over a run's checkpoints: what the checkpoints each step ended
     with added (records and new values) and the time they record, largest first."""
@@ -244,5 +279,13 @@ def growth(store: Any, run_id: str, *, limit: int | None = None) -> list[dict[st
              "size": int(row[3]), "added": int(row[4]), "record": int(row[5])} for row in rows]
 
 
-__all__ = ["GroupUsage", "RunUsage", "field_sizes", "fields_usage", "growth", "runs_usage",
-           "steps_usage"]
+__all__ = [
+    "GroupUsage",
+    "RunUsage",
+    "field_sizes",
+    "fields_usage",
+    "flag_size",
+    "growth",
+    "runs_usage",
+    "steps_usage",
+]

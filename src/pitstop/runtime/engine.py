@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..delta import Delta
-from ..errors import LeaseLostError, PitstopError, StepFailedError
+from ..errors import LeaseLostError, StepFailedError
 from ..logfmt import kv
 from ..model import Checkpoint, RunStatus, utc
 from ..observe import metrics, tracing
@@ -358,30 +358,12 @@ class Execution:
                                attributes=attributes, start_time=start).end()
 
     def _warn_size(self, saved: Checkpoint, limit: int) -> None:
-        """A checkpoint reached ``size_warning``: log it with its largest fields, count it,
-        mark the run (once an execution; what it costs is paid only then)."""
-        from ..observe.usage import field_sizes
+        """A checkpoint reached ``size_warning`` (once an execution; see flag_size)."""
+        from ..observe.usage import flag_size
 
         self.size_warned = True
-        fields = field_sizes(self.store, self.run_id, saved.id)
-        largest = dict(sorted(fields.items(), key=lambda item: -item[1])[:5])
-        over = [name for name, size in fields.items() if size >= limit]
-        log.warning(kv(event="size_warning", run=self.run_id, workflow=self.wf.name,
-                       checkpoint=saved.id, bytes=saved.size, limit=limit,
-                       fields=",".join(f"{n}={s}" for n, s in largest.items())),
-                    extra={"run_id": self.run_id, "checkpoint_id": saved.id})
-        if self.metrics is not None:
-            warnings = self.metrics.metrics.size_warnings
-            warnings.labels(self.wf.name, "checkpoint").inc()
-            if over:
-                warnings.labels(self.wf.name, "field").inc(len(over))
-        try:
-            lease = None if self.released else self.lease  # a stopping save gave it up
-            self.store.update_run(self.run_id, lease=lease, metadata={"size_warning": {
-                "checkpoint": saved.id, "bytes": saved.size, "limit": limit,
-                "fields": largest, "over": over, "at": time.time()}})
-        except PitstopError as exc:  # the mark is advice: the run goes on without it
-            log.debug("run %r: size warning not marked: %s", self.run_id, exc)
+        flag_size(self.store, saved, limit, workflow=self.wf.name,
+                  lease=None if self.released else self.lease)  # a stopping save gave it up
 
     def _no_changes(self) -> set[str] | None:
         """What "nothing changed since the last checkpoint" is: an empty set, or None when

@@ -87,6 +87,8 @@ class Checkpointer:
     ``retention`` prunes the run's old checkpoints after each save (e.g.
     ``RetentionPolicy(keep_last=3)``: a training run keeps three). ``durability`` overrides
     the store's (``"full"``: each checkpoint fsynced before it counts as written).
+    ``size_warning`` (bytes; default: the store's): the first checkpoint whose state reaches
+    it is logged with its largest fields, counted in metrics and marked on the run.
     """
 
     def __init__(
@@ -102,6 +104,7 @@ class Checkpointer:
         metadata: Mapping[str, Any] | None = None,
         lease_ttl: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        size_warning: int | None = None,
     ) -> None:
         self._owns_store = isinstance(store, str)
         self.store: Store = open_store(store) if isinstance(store, str) else store
@@ -111,6 +114,9 @@ class Checkpointer:
         self.async_save = async_save
         self.durability = durability
         self.retention = retention
+        self.size_warning = size_warning or self.store.size_warning
+        self._size_warned = False
+        self._workflow = workflow
         self._clock = clock
         try:
             run = self.store.create_run(run_id, workflow=workflow, metadata=metadata,
@@ -215,6 +221,13 @@ class Checkpointer:
             durability=self.durability,
         )
         self.checkpoint_id = ckpt.id
+        if self.size_warning is not None and not self._size_warned \
+                and ckpt.size >= self.size_warning:
+            from ..observe.usage import flag_size
+
+            self._size_warned = True
+            flag_size(self.store, ckpt, self.size_warning, workflow=self._workflow,
+                      lease=self._lease)
         if self.retention is not None:
             self.store.prune(self.retention, run_id=self.run_id)
 
