@@ -221,3 +221,15 @@ def test_a_checkpoint_inside_a_step_splits_its_time(store: Store) -> None:
     # the time after it, not the step's whole.
     assert done.metadata["started_at"] >= manual.created_at.timestamp() - 0.001
     assert done.metadata["duration"] >= 0.03
+
+
+def test_odd_metadata_never_breaks_a_timeline(store: Store) -> None:
+    # Metadata is whatever a plain store user (or an old release) wrote.
+    for meta in ({"source": "retry", "error": "boom", "started_at": "x"},
+                 {"status": "failed", "error": ["a"], "started_at": 1.0, "duration": "y"},
+                 {"status": "waiting", "waiting_for": "approval", "children": 3},
+                 {"iterate": {"items": {"index": "x"}}, "source": "loop"}):
+        store.save("odd", {"n": 1}, metadata=meta)
+    assert timeline(store, "odd") is not None
+    assert events(store, "odd")[0].kind == "created"
+    progress(store, "odd")

@@ -13,7 +13,7 @@ times, never their values), child runs. Listing never deserialises state.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,11 +145,16 @@ def _ts(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
+def _mapping(value: Any) -> Mapping[str, Any]:
+    """``value`` if it is a mapping, else an empty one: metadata is data, whatever wrote it."""
+    return value if isinstance(value, Mapping) else {}
+
+
 def _wait_label(meta: Mapping[str, Any]) -> str:
     if meta.get("source") == "retry":
         return "retry backoff"
     waiting = meta.get("waiting_for")
-    if waiting:
+    if isinstance(waiting, list) and waiting:
         return "waiting for " + ", ".join(str(name) for name in waiting)
     wake = _ts(meta.get("wake_at"))
     if wake is not None:
@@ -183,13 +188,13 @@ def timeline(
             name = str(meta.get("step_name") or "")
             detail = ""
             if entry.source == "retry":
-                error = meta.get("error") or {}
+                error = _mapping(meta.get("error"))
                 kind = "retry"
                 name = str(error.get("step") or meta.get("next") or name)
                 detail = f"attempt {error.get('attempt', '?')}: {_error_text(meta)}"
             elif status == RunStatus.FAILED.value:
                 kind, detail = "failed", _error_text(meta)
-                name = str((meta.get("error") or {}).get("step") or meta.get("next") or name)
+                name = str(_mapping(meta.get("error")).get("step") or meta.get("next") or name)
             elif entry.source == "loop":
                 kind, name = "loop", f"iteration {meta.get('iteration', '?')}"
             else:
@@ -248,12 +253,13 @@ def events(store: Any, run_id: str, *, limit: int | None = None) -> list[Event]:
         if owner:
             found.append(Event(_ts(meta.get("started_at")) or at, "claimed", f"by {owner}",
                                entry.id))
-        for child in meta.get("children") or ():
+        children = meta.get("children")
+        for child in children if isinstance(children, list) else ():
             found.append(Event(at, "child", f"started {child}", entry.id))
         status = meta.get("status")
         step = meta.get("step_name") or meta.get("next") or ""
         if entry.source == "retry":
-            error = meta.get("error") or {}
+            error = _mapping(meta.get("error"))
             found.append(Event(at, "retried", f"{error.get('step') or step} attempt "
                                f"{error.get('attempt', '?')}: {_error_text(meta)}", entry.id))
         elif status == RunStatus.FAILED.value:
@@ -288,17 +294,21 @@ def events(store: Any, run_id: str, *, limit: int | None = None) -> list[Event]:
     return found
 
 
-def _progress_of(name: str, position: Mapping[str, Any], step: str | None) -> Progress:
-    done = int(position.get("index", 0))
-    total = position.get("total")
-    at = _ts(position.get("at"))
+def _progress_of(name: str, position: Mapping[str, Any], step: str | None
+                 ) -> Progress | None:
+    """A recorded position as progress; None if it is not one (odd metadata)."""
+    done, total, at = position.get("index", 0), position.get("total"), position.get("at")
+    if type(done) is not int or (total is not None and type(total) is not int):
+        return None
+    when = _ts(at)
     rate: float | None = None
     since = position.get("since")
-    if at is not None and isinstance(since, Sequence) and len(since) == 2:
-        elapsed = at - float(since[1])
-        if elapsed > 0 and done >= int(since[0]):
-            rate = (done - int(since[0])) / elapsed
-    return Progress(name, done, int(total) if isinstance(total, int) else None, rate, at, step)
+    if when is not None and isinstance(since, list) and len(since) == 2 \
+            and type(since[0]) is int and isinstance(since[1], int | float):
+        elapsed = when - float(since[1])
+        if elapsed > 0 and done >= since[0]:
+            rate = (done - since[0]) / elapsed
+    return Progress(name, done, total, rate, when, step)
 
 
 def progress(store: Any, run_id: str) -> list[Progress]:
@@ -308,10 +318,12 @@ def progress(store: Any, run_id: str) -> list[Progress]:
     run: Run = store.get_run(run_id)
     found: list[Progress] = []
     if run.head_id is not None:
-        positions = store.summary(run.head_id).metadata.get("iterate") or {}
+        positions = _mapping(store.summary(run.head_id).metadata.get("iterate"))
         for name, position in positions.items():
-            if isinstance(position, Mapping):
-                found.append(_progress_of(str(name), position, None))
+            loop = _progress_of(str(name), position, None) if isinstance(position, Mapping) \
+                else None
+            if loop is not None:
+                found.append(loop)
     _, effects = _record_rows(store, run_id)
     loops: dict[str, tuple[int, str | None, str]] = {}
     for key, _created in effects:
@@ -326,7 +338,9 @@ def progress(store: Any, run_id: str) -> list[Progress]:
             recorded, value = store.get_effect(run_id, key)
             if recorded and isinstance(value, Mapping) and \
                     isinstance(value.get("position"), Mapping):
-                found.append(_progress_of(name, value["position"], step))
+                loop = _progress_of(name, value["position"], step)
+                if loop is not None:
+                    found.append(loop)
     return found
 
 
