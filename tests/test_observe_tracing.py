@@ -184,3 +184,49 @@ def test_an_application_provider_turns_tracing_on_by_itself(tmp_path: Path) -> N
     done = run_python(code)
     assert done.returncode == 0, done.stderr
     assert "pitstop.run auto" in done.stdout and "pitstop.step one" in done.stdout
+
+
+def test_a_failing_or_stuck_exporter_never_fails_or_holds_a_run(store: Store) -> None:
+    import threading
+
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExportResult
+
+    release = threading.Event()
+
+    class Stuck:
+        calls = 0
+
+        def export(self, spans: Any) -> SpanExportResult:
+            Stuck.calls += 1
+            if Stuck.calls == 1:
+                release.wait(60)  # a collector that does not answer
+            raise ConnectionError("collector down")
+
+        def shutdown(self) -> None:
+            release.set()
+
+        def force_flush(self, timeout_millis: int = 0) -> bool:
+            return False
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Stuck(), max_queue_size=8,
+                                                   max_export_batch_size=4,
+                                                   schedule_delay_millis=1))
+    wf = Workflow("exported")
+
+    @wf.step
+    def loop(state: dict[str, Any]) -> Any:
+        n = state["n"] + 1
+        return pitstop.goto("loop", {"n": n}) if n < 200 else {"n": n}
+
+    tracing.enable(provider)
+    try:
+        # 200 steps, ~400 spans, against a queue of 8 and an exporter stuck on its first
+        # batch: spans past the queue are dropped, the run does not wait for it.
+        assert wf.start(store, {"n": 0}).status is RunStatus.COMPLETED
+        assert not release.is_set()  # still stuck when the run was done
+    finally:
+        tracing.disable()
+        tracing._settings.forced = None
+        release.set()
+        provider.shutdown()
