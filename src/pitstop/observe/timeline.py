@@ -241,11 +241,12 @@ def events(store: Any, run_id: str, *, limit: int | None = None) -> list[Event]:
     received, effects recorded (a map's items as one event), children started, retries,
     waits, failures, completion, cancellation, edits."""
     run: Run = store.get_run(run_id)
-    found: list[Event] = [Event(run.created_at.timestamp(), "created",
+    first: list[Event] = [Event(run.created_at.timestamp(), "created",
                                 f"workflow {run.workflow}" if run.workflow else "")]
     origin = run.metadata.get("forked_from")
     if origin:
-        found.append(Event(run.created_at.timestamp(), "forked", f"from {origin}"))
+        first.append(Event(run.created_at.timestamp(), "forked", f"from {origin}"))
+    found: list[Event] = []
     for entry in _history(store, run_id, limit):
         meta = entry.metadata
         at = entry.created_at.timestamp()
@@ -290,8 +291,9 @@ def events(store: Any, run_id: str, *, limit: int | None = None) -> list[Event]:
         found.append(Event(min(times), "map", f"{map_name}: {len(times):,} items recorded"))
     if run.status is RunStatus.CANCELLED:
         found.append(Event(run.updated_at.timestamp(), "cancelled", ""))
+    # Creation first whatever the clocks say (a step's start is kept to the millisecond).
     found.sort(key=lambda event: event.at)
-    return found
+    return first + found
 
 
 def _progress_of(name: str, position: Mapping[str, Any], step: str | None
