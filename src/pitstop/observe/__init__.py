@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 from ..lazy import lazy_getattr
 
 if TYPE_CHECKING:
-    from .timeline import Event, Progress, Span, events, progress, timeline
+    from .timelines import Event, Progress, Span, events, progress, timeline
 
 __getattr__ = lazy_getattr(__name__, globals(), dict.fromkeys(
-    ["Event", "Progress", "Span", "events", "progress", "timeline"], "timeline"))
+    ["Event", "Progress", "Span", "events", "progress", "timeline"], "timelines"))
 
 __all__ = ["Event", "Progress", "Span", "events", "progress", "timeline"]
