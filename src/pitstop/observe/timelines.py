@@ -326,9 +326,13 @@ def progress(store: Any, run_id: str) -> list[Progress]:
                 else None
             if loop is not None:
                 found.append(loop)
-    _, effects = _record_rows(store, run_id)
+    # Only the loops' position records (a map's million item records stay in the table;
+    # the live run page asks this at every tick).
+    keys = store._tx(lambda tx: tx.column(
+        "SELECT key FROM pitstop_effects WHERE run_id = ? AND key LIKE ?",
+        (run_id, "%:iterate:%")))
     loops: dict[str, tuple[int, str | None, str]] = {}
-    for key, _created in effects:
+    for key in keys:
         parts = key.removeprefix(run_id + ":").split(":", 3)
         if len(parts) == 4 and parts[3].startswith("iterate:") and parts[1].isdigit():
             loops[key] = (int(parts[1]), parts[2], parts[3].removeprefix("iterate:"))
