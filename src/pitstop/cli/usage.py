@@ -6,9 +6,11 @@ from typing import Any
 
 import click
 
-from .common import Session, run_reference, short
+from pitstop.display.text import duration, human_bytes, short
+
+from .common import Session, run_reference
 from .group import command
-from .render import Column, duration, human_bytes, local_time
+from .render import Column, local_time
 
 RUN_COLUMNS = [
     Column("run", style="bold", max_width=40),

@@ -273,5 +273,4 @@ def serve(port: int, *, address: str = "0.0.0.0", store: Any = None) -> Any:
     return server
 
 
-__all__ = ["Metrics", "WorkflowMetrics", "current", "enable", "exposition", "registry",
-           "serve"]
+__all__ = ["Metrics", "current", "enable", "exposition", "registry", "serve"]

@@ -254,5 +254,4 @@ def map_item(fn: Callable[[Any], Any], map_name: str, run_id: str) -> Callable[[
     return item
 
 
-__all__ = ["TRACE_KEY", "RunSpan", "current_traceparent", "db_system", "disable", "enable",
-           "event_span", "links_of", "map_item", "span", "traced_step", "tracer"]
+__all__ = ["current_traceparent", "disable", "enable", "tracer"]

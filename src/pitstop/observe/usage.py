@@ -25,7 +25,7 @@ from typing import Any
 
 import ormsgpack
 
-from ..store.records import decode_field_map
+from ..store.encoding.records import decode_field_map
 
 log = logging.getLogger("pitstop.runtime")
 
@@ -279,13 +279,4 @@ def growth(store: Any, run_id: str, *, limit: int | None = None) -> list[dict[st
              "size": int(row[3]), "added": int(row[4]), "record": int(row[5])} for row in rows]
 
 
-__all__ = [
-    "GroupUsage",
-    "RunUsage",
-    "field_sizes",
-    "fields_usage",
-    "flag_size",
-    "growth",
-    "runs_usage",
-    "steps_usage",
-]
+__all__ = ["GroupUsage", "RunUsage", "fields_usage", "growth", "runs_usage", "steps_usage"]
