@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 
 import pitstop
@@ -160,12 +161,18 @@ def test_every_command_has_help_with_an_example(pitstop_cli: Callable[..., Resul
     assert top.code == 0
     for code in ("0  ok", "1  problems found", "2  bad usage or input"):
         assert code in top.out
-    for name in all_commands():
+    for name, command in all_commands().items():
         result = pitstop_cli(name, "--help")
         assert result.code == 0, name
         assert "Example" in result.out, name
-        assert "--store URL" in result.out, name
-        assert "--json" in result.out, name
+        # A group's commands (pitstop cache ls) take the options.
+        leaves = ([[name, sub] for sub in command.commands]
+                  if isinstance(command, click.Group) else [[name]])
+        for leaf in leaves:
+            result = pitstop_cli(*leaf, "--help")
+            assert "Example" in result.out, leaf
+            assert "--store URL" in result.out, leaf
+            assert "--json" in result.out, leaf
 
 
 # -- the read/steer commands, on SQLite and on PostgreSQL ----------------------------------------

@@ -28,6 +28,10 @@ TYPE_ONLY_ALLOWED = {
     # Store.export_run returns a RunExport; its rows are the engine's tables, so the class
     # lives with the transfer code, and the contract names it for annotations only.
     ("pitstop.store.contract.base", "pitstop.store.transfer.runs"),
+    # Store.cache_get returns a CacheHit (of CacheEntry rows): made by the engine's cache
+    # code from its table's rows; Store.schedule_rows returns the schedules' rows.
+    ("pitstop.store.contract.base", "pitstop.store.engine.cache"),
+    ("pitstop.store.contract.base", "pitstop.store.engine.schema"),
 }
 
 

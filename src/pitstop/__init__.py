@@ -20,6 +20,7 @@ from .delta import Append, Merge
 from .errors import (
     ArchiveError,
     BrokerUnavailableError,
+    CacheKeyError,
     CheckpointNotFoundError,
     ChildFailedError,
     ChildRunError,
@@ -33,10 +34,12 @@ from .errors import (
     NotFoundError,
     PartitionCountError,
     PitstopError,
+    RerunError,
     RunBusyError,
     RunExistsError,
     RunNotFoundError,
     RunNotStartedError,
+    ScheduleError,
     SchemaVersionError,
     SerializationError,
     StepFailedError,
@@ -87,8 +90,8 @@ objects from them)."""
 # that only read run rows, like `pitstop runs`, start fast: `import pitstop` loads neither.
 _LAZY = {
     **dict.fromkeys(
-        ("CheckpointPolicy", "Checkpointer", "ChildResult", "Retry", "RunResult", "StepContext",
-         "Worker", "Workflow", "finish", "goto", "send"),
+        ("CachePolicy", "CheckpointPolicy", "Checkpointer", "ChildResult", "Retry", "RunResult",
+         "StepContext", "Worker", "Workflow", "finish", "goto", "send"),
         "runtime",
     ),
     **dict.fromkeys(("MsgpackSerializer", "PickleSerializer", "TypeRegistry", "register"),
@@ -98,6 +101,7 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from .runtime import (
+        CachePolicy,
         Checkpointer,
         CheckpointPolicy,
         ChildResult,
@@ -121,6 +125,8 @@ __all__ = [
     "Append",
     "ArchiveError",
     "BrokerUnavailableError",
+    "CacheKeyError",
+    "CachePolicy",
     "Checkpoint",
     "CheckpointNotFoundError",
     "CheckpointPolicy",
@@ -147,6 +153,7 @@ __all__ = [
     "PitstopError",
     "Problem",
     "PruneReport",
+    "RerunError",
     "RetentionPolicy",
     "Retry",
     "Run",
@@ -156,6 +163,7 @@ __all__ = [
     "RunNotStartedError",
     "RunResult",
     "RunStatus",
+    "ScheduleError",
     "SchemaVersionError",
     "SerializationError",
     "StepContext",

@@ -378,9 +378,44 @@ class UndecodableRecordError(StreamError):
     """A record a source cannot decode, with the job's ``undecodable="fail"`` policy."""
 
 
+class CacheKeyError(PitstopError, TypeError):
+    """A value a cache key depends on (a ``CachePolicy`` input, a ``ctx.cached`` argument)
+    has no canonical serialisation: raised at the first call, naming the run, the step and
+    the field, rather than letting the cache silently miss."""
+
+    def __init__(
+        self, message: str, *, run_id: str | None, step: str, field: str | None = None
+    ) -> None:
+        self.run_id = run_id
+        self.step = step
+        self.field = field
+        where = f"run {run_id!r}, step {step!r}" if run_id else f"step {step!r}"
+        super().__init__(f"{where}: {message}")
+
+
+class RerunError(PitstopError, ValueError):
+    """``rerun`` refused (nothing was written): the run is still running, or never reached
+    the step to rerun from."""
+
+    def __init__(self, message: str, *, run_id: str, step: str | None = None) -> None:
+        self.run_id = run_id
+        self.step = step
+        super().__init__(f"run {run_id!r}: {message}")
+
+
+class ScheduleError(PitstopError, ValueError):
+    """A schedule refused: a cron expression that does not parse, an unknown timezone, a
+    bad ``catchup``/``overlap``; or a schedule name that is not there."""
+
+    def __init__(self, message: str, *, schedule: str) -> None:
+        self.schedule = schedule
+        super().__init__(f"schedule {schedule!r}: {message}")
+
+
 __all__ = [
     "ArchiveError",
     "BrokerUnavailableError",
+    "CacheKeyError",
     "CheckpointNotFoundError",
     "ChildFailedError",
     "ChildRunError",
@@ -394,10 +429,12 @@ __all__ = [
     "NotFoundError",
     "PartitionCountError",
     "PitstopError",
+    "RerunError",
     "RunBusyError",
     "RunExistsError",
     "RunNotFoundError",
     "RunNotStartedError",
+    "ScheduleError",
     "SchemaVersionError",
     "SerializationError",
     "StepFailedError",

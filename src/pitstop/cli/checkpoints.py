@@ -20,6 +20,7 @@ from .common import (
     EXIT_PROBLEMS,
     CliError,
     Session,
+    cached_note,
     checkpoint_json,
     find_in_run,
     load_checkpoint,
@@ -58,6 +59,7 @@ def _header(run: Run, ckpt: CheckpointSummary,
         ("took", duration(_seconds(meta.get("duration")))),
         ("size", f"{human_bytes(ckpt.size)} state, +{human_bytes(ckpt.added)} stored"),
         ("tags", ", ".join(ckpt.tags)),
+        ("cached", cached_note(ckpt).removeprefix("cached: ")),
         ("waiting for", ", ".join(waiting)),
         ("next", meta.get("next") or ""),
     ]
@@ -248,6 +250,9 @@ def _note(entry: CheckpointSummary, head_id: str | None, branch_point: bool) -> 
     started = children_note(entry)
     if started:
         notes.append(started)
+    served = cached_note(entry)
+    if served:
+        notes.append(served)
     return ", ".join(notes)
 
 

@@ -379,6 +379,22 @@ def state_view(store: Store, checkpoint: Checkpoint) -> Any:
     return display_state(checkpoint, allow_pickle=pickled)
 
 
+def cached_note(summary: CheckpointSummary) -> str:
+    """``cached: fetch (from run R)``: the steps and calls since the previous checkpoint that
+    were served from the result cache, and the runs that computed them."""
+    served = summary.metadata.get("cached") or ()
+    if not served:
+        return ""
+    names = []
+    for item in served:
+        if not isinstance(item, dict):
+            continue
+        name = item.get("step") or item.get("call") or "?"
+        source = item.get("run")
+        names.append(f"{name} (from run {source})" if source else str(name))
+    return "cached: " + ", ".join(names)
+
+
 def checkpoint_json(summary: CheckpointSummary, *, head_id: str | None = None) -> dict[str, Any]:
     """The JSON shape of a checkpoint's record, shared by ``show``, ``history`` and ``diff``."""
     meta = summary.metadata
@@ -394,6 +410,7 @@ def checkpoint_json(summary: CheckpointSummary, *, head_id: str | None = None) -
         "size": summary.size,
         "added": summary.added,
         "tags": list(summary.tags),
+        "cached": list(meta.get("cached") or ()),
         "checksum": summary.checksum,
         "schema_version": summary.schema_version,
         "started_at": meta.get("started_at"),

@@ -245,6 +245,41 @@ def fork(
     return _result(s, workflow.fork(store, checkpoint_id, update=updates, run_id=new_run_id))
 
 
+@command("rerun", examples=["pitstop rerun 7f3a9c --from-step summarize --workflow flows:report",
+                            "pitstop rerun 7f3a9c --from-step summarize --set 'style=\"long\"' "
+                            "--workflow flows:report"])
+@click.argument("run_id", metavar="RUN")
+@click.option("--from-step", "from_step", metavar="STEP", required=True,
+              help="The step to run again (from the checkpoint before it last ran).")
+@click.option("--set", "assignments", multiple=True, metavar="FIELD=JSON",
+              help="Replace a state field, or a value inside one, in the new run "
+                   "(repeatable; checked like `fork --set`).")
+@click.option("--workflow", "spec", metavar="MODULE:ATTR", required=True,
+              envvar="PITSTOP_WORKFLOW", help=WORKFLOW_HELP)
+@click.option("--run-id", "new_run_id", metavar="NEW", help="Id of the new run (default: new).")
+def rerun(
+    s: Session, run_id: str, from_step: str, assignments: tuple[str, ...], spec: str,
+    new_run_id: str | None,
+) -> int:
+    """Run a run again from a named step, as a new run, and execute it.
+
+    The steps before STEP are not executed again; steps after it with a cache policy whose
+    inputs did not change are served from the cache. A run still running or queued, or one
+    that never reached STEP, is refused (exit 2) and nothing is written. Exits 1 if the new
+    run failed.
+    """
+    edits = _edits(assignments)
+    workflow = load_workflow(spec)
+    store = s.store()
+    run = run_reference(store, run_id)[0]
+    try:
+        result = workflow.rerun(store, run.id, from_step=from_step, update=edits or None,
+                                new_run_id=new_run_id)
+    except FieldEditError as exc:
+        raise CliError(f"--set: {exc} (nothing was written)") from None
+    return _result(s, result)
+
+
 def _finite(ctx: click.Context, param: click.Parameter, value: float) -> float:
     if not math.isfinite(value):  # nan passes FloatRange's bounds: no comparison holds
         raise click.BadParameter(f"{value} is not a number of seconds", ctx, param)

@@ -50,11 +50,14 @@ Exit status:
 MODULES = {
     "runs": "runs",
     **dict.fromkeys(["show", "history", "diff"], "checkpoints"),
-    **dict.fromkeys(["send", "start", "enqueue", "resume", "fork", "worker", "cancel"], "control"),
-    "stats": "maintenance",
+    **dict.fromkeys(["send", "start", "enqueue", "resume", "fork", "rerun", "worker", "cancel"],
+                    "control"),
     "du": "usage",
-    **dict.fromkeys(["verify", "migrate", "prune", "vacuum", "export", "import", "rekey"],
+    **dict.fromkeys(["stats", "verify", "migrate", "prune", "vacuum", "export", "import",
+                     "rekey"],
                     "maintenance"),
+    "cache": "cache",
+    "schedule": "schedule",
     "ui": "inspector",
     "stream": "streams",
 }
@@ -116,12 +119,24 @@ def all_commands() -> dict[str, click.Command]:
     return {name: cli.commands[name] for name in ORDER}
 
 
+def subgroup(name: str, help: str, *, examples: Sequence[str]) -> click.Group:
+    """A command group under ``pitstop`` (``pitstop cache ...``), its commands added with
+    :func:`command` ``(group=...)``."""
+    epilog = "\b\nExamples:\n" + "\n".join(f"  {e}" for e in examples)
+    group = click.Group(name, help=help, epilog=epilog,
+                        context_settings={"help_option_names": ["-h", "--help"]})
+    cli.add_command(group)
+    return group
+
+
 def command(
-    name: str, *, examples: Sequence[str], log_level: str = "WARNING", **attrs: Any
+    name: str, *, examples: Sequence[str], log_level: str = "WARNING",
+    group: click.Group | None = None, **attrs: Any
 ) -> Callable[[Callable[..., int | None]], click.Command]:
     """Register a subcommand with what every command has: ``--store``, ``--json``, the
     logging options, an example in its help, a :class:`Session` (closed afterwards) as first
-    argument. ``log_level`` is what the command logs without ``-v``/``-q``."""
+    argument. ``log_level`` is what the command logs without ``-v``/``-q``; ``group`` is the
+    command group it belongs to (``pitstop cache ls``; default: ``pitstop`` itself)."""
 
     def decorate(fn: Callable[..., int | None]) -> click.Command:
         @functools.wraps(fn)
@@ -147,7 +162,7 @@ def command(
         epilog = "\b\nExample" + ("s" if len(examples) > 1 else "") + ":\n" + "\n".join(
             f"  {e}" for e in examples
         )
-        return cli.command(name, epilog=epilog, **attrs)(wrapped)
+        return (group or cli).command(name, epilog=epilog, **attrs)(wrapped)
 
     return decorate
 
@@ -174,4 +189,4 @@ STATUSES = [s.value for s in RunStatus]
 
 
 __all__ = ["DURATION", "SINCE", "STATUSES", "STORE_HELP", "all_commands", "cli", "command",
-           "logging_options"]
+           "logging_options", "subgroup"]

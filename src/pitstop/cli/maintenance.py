@@ -47,7 +47,7 @@ def stats(s: Session, exact: bool) -> None:
                     "value_refs": st.value_refs, "attached_bytes": st.attached_bytes,
                     "all_bytes": st.all_bytes,
                     "file_bytes": st.file_bytes, "free_bytes": free,
-                    "estimated": sorted(st.estimated)})
+                    "cache_entries": st.cache_entries, "estimated": sorted(st.estimated)})
         return
 
     def count(n: int, name: str) -> str:
@@ -64,6 +64,7 @@ def stats(s: Session, exact: bool) -> None:
         ("effects", f"{count(st.effects, 'effects')} ({human_bytes(st.effect_bytes)})"),
         ("inputs", f"{count(st.inputs, 'inputs')} ({human_bytes(st.input_bytes)})"),
         ("attached", human_bytes(st.attached_bytes)),
+        ("cached", f"{st.cache_entries} results"),
         ("bytes", f"{'~' if 'bytes' in st.estimated else ''}{human_bytes(st.bytes)} "
                   f"({count(st.bytes, 'bytes')} bytes of records and values)"),
         ("all records", f"{'~' if st.estimated else ''}{human_bytes(st.all_bytes)} "
@@ -187,6 +188,7 @@ def prune(
                     "values": report.blobs, "bytes_reclaimed": report.bytes_reclaimed,
                     "effects": report.effects, "effect_bytes": report.effect_bytes,
                     "inputs": report.inputs, "input_bytes": report.input_bytes,
+                    "cache_entries": report.cache_entries,
                     "vacuumed": _vacuum_json(vacuumed), "space": _space_json(space)})
         return
     verb = "would delete" if dry_run else "deleted"
@@ -202,6 +204,8 @@ def prune(
                    f"({human_bytes(report.input_bytes)})")
     if report.runs:
         s.out.line("whole runs: " + ", ".join(report.runs))
+    if report.cache_entries:
+        s.out.line(f"expired cached results: {report.cache_entries}")
     if dry_run and report.checkpoints:
         # Still there: say what each one is, so the operator can judge before deleting.
         shown = [store.summary(c) for c in report.checkpoints[:_PRUNE_LISTED]]

@@ -1,6 +1,7 @@
 """The run/step runtime: workflows, their execution, leases and the background writer."""
 
 from ..errors import StepFailedError
+from .cache import CachePolicy
 from .children import ChildResult
 from .context import StepContext
 from .engine import RunResult
@@ -10,6 +11,7 @@ from .worker import Worker, WorkerStats, run_until_idle
 from .workflow import Workflow, send
 
 __all__ = [
+    "CachePolicy",
     "CheckpointPolicy",
     "Checkpointer",
     "ChildResult",

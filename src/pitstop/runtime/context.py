@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import StoreError, StoreSchemaError, UnsupportedStoreError
+from .cache import Renewal, Waiting, call_key, claim_owner
 from .iteration import Position, Resumable
 from .policies import Retry
 
@@ -18,6 +19,8 @@ if TYPE_CHECKING:
     from .engine import Execution
 
 log = logging.getLogger("pitstop.step")
+_CALL_WAIT = 600.0  # how long ctx.cached waits for another run computing the same key
+_CALL_LEASE = 30.0  # how long a claim outlives a process that died computing it
 T = TypeVar("T")
 
 STORE_RETRY = Retry(attempts=6, backoff=0.25, multiplier=2.0, max_delay=4.0)
@@ -200,6 +203,124 @@ class StepContext:
             except StoreError as exc:
                 await asyncio.sleep(self._store_blip(name, exc, attempt))
             attempt += 1
+
+    # -- results cached across runs --------------------------------------------------------
+
+    def cached(
+        self,
+        name: str,
+        fn: Callable[..., T],
+        /,
+        *args: Any,
+        ttl: float | timedelta | None = None,
+        version: str | None = None,
+        key: Callable[..., Any] | None = None,
+        **kwargs: Any,
+    ) -> T:
+        """``fn(*args, **kwargs)``, or its result cached by any run for the same ``name``,
+        arguments (hashed canonically) and code version (a hash of ``fn``'s source, or
+        ``version``); ``key(*args, **kwargs)`` replaces the arguments in the key. ``ttl``
+        (seconds) expires the result. While another run computes the same key this call waits
+        for it (up to 10 minutes) instead of computing it again; a call that raises caches
+        nothing."""
+        lookup = self._cache_lookup(name, fn, args, kwargs, version, key)
+        waiting = Waiting(_CALL_WAIT)
+        store = self._execution.store
+        while True:
+            hit = store.cache_get(lookup)
+            if hit is not None:
+                return self._served(name, hit)  # type: ignore[no-any-return]
+            owner = claim_owner()
+            if store.cache_claim(lookup, name, owner, lease=_CALL_LEASE) == "claimed":
+                break
+            delay = waiting.next_delay()
+            if delay is None:
+                owner = ""
+                break
+            time.sleep(delay)
+        renewal = Renewal(store, lookup, owner, _CALL_LEASE) if owner else None
+        try:
+            result = fn(*args, **kwargs)
+            if inspect.isawaitable(result):
+                raise TypeError(f"cached {name!r}: use `await ctx.acached(...)` for async "
+                                "functions")
+            self._store_cached(lookup, name, result, owner, ttl)
+        except BaseException:
+            if owner:
+                store.cache_abandon(lookup, owner)
+            raise
+        finally:
+            if renewal is not None:
+                renewal.stop()
+        return result
+
+    async def acached(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        /,
+        *args: Any,
+        ttl: float | timedelta | None = None,
+        version: str | None = None,
+        key: Callable[..., Any] | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """:meth:`cached` for async steps; ``fn`` may be sync or async."""
+        lookup = self._cache_lookup(name, fn, args, kwargs, version, key)
+        waiting = Waiting(_CALL_WAIT)
+        store = self._execution.store
+        while True:
+            hit = await asyncio.to_thread(store.cache_get, lookup)
+            if hit is not None:
+                return self._served(name, hit)
+            owner = claim_owner()
+            outcome = await asyncio.to_thread(
+                store.cache_claim, lookup, name, owner, lease=_CALL_LEASE)
+            if outcome == "claimed":
+                break
+            delay = waiting.next_delay()
+            if delay is None:
+                owner = ""
+                break
+            await asyncio.sleep(delay)
+        renewal = Renewal(store, lookup, owner, _CALL_LEASE) if owner else None
+        try:
+            result = fn(*args, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+            await asyncio.to_thread(self._store_cached, lookup, name, result, owner, ttl)
+        except BaseException:
+            if owner:
+                await asyncio.to_thread(store.cache_abandon, lookup, owner)
+            raise
+        finally:
+            if renewal is not None:
+                renewal.stop()
+        return result
+
+    def _cache_lookup(
+        self, name: str, fn: Callable[..., Any], args: Any, kwargs: dict[str, Any],
+        version: str | None, key: Callable[..., Any] | None,
+    ) -> str:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"run {self.run_id!r}, step {self.step!r}: a cached call's name "
+                            f"must be a non-empty string, not {name!r}")
+        return call_key(name, fn, args, kwargs, version=version, key=key,
+                        run_id=self.run_id, step=self.step)
+
+    def _served(self, name: str, hit: Any) -> Any:
+        self._execution.cached_from.append({"call": name, "step": self.step,
+                                            "run": hit.entry.run_id})
+        return hit.values["value"]
+
+    def _store_cached(
+        self, lookup: str, name: str, result: Any, owner: str, ttl: float | timedelta | None
+    ) -> None:
+        seconds = ttl.total_seconds() if isinstance(ttl, timedelta) else ttl
+        self._execution.store.cache_put(
+            lookup, name, {"value": result}, owner=owner or None, ttl=seconds,
+            run_id=self.run_id, checkpoint_id=self._execution.parent_id,
+        )
 
     # -- parallel work -----------------------------------------------------------------------
 

@@ -20,11 +20,12 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..delta import Delta
-from ..errors import LeaseLostError, StepFailedError
+from ..errors import CacheKeyError, LeaseLostError, PitstopError, StepFailedError
 from ..logfmt import kv
 from ..model import Checkpoint, RunStatus, utc
 from ..observe import metrics, tracing
 from ..store import Lease, Store
+from .cache import CachePolicy, Renewal, Waiting, claim_owner, step_key
 from .children import WaitForChildren
 from .context import StepContext, Suspend
 from .leases import keeper
@@ -232,6 +233,10 @@ class Execution:
         self.size_warned = False
         counting = metrics.current()  # None unless metrics are on (pitstop.observe.metrics)
         self.metrics = None if counting is None else counting.for_workflow(wf.name)
+        # Steps and ctx.cached calls served from the cache since the last checkpoint, and
+        # the runs that computed them: history shows "cached".
+        self.cached_from: list[dict[str, Any]] = []
+        self.claim: StepClaim | None = None  # the running step's cache claim
 
     # -- checkpoints -----------------------------------------------------------------------------
 
@@ -265,6 +270,8 @@ class Execution:
             meta["duration"] = round(self.work_seconds, 6)
         if self.claimed_by is not None:
             meta["claimed_by"] = self.claimed_by
+        if self.cached_from:
+            meta["cached"] = self.cached_from
         meta.update(extra)
         return meta
 
@@ -338,6 +345,7 @@ class Execution:
         elif source != "retry":  # a step's retries count in the checkpoint it ends with
             self.work_started = None
             self.work_seconds = 0.0
+        self.cached_from = []
         self.steps_since = 0
         self.checkpointed_at = time.monotonic()
         if self.schedule is not None:
@@ -463,6 +471,8 @@ class Execution:
             raise
         finally:
             keeper.untrack(self.held)
+            if self.claim is not None:  # stopped inside a claimed step (lease lost, ^C)
+                self._abandon()
             try:
                 if self.writer is not None:
                     self.writer.flush(self.run_id)
@@ -530,23 +540,32 @@ class Execution:
             began = time.time()
             if self.work_started is None:
                 self.work_started = began
+            self.claim = None
             try:
                 try:
-                    output = yield _Call(invoke, view, ctx, inputs)
+                    if spec.options.cache is None:
+                        output = yield _Call(invoke, view, ctx, inputs)
+                    else:
+                        output = yield from self._cached_step(spec, invoke, view, ctx, inputs)
                 finally:
                     # From the step's start, or from a ctx.checkpoint() it took meanwhile.
                     self.work_seconds += time.time() - max(began, self.work_started or began)
             except Suspend as suspend:
+                self._abandon()
                 self.changed = self.step_start_changed
                 self.deltas = self.step_start_deltas
                 return (yield from self._sleep(spec, suspend.wake_at))
             except WaitForChildren as children:
+                self._abandon()
                 self.changed = self.step_start_changed
                 self.deltas = self.step_start_deltas
                 return (yield from self._wait_children(spec, children.names))
+            except CacheKeyError:
+                raise  # a key that cannot be made: the caller's error, not the step's
             except Exception as exc:
                 if self.metrics is not None:
                     self.metrics.errors.inc()
+                self._abandon()
                 retry = spec.options.retry or wf.retry
                 self.attempts[spec.name] = attempt
                 error = _describe(exc, spec.name, attempt)
@@ -569,14 +588,18 @@ class Execution:
                 self.metrics.ok.inc()
             updates = wf.adapter.changes(view, self.fields)
             route: str | None
+            output_kind: list[Any]
             if isinstance(output, Goto):
                 route = output.target
+                output_kind = ["goto", route]
                 output = output.update
             elif isinstance(output, Finish):
                 route = None
+                output_kind = ["finish"]
                 output = output.update
             else:
                 route = wf.next_after(spec.name)
+                output_kind = ["next"]
             if output is not None:
                 updates.update(wf.adapter.updates_from(output, self.fields))
             self.fields = merged(self.fields, updates)
@@ -591,6 +614,8 @@ class Execution:
             self.position += 1
             self.next = route
             self.steps_since += 1
+            if self.claim is not None:
+                yield from self._store_step_result(self.claim, updates, output_kind)
 
             if route is not None and route not in wf.steps:
                 return (yield from self._fail(
@@ -633,6 +658,69 @@ class Execution:
         if wake_at is not None:
             attributes["pitstop.wait.wake_at"] = wake_at
         tracing.event_span(self.tracer, self.run_span.context, "pitstop.wait", attributes)
+    # -- steps served from the cache (see pitstop.runtime.cache) --------------------------------
+
+    def _cached_step(
+        self, spec: StepSpec, invoke: Callable[..., Any], view: Any, ctx: StepContext,
+        inputs: Mapping[str, Any],
+    ) -> Generator[Op, Any, Any]:
+        """The step's output from the cache, or from running it under a claim (kept in
+        ``self.claim`` for :meth:`_store_step_result`, or :meth:`_abandon` if the step
+        fails); waits while another worker computes the same key."""
+        policy: CachePolicy = spec.options.cache
+        key = step_key(self.wf.name, spec.name, spec.fn, policy, self.fields, view, inputs,
+                       self.run_id)
+        waiting: Waiting | None = None
+        owner = ""
+        while True:
+            hit = yield _Io(self.store.cache_get, key)
+            if hit is not None:
+                self.cached_from.append({"step": spec.name, "run": hit.entry.run_id})
+                if log.isEnabledFor(logging.INFO):
+                    log.info(kv(event="cached", run=self.run_id, step=spec.name,
+                                source=hit.entry.run_id),
+                             extra={"run_id": self.run_id, "step": spec.name})
+                return _cached_output(hit.values)
+            owner = owner or claim_owner()
+            outcome = yield _Io(self.store.cache_claim, key, spec.name, owner,
+                                lease=policy.lease)
+            if outcome == "claimed":
+                break
+            waiting = waiting or Waiting(policy.wait)
+            delay = waiting.next_delay()
+            if delay is None:  # waited long enough: compute it here, unclaimed
+                self.claim = StepClaim(key, spec.name, None, None, policy.seconds)
+                return (yield _Call(invoke, view, ctx, inputs))
+            yield _Sleep(delay)
+        self.claim = StepClaim(key, spec.name, owner,
+                               Renewal(self.store, key, owner, policy.lease), policy.seconds)
+        return (yield _Call(invoke, view, ctx, inputs))
+
+    def _abandon(self) -> None:
+        """The claimed step failed (or parked): nothing is cached, others may claim it."""
+        claim, self.claim = self.claim, None
+        if claim is None or claim.owner is None:
+            return
+        claim.stop()
+        try:
+            self.store.cache_abandon(claim.key, claim.owner)
+        except PitstopError as exc:  # the claim lapses by itself
+            log.warning("cache claim %s not given up: %s", claim.key, exc)
+
+    def _store_step_result(
+        self, claim: StepClaim, updates: Mapping[str, Any], kind: list[Any]
+    ) -> Generator[Op, Any, None]:
+        values: dict[str, Any] = {"route": kind}
+        for name in updates:
+            values["field:" + name] = self.fields[name]
+        try:
+            yield _Io(self.store.cache_put, claim.key, claim.name, values, owner=claim.owner,
+                      ttl=claim.ttl, run_id=self.run_id, checkpoint_id=self.parent_id)
+        except BaseException:
+            self._abandon()
+            raise
+        claim.stop()
+        self.claim = None
 
     def _clear_step_state(self, step: str) -> None:
         """Forget the finished step's timers, input deadlines and retries of the run."""
@@ -719,6 +807,34 @@ class Execution:
                 )
         yield from self.checkpoint(RunStatus.FAILED, sync=True, error=error)
         return self.result(RunStatus.FAILED, error=error, step=step or self.next)
+
+
+@dataclass
+class StepClaim:
+    """A step computed under a cache claim (``owner`` None: computed after waiting too long
+    for another claimant, unclaimed): its result is stored when the step succeeds."""
+
+    key: str
+    name: str
+    owner: str | None
+    renewal: Renewal | None
+    ttl: float | None
+
+    def stop(self) -> None:
+        if self.renewal is not None:
+            self.renewal.stop()
+
+
+def _cached_output(values: Mapping[str, Any]) -> Any:
+    """A cached step result as the step's own return value would have been."""
+    updates = {name[len("field:"):]: value for name, value in values.items()
+               if name.startswith("field:")}
+    kind = values.get("route") or ["next"]
+    if kind[0] == "goto":
+        return Goto(kind[1], updates)
+    if kind[0] == "finish":
+        return Finish(updates)
+    return updates
 
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep

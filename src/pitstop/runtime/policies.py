@@ -224,6 +224,8 @@ class StepOptions:
     tags: tuple[str, ...] = field(default=())
     show: tuple[str, ...] = field(default=())
     """State fields a person deciding the step's input should see (the inspector's inbox)."""
+    cache: Any = None
+    """The step's :class:`~pitstop.CachePolicy` (None: never served from the cache)."""
 
 
 __all__ = [

@@ -67,6 +67,8 @@ class WorkerStats:
 ON_ERROR = Retry(attempts=5, backoff=1.0, multiplier=2.0, max_delay=60.0)
 """The default ``on_error`` policy: retries after 1, 2, 4 and 8 seconds, then the run fails."""
 STOP_CHECK = 0.5
+SCHEDULE_CHECK = 0.5
+"""Seconds between a worker's looks at its workflows' schedules."""
 """An idle worker notices :meth:`Worker.stop` (SIGTERM) within this many seconds, whatever
 its ``poll_interval``: a store's wait for a notification cannot be interrupted, so it is
 asked for at most this long at a time."""
@@ -146,6 +148,7 @@ class Worker:
         self._failures: dict[str, int] = {}  # run id -> failed executions in a row
         self._until_idle = False
         self._orphans_elsewhere = False
+        self._schedules_checked = -float("inf")
 
     def stop(self) -> None:
         """Finish the current steps, checkpoint, release the runs; :meth:`run` then returns."""
@@ -420,6 +423,7 @@ class Worker:
                         # busy looks again instead of calling itself idle.
                         was_busy = bool(self._active)
                     try:
+                        self._fire_schedules()
                         leases = self._due_backoffs(free)
                         leases += self._claim(free - len(leases)) or self._adopt_orphans(
                             free - len(leases)
@@ -466,6 +470,22 @@ class Worker:
                     errors=self.stats.errors,
                     **{f"runs_{k}": n for k, n in sorted(self.stats.by_status.items())}))
         return self.stats
+
+    def _fire_schedules(self) -> None:
+        """Enqueue the runs of due schedule ticks of these workflows (at most every
+        :data:`SCHEDULE_CHECK` seconds; any worker may, each tick gets one run)."""
+        now = time.monotonic()
+        if now < self._schedules_checked + SCHEDULE_CHECK:
+            return
+        self._schedules_checked = now
+        from .schedules import fire_due
+
+        try:
+            fire_due(self.store, self.workflows)
+        except StoreError:
+            raise  # the loop's store-error handling waits and tries again
+        except PitstopError as exc:  # a schedule that cannot be read: the others still run
+            log.warning(kv(event="schedule_error", worker=self.owner, error=_one_line(exc)))
 
     def _wait_for_work(self) -> None:
         """Wait up to ``poll_interval`` for the store to say a run may be runnable, noticing

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from ..errors import (
     InputError,
@@ -27,6 +27,7 @@ from ..serde import (
     default_registry,
 )
 from ..store import Input, Lease, RetentionPolicy, Store
+from .cache import CachePolicy
 from .engine import Execution, RunResult, drive_async, drive_sync
 from .leases import abandon, acquire, owner_id
 from .policies import CheckpointPolicy, Retry, StepOptions, WorkflowDurability
@@ -36,6 +37,9 @@ from .state import adapter_for
 # store that only lists runs does without it, but a run is created and then its first
 # checkpoint saved, and half a second of importing between the two (on a loaded machine)
 # would widen the window in which a crash leaves a run without a checkpoint (#18 item 1).
+
+if TYPE_CHECKING:
+    from .schedules import Schedule
 
 F = TypeVar("F", bound=Callable[..., Any])
 log = logging.getLogger("pitstop.runtime")
@@ -134,6 +138,7 @@ class Workflow:
         checkpoint: bool | None = None,
         tags: Iterable[str] = (),
         show: Iterable[str] = (),
+        cache: CachePolicy | None = None,
     ) -> Callable[[F], F]: ...
 
     def step(
@@ -149,6 +154,7 @@ class Workflow:
         checkpoint: bool | None = None,
         tags: Iterable[str] = (),
         show: Iterable[str] = (),
+        cache: CachePolicy | None = None,
     ) -> Any:
         """Register a step: ``fn(state, ctx)`` returning updates, ``goto(...)`` or ``finish()``.
 
@@ -159,8 +165,12 @@ class Workflow:
         step and tags the checkpoint (kept by retention). ``checkpoint`` forces (True) or
         suppresses (False) the checkpoint after this step whatever the policy. ``show`` names
         the state fields a person deciding the step's inputs needs (recorded with the wait;
-        ``pitstop ui``'s inbox shows those instead of the whole state).
+        ``pitstop ui``'s inbox shows those instead of the whole state). ``cache`` serves the
+        step from a result any run stored for the same inputs and code
+        (:class:`~pitstop.CachePolicy`): the step does not run, its updates are applied.
         """
+        if cache is not None and not isinstance(cache, CachePolicy):
+            raise TypeError(f"cache must be a pitstop.CachePolicy, not {type(cache).__name__}")
         waits = (wait_for,) if isinstance(wait_for, str) else tuple(wait_for or ())
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         options = StepOptions(
@@ -171,6 +181,7 @@ class Workflow:
             checkpoint=checkpoint,
             tags=tuple(tags),
             show=(show,) if isinstance(show, str) else tuple(show),
+            cache=cache,
         )
 
         def register(fn: F) -> F:
@@ -556,6 +567,73 @@ class Workflow:
         """Start a new run from an earlier checkpoint (of any run), with edited state."""
         ckpt = store.fork(checkpoint_id, new_run_id=run_id, update=update, workflow=self.name)
         return self.resume(store, ckpt.run_id, policy=policy)
+
+    def rerun(
+        self,
+        store: Store,
+        run_id: str,
+        *,
+        from_step: str,
+        update: Mapping[str, Any] | None = None,
+        new_run_id: str | None = None,
+        policy: CheckpointPolicy | None = None,
+    ) -> RunResult:
+        """Run ``run_id`` again from ``from_step``, as a new run, and execute it here.
+
+        The new run starts from the checkpoint taken before ``from_step`` last ran, with
+        ``update`` applied (field paths, validated like ``fork --set``): the steps before it
+        are not executed again; steps after it with a :class:`~pitstop.CachePolicy` whose key
+        did not change are served from the cache. A run still running or queued, or one that
+        never reached the step, raises :class:`~pitstop.RerunError` and nothing is written.
+        """
+        from .rerun import start_rerun
+
+        rerun_id = start_rerun(store, self, run_id, from_step, update, new_run_id)
+        return self.resume(store, rerun_id, policy=policy)
+
+    async def arerun(
+        self,
+        store: Store,
+        run_id: str,
+        *,
+        from_step: str,
+        update: Mapping[str, Any] | None = None,
+        new_run_id: str | None = None,
+        policy: CheckpointPolicy | None = None,
+    ) -> RunResult:
+        """:meth:`rerun` for asyncio."""
+        import asyncio
+
+        from .rerun import start_rerun
+
+        rerun_id = await asyncio.to_thread(
+            start_rerun, store, self, run_id, from_step, update, new_run_id
+        )
+        return await self.aresume(store, rerun_id, policy=policy)
+
+    def schedule(
+        self,
+        store: Store,
+        name: str,
+        *,
+        cron: str,
+        timezone: str = "UTC",
+        input: Any = None,
+        catchup: str = "latest",
+        overlap: str = "skip",
+    ) -> Schedule:
+        """Start a run of this workflow at every tick of ``cron`` in ``timezone``: any
+        :class:`~pitstop.Worker` serving the workflow enqueues each tick's run, exactly one
+        per tick (its id is ``NAME@YYYYMMDDTHHMMSSZ``). ``catchup`` (``none``, ``latest``,
+        ``all``): the ticks missed while no worker ran; ``overlap`` (``skip``, ``queue``,
+        ``allow``): a tick while the previous run is still going. Redefining ``name``
+        replaces it. A cron expression that does not parse or an unknown timezone raises
+        :class:`~pitstop.ScheduleError` with the reason; nothing is stored then.
+        """
+        from .schedules import add_schedule
+
+        return add_schedule(store, self, name, cron=cron, timezone=timezone, input=input,
+                            catchup=catchup, overlap=overlap)
 
     def enqueue(
         self,

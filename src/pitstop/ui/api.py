@@ -154,6 +154,9 @@ class CheckpointOut(BaseModel):
     resumed_from: str | None
     forked_from: dict[str, Any] | None
     error: dict[str, Any] | None
+    cached: list[dict[str, Any]] = []
+    """Steps and calls served from the result cache since the previous checkpoint, each with
+    the run that computed it (``{"step": ..., "run": ...}``)."""
 
 
 class TreeEntry(CheckpointOut):

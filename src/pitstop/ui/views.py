@@ -303,6 +303,8 @@ def checkpoint_row(entry: CheckpointSummary, *, head_id: str | None) -> dict[str
         else None,
         "forked_from": to_jsonable(dict(origin)) if origin else None,
         "error": to_jsonable(error_of(entry)),
+        "cached": [to_jsonable(dict(item)) for item in meta.get("cached") or ()
+                   if isinstance(item, dict)],
     }
 
 

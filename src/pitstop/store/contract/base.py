@@ -17,13 +17,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, NoReturn
 
 from ...errors import CheckpointNotFoundError
 from ...model import Checkpoint, CheckpointSummary, Run, RunStatus
 
 if TYPE_CHECKING:
     from ...serde import Serializer
+    from ..engine.cache import CacheEntry, CacheHit
+    from ..engine.schema import ScheduleRow
     from ..transfer.runs import RunExport
     from .aio import AsyncStore
 
@@ -137,6 +139,8 @@ class PruneReport:
     inputs: int = 0
     """Delivered inputs removed with their runs."""
     input_bytes: int = 0
+    cache_entries: int = 0
+    """Expired cached results deleted (store-wide prunes only)."""
 
     def merge(self, other: PruneReport) -> None:
         """Add ``other``'s deletions to this report."""
@@ -148,6 +152,7 @@ class PruneReport:
         self.effect_bytes += other.effect_bytes
         self.inputs += other.inputs
         self.input_bytes += other.input_bytes
+        self.cache_entries += other.cache_entries
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +169,8 @@ class StoreStats:
     """Which of the numbers are estimates (only ever with ``stats(exact=False)``): field names
     (``runs``, ``checkpoints``, ``blobs``, ``bytes``, ``effects``, ``inputs``, ``value_refs``,
     ``attached``) and ``runs_by_status.STATUS``."""
+    cache_entries: int = 0
+    """Results held in the cache across runs (``CachePolicy``, ``ctx.cached``)."""
     effects: int = 0
     """Effect records (``ctx.effect``, map items, loop positions, pending writes kept aside)."""
     effect_bytes: int = 0
@@ -761,6 +768,95 @@ class Store(ABC):
     def attachments(self, run_id: str, checkpoint_id: str) -> dict[str, Any]:
         """What :meth:`attach` (or ``save(attach=...)``) attached to the checkpoint, and the
         effect records naming it (as stores before schema 8 kept pending writes), by key."""
+
+    # -- results cached across runs (see pitstop.store.cache) ----------------------------
+
+    def _no_cache(self) -> NoReturn:
+        from ...errors import UnsupportedStoreError
+
+        raise UnsupportedStoreError(
+            f"{type(self).__name__} keeps no result cache and no schedules")
+
+    def cache_get(self, key: str) -> CacheHit | None:
+        """The live cached result of ``key`` (None: none, being computed, or expired)."""
+        self._no_cache()
+
+    def cache_claim(self, key: str, name: str, owner: str, *, lease: float) -> str:
+        """Claim computing ``key``: ``"claimed"``, or ``"busy"`` (another owner computes it,
+        or a result appeared)."""
+        self._no_cache()
+
+    def cache_renew(self, key: str, owner: str, *, lease: float) -> bool:
+        """Extend ``owner``'s claim of ``key``; False once it no longer holds it."""
+        self._no_cache()
+
+    def cache_abandon(self, key: str, owner: str) -> None:
+        """Drop ``owner``'s claim of ``key`` (its computation failed): nothing is cached."""
+        self._no_cache()
+
+    def cache_put(
+        self,
+        key: str,
+        name: str,
+        values: Mapping[str, Any],
+        *,
+        owner: str | None = None,
+        ttl: float | None = None,
+        run_id: str | None = None,
+        checkpoint_id: str | None = None,
+    ) -> CacheEntry:
+        """Store ``values`` as the cached result of ``key`` (a live one stored first stands)."""
+        self._no_cache()
+
+    def cache_entries(
+        self, *, name: str | None = None, limit: int | None = None
+    ) -> list[CacheEntry]:
+        """Cached results (and claims being computed), newest first, values unread."""
+        self._no_cache()
+
+    def cache_clear(
+        self,
+        *,
+        name: str | None = None,
+        older_than: float | None = None,
+        expired_only: bool = False,
+        key: str | None = None,
+    ) -> int:
+        """Delete cached results (filtered) and the values only they held; how many."""
+        self._no_cache()
+
+    # -- schedules (see pitstop.store.schedules, pitstop.runtime.schedules) --------------
+
+    def schedule_put(
+        self, name: str, workflow: str, cron: str, timezone: str, input: Any, *,
+        catchup: str, overlap: str, next_tick: float,
+    ) -> ScheduleRow:
+        """Create or redefine the schedule ``name`` (use ``Workflow.schedule``)."""
+        self._no_cache()
+
+    def schedule_rows(
+        self, *, workflows: list[str] | None = None, name: str | None = None
+    ) -> list[ScheduleRow]:
+        """Stored schedules by name (only those of ``workflows``, or the one ``name``)."""
+        self._no_cache()
+
+    def schedule_input(self, row: ScheduleRow) -> Any:
+        """The input a schedule's runs start with."""
+        self._no_cache()
+
+    def schedule_delete(self, name: str) -> None:
+        """Remove a schedule (its runs stay)."""
+        self._no_cache()
+
+    def schedule_pause(self, name: str, paused: bool, next_tick: float | None = None) -> None:
+        """Pause or resume a schedule."""
+        self._no_cache()
+
+    def schedule_advance(
+        self, name: str, expected: float, next_tick: float, last_run: str | None
+    ) -> bool:
+        """Move a schedule's next tick by compare-and-set."""
+        self._no_cache()
 
     # -- lifecycle ---------------------------------------------------------------------------
 

@@ -200,6 +200,55 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         "checkpoints; rows written before have none and keep their references",
         ["ALTER TABLE pitstop_blobs ADD COLUMN run_id TEXT"],
     ),
+    (
+        11,
+        "results cached across runs (a step's updates or a ctx.cached call's result) by "
+        "key: the field map of the stored result (its values are content-addressed values "
+        "referenced as the pseudo-run `pitstop-cache:KEY`), its expiry, and while it is "
+        "computed the claim (owner, lease expiry) that makes other workers wait for it",
+        [
+            """CREATE TABLE pitstop_cache (
+                key TEXT PRIMARY KEY,
+                name TEXT NOT NULL,
+                run_id TEXT,
+                checkpoint_id TEXT,
+                fields {blob},
+                checksum TEXT,
+                size {bigint} NOT NULL DEFAULT 0,
+                created_at {real} NOT NULL,
+                expires_at {real},
+                claim_owner TEXT,
+                claim_expires {real}
+            )""",
+            "CREATE INDEX pitstop_cache_name ON pitstop_cache (name, created_at)",
+            "CREATE INDEX pitstop_cache_expiry ON pitstop_cache (expires_at) "
+            "WHERE expires_at IS NOT NULL",
+        ],
+    ),
+    (
+        12,
+        "schedules: a workflow started on a cron expression in a timezone; `next_tick` is "
+        "the first tick no worker has started yet (advanced by compare-and-set, so however "
+        "many workers look, each tick's run id, derived from the schedule and the tick, is "
+        "enqueued until one advances it), `last_run` the run of the latest tick started",
+        [
+            """CREATE TABLE pitstop_schedules (
+                name TEXT PRIMARY KEY,
+                workflow TEXT NOT NULL,
+                cron TEXT NOT NULL,
+                timezone TEXT NOT NULL,
+                input {blob} NOT NULL,
+                input_hash {blob} NOT NULL,
+                catchup TEXT NOT NULL,
+                overlap TEXT NOT NULL,
+                paused INTEGER NOT NULL DEFAULT 0,
+                created_at {real} NOT NULL,
+                next_tick {real} NOT NULL,
+                last_run TEXT
+            )""",
+            "CREATE INDEX pitstop_schedules_workflow ON pitstop_schedules (workflow)",
+        ],
+    ),
 ]
 
 VALUE_OWNERS = 10
@@ -320,6 +369,46 @@ class EffectRecord:
     created_at: float
 
 
+@dataclass(frozen=True, slots=True)
+class CacheRow:
+    """A ``pitstop_cache`` row: a cached result (``fields`` None while it is computed)."""
+
+    key: str
+    name: str
+    """The step or ``ctx.cached`` name the key was made for."""
+    run_id: str | None
+    """The run whose computation stored the result."""
+    checkpoint_id: str | None
+    fields: bytes | None
+    """The result's field map, encoded like a checkpoint's; None while claimed."""
+    checksum: str | None
+    size: int
+    created_at: float
+    expires_at: float | None
+    claim_owner: str | None
+    claim_expires: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRow:
+    """A ``pitstop_schedules`` row: a workflow started on a cron expression."""
+
+    name: str
+    workflow: str
+    cron: str
+    timezone: str
+    input: bytes
+    """The input of each run, framed and content-hashed like a field value."""
+    input_hash: bytes
+    catchup: str
+    overlap: str
+    paused: int
+    created_at: float
+    next_tick: float
+    """The first tick (epoch seconds) not started yet."""
+    last_run: str | None
+
+
 class Table(NamedTuple):
     """A table's name and its columns, in the order of its row class's fields."""
 
@@ -356,7 +445,9 @@ BLOB_REFS = Table("pitstop_blob_refs", ("run_id", "hash"))
 counts."""
 INPUTS = Table("pitstop_inputs", _field_names(InputRecord))
 EFFECTS = Table("pitstop_effects", _field_names(EffectRecord))
-TABLES = (RUNS, CHECKPOINTS, BLOBS, BLOB_REFS, INPUTS, EFFECTS)
+CACHE = Table("pitstop_cache", _field_names(CacheRow))
+SCHEDULES = Table("pitstop_schedules", _field_names(ScheduleRow))
+TABLES = (RUNS, CHECKPOINTS, BLOBS, BLOB_REFS, INPUTS, EFFECTS, CACHE, SCHEDULES)
 
 EXPORTED_RUN_COLUMNS = _field_names(RunRecord)
 assert set(EXPORTED_RUN_COLUMNS) <= set(RUNS.columns)
@@ -416,18 +507,22 @@ RUN_COLUMN_COUNT = len(RUNS.columns)
 __all__ = [
     "BLOBS",
     "BLOB_REFS",
+    "CACHE",
     "CHECKPOINTS",
     "EFFECTS",
     "INPUTS",
     "LATEST_SCHEMA",
     "MIGRATIONS",
     "RUNS",
+    "SCHEDULES",
     "SCHEMA_TABLE",
     "TABLES",
+    "CacheRow",
     "EffectRecord",
     "InputRecord",
     "RunRecord",
     "RunRow",
+    "ScheduleRow",
     "Table",
     "check_id",
 ]

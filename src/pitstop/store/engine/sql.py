@@ -64,12 +64,13 @@ from ..encoding.records import (
     stored_hashes,
 )
 from .backend import Tx
+from .cache import ResultCache
 from .children import CHILD_INPUT, Children
 from .effects import Attachment
 from .inputs import Inputs
-from .maintenance import Maintenance
 from .ownership import Leases
 from .reads import Reads
+from .schedules import Schedules
 from .schema import (
     INSERT_CHECKPOINT,
     INSERT_UNATTACHED_CHECKPOINT,
@@ -217,7 +218,7 @@ def _stored_metadata(run_id: str, text: str | None) -> dict[str, Any]:
     return {"unreadable_metadata": text}
 
 
-class SqlStore(Reads, Maintenance, Leases, Inputs, StepSaves, Children):
+class SqlStore(Reads, ResultCache, Schedules, Leases, Inputs, StepSaves, Children):
     """A :class:`Store` over a SQL database; backends supply connections and a dialect (and
     mix in :class:`~pitstop.store.transfer.runs.RunTransfer`)."""
 

@@ -1,0 +1,331 @@
+"""Result cache, rerun and schedules benchmark (issue #28).
+
+    .venv/bin/python bench/cache.py              # 1-3
+    .venv/bin/python bench/cache.py --quick
+    .venv/bin/python bench/cache.py --schedule   # 4: the 500-tick kill run (~9 minutes)
+
+1. Rerun to the first uncached step (target: <= 100 ms, including opening the store): a
+   100-step workflow whose steps all have a CachePolicy ran once; a fresh process then opens
+   the SQLite store and reruns it from its first step with one field edited that only the
+   last step reads, until that step starts (it writes a marker file). Measured as the time
+   from the process's first line to the marker, median of rounds. Prefect side by side if it
+   can be imported (PREFECT_PYTHON names an interpreter that has it: see --help); else the
+   reason is printed.
+2. Cache lookup overhead per step on SQLite (target: <= 0.2 ms): a 200-step run whose steps
+   are all served from the cache, against the same run with steps that do the work (a no-op)
+   without a policy; (cached - plain) / steps. Interleaved rounds, medians.
+3. Single flight on PostgreSQL (target: the function runs once): 4 worker processes, 200
+   queued runs that all need the same key; the step counts its executions in a table.
+4. ``--schedule``: 4 `pitstop worker` processes, a 1-second schedule over 500 ticks, a worker
+   SIGKILLed and replaced every 0.3-1.5 s: the runs per tick (target: exactly one each).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from _common import fmt_time, save_results, table  # bench/_common.py (takes bench/ off the path)
+
+import pitstop
+
+ROOT = Path(__file__).resolve().parent.parent
+PG_URL = os.environ.get("PITSTOP_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+STEPS_FLOW = '''
+import pitstop
+wf = pitstop.Workflow("hundred")
+
+def make(i):
+    def step(state):
+        return {f"out{i}": state.get(f"out{i-1}", 0) + 1 if i else 1}
+    step.__name__ = f"s{i:03d}"
+    return step
+
+for i in range(100):
+    inputs = ["edited"] if i == 99 else ([f"out{i-1}"] if i else ["seed"])
+    wf.step(cache=pitstop.CachePolicy(inputs=inputs, version="1"))(make(i))
+'''
+
+RERUN = '''
+import time
+started = time.perf_counter()
+import dataclasses, sys
+sys.path.insert(0, {path!r})
+import pitstop, flows
+
+def first_uncached(state):
+    print(time.perf_counter() - started, time.perf_counter() - opening, flush=True)
+    raise SystemExit(0)
+
+flows.wf.steps["s099"] = dataclasses.replace(flows.wf.steps["s099"], fn=first_uncached)
+opening = time.perf_counter()
+store = pitstop.open_store({url!r})
+flows.wf.rerun(store, {first!r}, from_step="s000", update={{"edited": {n}}})
+'''
+
+PREFECT_FLOW = '''
+import sys, time, os
+t0 = time.perf_counter()
+from prefect import flow, task
+from prefect.cache_policies import INPUTS
+
+@task(cache_policy=INPUTS, persist_result=True)
+def step(i, value):
+    return value + 1
+
+@task
+def fresh(edited):
+    print("FIRST_UNCACHED", time.perf_counter() - t0, flush=True)
+    return edited
+
+@flow
+def hundred(edited):
+    value = 0
+    for i in range(100):
+        value = step(i, value)
+    return fresh(edited)
+
+hundred(int(sys.argv[1]))
+'''
+
+
+def rerun_to_first_uncached(rounds: int) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="pitstop-bench-cache-"))
+    (tmp / "flows.py").write_text(STEPS_FLOW)
+    url = f"sqlite:///{tmp}/bench.db"
+    sys.path.insert(0, str(tmp))
+    import flows  # type: ignore[import-not-found]
+
+    sys.path.remove(str(tmp))
+    with pitstop.open_store(url) as store:
+        first = flows.wf.start(store, {"seed": 1, "edited": 0}).run_id
+    process, store_on = [], []
+    for n in range(rounds):
+        code = RERUN.format(path=str(tmp), url=url, first=first, n=n + 1)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             check=True)
+        whole, opened = map(float, out.stdout.split())
+        process.append(whole)
+        store_on.append(opened)
+    # From the process's first line (imports included), and from opening the store.
+    return {"process_s": statistics.median(process), "pitstop_s": statistics.median(store_on),
+            "samples": store_on}
+
+
+def prefect_rerun(rounds: int) -> dict[str, Any]:
+    python = os.environ.get("PREFECT_PYTHON", sys.executable)
+    probe = subprocess.run([python, "-c", "import prefect; print(prefect.__version__)"],
+                           capture_output=True, text=True, check=False)
+    if probe.returncode != 0:
+        return {"error": (probe.stderr.strip().splitlines() or ["?"])[-1]}
+    tmp = Path(tempfile.mkdtemp(prefix="prefect-bench-"))
+    (tmp / "flow.py").write_text(PREFECT_FLOW)
+    env = {**os.environ, "PREFECT_HOME": str(tmp / "home"),
+           "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{tmp}/prefect.db",
+           "PREFECT_LOGGING_LEVEL": "ERROR", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    # Prefect's ephemeral server may log errors while it shuts down and exit non-zero after
+    # the flow finished: the figure is the line the first uncached task printed.
+    subprocess.run([python, str(tmp / "flow.py"), "0"], env=env, cwd=tmp, check=False,
+                   capture_output=True, timeout=600)
+    samples = []
+    for n in range(rounds):
+        done = subprocess.run([python, str(tmp / "flow.py"), str(n + 1)], env=env, cwd=tmp,
+                              capture_output=True, text=True, timeout=600, check=False)
+        lines = [line for line in done.stdout.splitlines() if line.startswith("FIRST_UNCACHED")]
+        if not lines:
+            return {"error": f"Prefect's flow printed no figure: {done.stderr[-300:]}"}
+        samples.append(float(lines[-1].split()[1]))
+    return {"version": probe.stdout.strip(), "prefect_s": statistics.median(samples),
+            "samples": samples}
+
+
+def _returns(i: int) -> Any:
+    def step(state: dict[str, Any]) -> dict[str, Any]:
+        return {"x": i}
+
+    return step
+
+
+def lookup_overhead(rounds: int, steps: int = 200) -> dict[str, Any]:
+    def build(cached: bool) -> pitstop.Workflow:
+        wf = pitstop.Workflow("cached" if cached else "plain")
+        for i in range(steps):
+            wf.step(name=f"s{i}", cache=pitstop.CachePolicy(inputs=["seed"], version="1")
+                    if cached else None)(_returns(i))
+        return wf
+
+    tmp = tempfile.mkdtemp(prefix="pitstop-bench-lookup-")
+    store = pitstop.open_store(f"sqlite:///{tmp}/lookup.db")
+    cached, plain = build(True), build(False)
+    cached.start(store, {"seed": 1})  # fills the cache
+    cached_s, plain_s = [], []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        plain.start(store, {"seed": 1})
+        plain_s.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        cached.start(store, {"seed": 1})
+        cached_s.append(time.perf_counter() - t0)
+    store.close()
+    cached_m, plain_m = statistics.median(cached_s), statistics.median(plain_s)
+    return {"steps": steps, "cached_s": cached_m, "plain_s": plain_m,
+            "per_step_s": (cached_m - plain_m) / steps}
+
+
+FLIGHT_FLOW = '''
+import time, pitstop, psycopg, os
+wf = pitstop.Workflow("flight")
+
+@wf.step(cache=pitstop.CachePolicy(inputs=["key"], version="1"))
+def expensive(state):
+    with psycopg.connect(os.environ["COUNT_URL"], autocommit=True) as conn:
+        conn.execute("INSERT INTO flight_calls VALUES (1)")
+    time.sleep(2.0)
+    return {"value": 42}
+'''
+
+
+def single_flight(runs: int = 200, workers: int = 4) -> dict[str, Any]:
+    import psycopg
+
+    schema = "bench_flight_" + uuid.uuid4().hex[:8]
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+        conn.execute(f"CREATE TABLE {schema}.flight_calls (n int)")
+    url = f"{PG_URL}?schema={schema}"
+    count_url = f"{PG_URL}?options=-csearch_path%3D{schema}"
+    tmp = Path(tempfile.mkdtemp(prefix="pitstop-bench-flight-"))
+    (tmp / "flightflow.py").write_text(FLIGHT_FLOW)
+    sys.path.insert(0, str(tmp))
+    import flightflow  # type: ignore[import-not-found]
+
+    sys.path.remove(str(tmp))
+    try:
+        with pitstop.open_store(url) as store:
+            for i in range(runs):
+                flightflow.wf.enqueue(store, {"key": "same", "i": i})
+        env = {**os.environ, "PITSTOP_STORE": url, "COUNT_URL": count_url}
+        t0 = time.perf_counter()
+        procs = [subprocess.Popen([sys.executable, "-m", "pitstop", "worker", "--workflow",
+                                   "flightflow:wf", "--until-idle", "--concurrency", "8"],
+                                  cwd=tmp, env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL) for _ in range(workers)]
+        for p in procs:
+            p.wait(600)
+        wall = time.perf_counter() - t0
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            calls = conn.execute(f"SELECT COUNT(*) FROM {schema}.flight_calls").fetchone()
+        with pitstop.open_store(url) as store:
+            completed = store.stats().runs_by_status.get("completed", 0)
+        return {"runs": runs, "workers": workers, "calls": int(calls[0]) if calls else -1,
+                "completed": completed, "wall_s": wall}
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+TICK_FLOW = '''
+import pitstop
+wf = pitstop.Workflow("ticks")
+
+@wf.step
+def go(state):
+    return {"done": True}
+'''
+
+
+def schedule_kill(ticks: int = 500, workers: int = 4) -> dict[str, Any]:
+    from pitstop.runtime.schedules import run_id_for
+
+    tmp = Path(tempfile.mkdtemp(prefix="pitstop-bench-ticks-"))
+    (tmp / "tickflow.py").write_text(TICK_FLOW)
+    url = f"sqlite:///{tmp}/ticks.db"
+    sys.path.insert(0, str(tmp))
+    import tickflow  # type: ignore[import-not-found]
+
+    sys.path.remove(str(tmp))
+    with pitstop.open_store(url) as store:
+        tickflow.wf.schedule(store, "bench", cron="* * * * * *", catchup="all", overlap="allow")
+        first = store.schedule_rows(name="bench")[0].next_tick
+    env = {**os.environ, "PITSTOP_STORE": url}
+
+    def spawn() -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-m", "pitstop", "worker", "--workflow",
+                                 "tickflow:wf", "--poll", "0.2"], cwd=tmp, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    procs = [spawn() for _ in range(workers)]
+    rng = random.Random(500)
+    kills = 0
+    try:
+        while time.time() < first + ticks:
+            time.sleep(rng.uniform(0.3, 1.5))
+            victim = procs.pop(rng.randrange(len(procs)))
+            victim.send_signal(signal.SIGKILL)
+            victim.wait()
+            kills += 1
+            procs.append(spawn())
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            p.wait(60)
+    with pitstop.open_store(url) as store:
+        upto = store.schedule_rows(name="bench")[0].next_tick
+        found = {r.id for r in store.runs(limit=None) if r.id.startswith("bench@")}
+    expected = {run_id_for("bench", first + i) for i in range(int(upto - first))}
+    return {"ticks": len(expected), "runs": len(found), "kills": kills,
+            "missing": len(expected - found), "extra": len(found - expected)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--schedule", action="store_true", help="only the 500-tick kill run")
+    parser.add_argument("--ticks", type=int, default=500, help="ticks of --schedule")
+    parser.add_argument("--no-postgres", action="store_true")
+    args = parser.parse_args()
+    if args.schedule:
+        result = schedule_kill(ticks=args.ticks)
+        print(result)
+        save_results("cache-schedule", " ".join(sys.argv), result, str(result))
+        return
+    rounds = 3 if args.quick else 7
+    rerun = rerun_to_first_uncached(rounds)
+    prefect = prefect_rerun(rounds)
+    lookup = lookup_overhead(rounds)
+    rows = [["rerun of 100 cached steps to the first uncached step, from opening the store "
+             f"(from the process's first line, imports included: "
+             f"{fmt_time(rerun['process_s'])})",
+             fmt_time(rerun["pitstop_s"]),
+             fmt_time(prefect["prefect_s"]) if "prefect_s" in prefect else "n/a",
+             f"{prefect['prefect_s'] / rerun['pitstop_s']:.0f}x" if "prefect_s" in prefect
+             else prefect.get("error", "")],
+            ["cache lookup per step, SQLite", fmt_time(lookup["per_step_s"]), "", ""]]
+    flight: dict[str, Any] = {}
+    if not args.no_postgres:
+        flight = single_flight(runs=60 if args.quick else 200)
+        rows.append([f"{flight['runs']} runs, {flight['workers']} workers (PG), same key: "
+                     "function executions", str(flight["calls"]), "",
+                     f"{flight['completed']} completed in {fmt_time(flight['wall_s'])}"])
+    markdown = table(["measure", "pitstop", "Prefect", "ratio / note"], rows)
+    print(markdown)
+    save_results("cache", " ".join(sys.argv),
+                 {"rerun": rerun, "prefect": prefect, "lookup": lookup, "flight": flight},
+                 markdown)
+
+
+if __name__ == "__main__":
+    main()

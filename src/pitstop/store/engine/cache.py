@@ -1,0 +1,387 @@
+"""Results cached across runs: the ``pitstop_cache`` table (a part of ``SqlStore``).
+
+A cached result is a mapping of names to values (a step's updated fields, or a
+``ctx.cached`` call's result under ``value``), stored like a checkpoint's state: a field map
+in the cache row, its values content-addressed in ``pitstop_blobs`` (deduplicated with the
+checkpoints' values, chunked, verified on read, never pickled unless the store's serializer
+is pickle). The values are referenced by the pseudo-run :func:`reference_of` (a row of
+``pitstop_blob_refs`` each), so pruning and deleting runs never take them away, and
+clearing an entry releases them exactly like deleting a run does.
+
+**Single flight.** A key being computed has a row without ``fields``: the claim, held by an
+owner until ``claim_expires`` (the computing process renews it). Others see the claim and
+wait; a claim whose lease lapsed (its owner died) is taken over by the next claimant with a
+conditional UPDATE, so exactly one process wins it. A failed computation deletes its claim:
+nothing is cached and the next claimant computes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Any, Literal
+
+from ...errors import CorruptCheckpointError, SerializationError
+from ..contract.base import PruneReport, RetentionPolicy, StoreStats
+from ..encoding.records import FieldMap, decode_field_map, encode_field_map, stored_hashes
+from .backend import Tx
+from .maintenance import Maintenance
+from .schema import CACHE, CacheRow
+
+REFERENCE_PREFIX = "pitstop-cache:"
+
+_SELECT = f"SELECT {CACHE.column_list()} FROM pitstop_cache"
+_LIVE = "fields IS NOT NULL AND (expires_at IS NULL OR expires_at > ?)"
+
+
+def reference_of(key: str) -> str:
+    """The name a cache entry's values are referenced by in ``pitstop_blob_refs``."""
+    return REFERENCE_PREFIX + key
+
+
+def _checksum(fields: bytes) -> str:
+    return hashlib.sha256(fields).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class CacheEntry:
+    """One cached result, as listed by :meth:`Store.cache_entries` (values not read)."""
+
+    key: str
+    name: str
+    """The step (or ``ctx.cached`` name) it was computed for."""
+    run_id: str | None
+    """The run that computed it."""
+    checkpoint_id: str | None
+    size: int
+    """Bytes of its field map (its values are shared, content-addressed)."""
+    created_at: float
+    expires_at: float | None
+    computing: bool
+    """True while a worker holds the claim and computes it (no result yet)."""
+
+    @classmethod
+    def of(cls, row: CacheRow) -> CacheEntry:
+        return cls(
+            key=row.key, name=row.name, run_id=row.run_id, checkpoint_id=row.checkpoint_id,
+            size=int(row.size), created_at=float(row.created_at),
+            expires_at=None if row.expires_at is None else float(row.expires_at),
+            computing=row.fields is None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CacheHit:
+    """A cached result found: its values, and the entry they came from."""
+
+    values: dict[str, Any]
+    entry: CacheEntry
+
+
+ClaimOutcome = Literal["claimed", "busy"]
+
+
+class _LostRace(Exception):
+    """A concurrent transaction stored the key first (the write is rolled back)."""
+
+
+class ResultCache(Maintenance):
+    """Looking up, claiming, storing and clearing cached results."""
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def cache_get(self, key: str) -> CacheHit | None:
+        """The live cached result of ``key`` (None: none, still computing, or expired)."""
+        found = self._tx(lambda tx: self._read_entry(tx, key, time.time()))
+        if found is None:
+            return None
+        row, values = found
+        return CacheHit(self._decode_cached(row, values), CacheEntry.of(row))
+
+    def _read_entry(
+        self, tx: Tx, key: str, now: float
+    ) -> tuple[CacheRow, dict[bytes, Any]] | None:
+        found = tx.one(f"{_SELECT} WHERE key = ? AND {_LIVE}", (key, now))
+        if found is None:
+            return None
+        row = CacheRow(*found)
+        fields = self._cache_field_map(row)
+        codec = self._value_codec
+        values = self._read_values_deferred(tx, list(stored_hashes(fields)))
+        while missing := codec.missing_below(fields, values):
+            more = self._read_values_deferred(tx, missing)
+            if not more:
+                break  # the decode names the value that is missing
+            values.update(more)
+        return row, values
+
+    def _cache_field_map(self, row: CacheRow) -> FieldMap:
+        data = bytes(row.fields or b"")
+        if row.checksum != _checksum(data):
+            raise CorruptCheckpointError(
+                f"cache entry {row.key!r}: checksum mismatch (truncated or altered)",
+                run_id=row.run_id,
+            )
+        return decode_field_map(data)
+
+    def _decode_cached(self, row: CacheRow, values: Mapping[bytes, Any]) -> dict[str, Any]:
+        codec = self._value_codec
+        where = f"cache[{row.key!r}]"
+        out: dict[str, Any] = {}
+        for name, ref in self._cache_field_map(row).items():
+            if ref.manifest is not None:
+                out[name] = codec.decode_chunked(
+                    ref.manifest, values, run_id=row.run_id, field=f"{where}.{name}"
+                )
+                continue
+            data = ref.inline if ref.inline is not None else values.get(ref.hash)
+            out[name] = codec.decode_value(
+                None if data is None else bytes(data),
+                None if ref.inline is not None else ref.hash,
+                run_id=row.run_id,
+                field=f"{where}.{name}",
+            )
+        return out
+
+    def cache_entries(
+        self, *, name: str | None = None, limit: int | None = None
+    ) -> list[CacheEntry]:
+        """Cache rows, newest first (only ``name``'s), without reading their values."""
+        sql = _SELECT
+        params: list[Any] = []
+        if name is not None:
+            sql += " WHERE name = ?"
+            params.append(name)
+        sql += " ORDER BY created_at DESC"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(int(limit))
+        return [CacheEntry.of(CacheRow(*row)) for row in self._query(sql, params)]
+
+    # -- claiming ----------------------------------------------------------------------------
+
+    def cache_claim(self, key: str, name: str, owner: str, *, lease: float) -> ClaimOutcome:
+        """Claim the computation of ``key`` for ``owner`` for ``lease`` seconds: ``claimed``
+        (compute it, then :meth:`cache_put` or :meth:`cache_abandon`), or ``busy``: another
+        owner computes it, or a live result appeared (look it up again)."""
+
+        def write(tx: Tx) -> ClaimOutcome:
+            now = time.time()
+            inserted = tx.run(
+                "INSERT INTO pitstop_cache (key, name, created_at, claim_owner, claim_expires) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT (key) DO NOTHING",
+                (key, name, now, owner, now + lease),
+            ).rowcount
+            if inserted:
+                return "claimed"
+            # A row is there: take it over if it is an expired result, or a claim that is
+            # ours or whose owner stopped renewing it. The WHERE decides under the row lock.
+            stale = tx.all(
+                "SELECT fields IS NOT NULL FROM pitstop_cache WHERE key = ? AND ("
+                "(fields IS NOT NULL AND expires_at IS NOT NULL AND expires_at <= ?) OR "
+                "(fields IS NULL AND (claim_owner = ? OR claim_expires <= ?)))"
+                + self.dialect.lock_row,
+                (key, now, owner, now),
+            )
+            if not stale:
+                return "busy"
+            if stale[0][0]:
+                self._release_entry_values(tx, key)
+            taken = tx.run(
+                "UPDATE pitstop_cache SET name = ?, run_id = NULL, checkpoint_id = NULL, "
+                "fields = NULL, checksum = NULL, size = 0, created_at = ?, expires_at = NULL, "
+                "claim_owner = ?, claim_expires = ? WHERE key = ? AND ("
+                "(fields IS NOT NULL AND expires_at IS NOT NULL AND expires_at <= ?) OR "
+                "(fields IS NULL AND (claim_owner = ? OR claim_expires <= ?)))",
+                (name, now, owner, now + lease, key, now, owner, now),
+            ).rowcount
+            return "claimed" if taken else "busy"
+
+        return self._tx(write, write=True)
+
+    def cache_renew(self, key: str, owner: str, *, lease: float) -> bool:
+        """Extend ``owner``'s claim of ``key``; False if it no longer holds it."""
+        return bool(self._tx(lambda tx: tx.run(
+            "UPDATE pitstop_cache SET claim_expires = ? "
+            "WHERE key = ? AND claim_owner = ? AND fields IS NULL",
+            (time.time() + lease, key, owner),
+        ).rowcount, write=True))
+
+    def cache_abandon(self, key: str, owner: str) -> None:
+        """Give up ``owner``'s claim of ``key`` (its computation failed): nothing is cached."""
+        self._tx(lambda tx: tx.run(
+            "DELETE FROM pitstop_cache WHERE key = ? AND claim_owner = ? AND fields IS NULL",
+            (key, owner),
+        ), write=True)
+
+    # -- storing -----------------------------------------------------------------------------
+
+    def cache_put(
+        self,
+        key: str,
+        name: str,
+        values: Mapping[str, Any],
+        *,
+        owner: str | None = None,
+        ttl: float | None = None,
+        run_id: str | None = None,
+        checkpoint_id: str | None = None,
+    ) -> CacheEntry:
+        """Store ``values`` as the result of ``key`` (replacing the claim of ``owner``, or an
+        expired or absent entry; a live result someone else stored first is kept)."""
+        reference = reference_of(key)
+        try:
+            fields, new, _, aliases = self._value_codec.encode_state(reference, values, None, None)
+        except SerializationError as exc:
+            raise exc.located(run_id=run_id, path=f"cache[{name!r}]" + (exc.path or "")) from None
+        if aliases:  # a fresh encoding (no parent) extends no chunk; never reached
+            raise AssertionError("a cache entry's values made chunk aliases")
+        data = encode_field_map(fields)
+        packed = self._externalize(new.values()) if new else {}
+
+        def write(tx: Tx) -> CacheRow:
+            now = time.time()
+            row = CacheRow(
+                key, name, run_id, checkpoint_id, data, _checksum(data), len(data), now,
+                None if ttl is None else now + ttl, None, None,
+            )
+            current = tx.one(
+                "SELECT fields IS NOT NULL AND (expires_at IS NULL OR expires_at > ?), "
+                "fields IS NOT NULL FROM pitstop_cache WHERE key = ?" + self.dialect.lock_row,
+                (now, key),
+            )
+            if current is not None and current[0]:
+                return row  # a live result someone stored first stands; ours is dropped
+            if current is not None and current[1]:
+                self._release_entry_values(tx, key)  # an expired result is replaced
+            self._lock_values(tx)
+            self._insert_values(tx, new, now, packed)
+            if current is None:
+                inserted = tx.run(
+                    CACHE.insert() + " ON CONFLICT (key) DO NOTHING",
+                    (row.key, row.name, row.run_id, row.checkpoint_id, row.fields, row.checksum,
+                     row.size, row.created_at, row.expires_at, None, None),
+                ).rowcount
+                if not inserted:  # (PostgreSQL: a concurrent put of the key won; theirs stands)
+                    raise _LostRace
+            else:
+                # Whoever holds the claim now (ours, or one taken over after our lease
+                # lapsed): the result is stored, and a later put keeps it.
+                tx.run(
+                    "UPDATE pitstop_cache SET name = ?, run_id = ?, checkpoint_id = ?, "
+                    "fields = ?, checksum = ?, size = ?, created_at = ?, expires_at = ?, "
+                    "claim_owner = NULL, claim_expires = NULL WHERE key = ?",
+                    (name, run_id, checkpoint_id, data, row.checksum, row.size, now,
+                     row.expires_at, key),
+                )
+            reached = self._value_codec.referenced(fields, partial(self._read_values, tx))
+            tx.many(
+                "INSERT INTO pitstop_blob_refs (run_id, hash) VALUES (?, ?) "
+                "ON CONFLICT (run_id, hash) DO NOTHING",
+                [(reference, h) for h in sorted(reached)],
+            )
+            return row
+
+        try:
+            return CacheEntry.of(self._tx(write, write=True))
+        except _LostRace:
+            found = self.cache_get(key)
+            if found is None:
+                raise
+            return found.entry
+
+    # -- clearing ----------------------------------------------------------------------------
+
+    def _release_entry_values(self, tx: Tx, key: str) -> int:
+        """Drop the references of ``key``'s values, deleting those nothing else holds; the
+        bytes freed."""
+        reference = reference_of(key)
+        held = [
+            bytes(h)
+            for h in tx.column("SELECT hash FROM pitstop_blob_refs WHERE run_id = ?",
+                               (reference,))
+        ]
+        if not held:
+            return 0
+        freed, size = self._unshared_values(tx, reference, held)
+        self._lock_gc(tx)
+        tx.run("DELETE FROM pitstop_blob_refs WHERE run_id = ?", (reference,))
+        self._delete_values(tx, reference, freed)
+        return size
+
+    def cache_clear(
+        self,
+        *,
+        name: str | None = None,
+        older_than: float | None = None,
+        expired_only: bool = False,
+        key: str | None = None,
+    ) -> int:
+        """Delete cached results (all, or ``name``'s, those created more than ``older_than``
+        seconds ago, only expired ones, one ``key``) with the values only they held; the
+        number of entries deleted. Claims being computed are left alone."""
+        now = time.time()
+        where = ["fields IS NOT NULL"]
+        params: list[Any] = []
+        if name is not None:
+            where.append("name = ?")
+            params.append(name)
+        if key is not None:
+            where.append("key = ?")
+            params.append(key)
+        if older_than is not None:
+            where.append("created_at < ?")
+            params.append(now - older_than)
+        if expired_only:
+            where.append("expires_at IS NOT NULL AND expires_at <= ?")
+            params.append(now)
+        keys = self._tx(lambda tx: tx.column(
+            "SELECT key FROM pitstop_cache WHERE " + " AND ".join(where), params))
+        deleted = 0
+        for found in keys:
+            # One transaction per entry: a large cache never holds the GC lock for long.
+            def drop(tx: Tx, found: str = found) -> int:
+                gone = tx.run(
+                    "DELETE FROM pitstop_cache WHERE key = ? AND fields IS NOT NULL", (found,)
+                ).rowcount
+                if gone:
+                    self._release_entry_values(tx, found)
+                return int(gone)
+
+            deleted += self._tx(drop, write=True)
+        if deleted:
+            self._sweep_blob_store()
+        return deleted
+
+    # -- maintenance counts the cache --------------------------------------------------------
+
+    def prune(
+        self,
+        policy: RetentionPolicy,
+        *,
+        run_id: str | None = None,
+        dry_run: bool = False,
+        progress: Any = None,
+    ) -> PruneReport:
+        """Retention, and (store-wide, not with ``run_id``) expired cache entries go too."""
+        report = super().prune(policy, run_id=run_id, dry_run=dry_run, progress=progress)
+        if run_id is None:
+            if dry_run:
+                report.cache_entries = int(self._tx(lambda tx: tx.scalar(
+                    "SELECT COUNT(*) FROM pitstop_cache WHERE fields IS NOT NULL AND "
+                    "expires_at IS NOT NULL AND expires_at <= ?", (time.time(),))))
+            else:
+                report.cache_entries = self.cache_clear(expired_only=True)
+        return report
+
+    def stats(self, *, exact: bool = True) -> StoreStats:
+        counted = super().stats(exact=exact)
+        entries = self._tx(lambda tx: tx.scalar(
+            "SELECT COUNT(*) FROM pitstop_cache WHERE fields IS NOT NULL"))
+        return replace(counted, cache_entries=int(entries))
+
+
+__all__ = ["REFERENCE_PREFIX", "CacheEntry", "CacheHit", "ResultCache", "reference_of"]
