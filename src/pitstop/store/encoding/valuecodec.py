@@ -28,12 +28,14 @@ from .records import (
     _CHUNK_COMPRESS_MIN,
     INLINE_MAX,
     RAW_KEEP_MAX,
+    TEXT_IN_BLOB,
     Alias,
     CheckpointRecord,
     FieldMap,
     FieldRef,
     NewBlob,
     Stored,
+    TextInBlobColumn,
     _manifest_roots,
     check_chunk_hash,
     field_path,
@@ -475,6 +477,8 @@ class ValueCodec:
 
         def raw_of(key: bytes) -> bytes | memoryview:
             data = _bytes_of(blobs.get(key))
+            if type(data) is TextInBlobColumn:
+                raise corrupt(f"chunk {key.hex()[2:18]} {TEXT_IN_BLOB}")
             if data is None:
                 if partial:  # perhaps a node not read (its layout was known then): read all
                     raise RowsReleased
@@ -801,6 +805,8 @@ class ValueCodec:
         if data is None:
             missing = expected_hash.hex()[:16] if expected_hash else "?"
             raise corrupt(f"value {missing} is missing from the store")
+        if type(data) is TextInBlobColumn:
+            raise corrupt(f"value {TEXT_IN_BLOB}")
         try:
             fmt, raw = unframe(bytes(data))
         except ValueError as exc:

@@ -18,7 +18,15 @@ from ...errors import CorruptCheckpointError, RunNotFoundError
 from ...model import RunStatus
 from ..contract.base import Problem, Problems, Progress, PruneReport, RetentionPolicy, StoreStats
 from ..encoding.attached import read_frames
-from ..encoding.records import CheckpointRecord, FieldRef, decode_field_map, is_chunk_key
+from ..encoding.records import (
+    TEXT_IN_BLOB,
+    CheckpointRecord,
+    FieldRef,
+    TextInBlobColumn,
+    blob_column,
+    decode_field_map,
+    is_chunk_key,
+)
 from .backend import CHUNK, Tx, placeholders
 from .rowcheck import run_problem
 from .schema import SELECT_CHECKPOINT, SELECT_RUN, RunRow
@@ -544,16 +552,19 @@ class Maintenance(StoredValues):
                         value = self._read_values_alone([h]).get(h)
                         if value is None:
                             raise CorruptCheckpointError(
-                                f"alias of chunk {bytes(alias).hex()[2:18]}, which is missing"
+                                f"alias of chunk {bytes(alias).hex()[2:18]}, which is missing "
+                                "(or its chain of aliases loops)"
                             )
                     elif location is None:
-                        value = bytes(data)
+                        value = blob_column(data)
                     else:
                         value = self._fetch_external(h, location, slot)
                     if value is None:
                         raise CorruptCheckpointError(
                             self.blobs.why_missing(h, slot) if self.blobs else "value missing"
                         )
+                    if type(value) is TextInBlobColumn:
+                        raise CorruptCheckpointError(f"value {TEXT_IN_BLOB}")
                     self._value_codec.check_stored(h, value)
                 except Exception as exc:
                     owner = referenced.get(h)
