@@ -149,6 +149,28 @@ def test_a_blob_read_back_as_text_is_a_damaged_checkpoint(
     assert code == 1 and "internal error" not in err and ids[2] in err, err
 
 
+# -- run ids every backend can keep ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("run_id", ["a\x00b", "\x00", "a\ud800b"])
+def test_a_run_id_no_backend_can_keep_is_refused_alike_everywhere(url: str, run_id: str) -> None:
+    """SQLite took a run id holding NUL (which ``verify`` then reported as a damaged row)
+    and PostgreSQL refused it with a StoreError: one check, before any SQL, for both."""
+    wf = pitstop.Workflow("ids")
+    wf.step(name="one")(lambda state, ctx: {"done": True})
+    with pitstop.open_store(url) as store:
+        with pytest.raises(ValueError, match="run_id") as info:
+            store.save(run_id, {"n": 1})
+        assert not isinstance(info.value, pitstop.StoreError)
+        with pytest.raises(ValueError, match="run_id"):
+            wf.start(store, {"n": 1}, run_id=run_id)
+        with pytest.raises(ValueError, match="run_id"):
+            wf.enqueue(store, {"n": 1}, run_id=run_id)
+        assert store.runs() == [] and store.verify() == []
+        store.save("plain-é", {"n": 1})  # non-ASCII text is fine
+        assert store.latest("plain-é") is not None
+
+
 # -- raw Python exceptions that escaped ---------------------------------------------------------
 
 
