@@ -149,6 +149,50 @@ def test_a_blob_read_back_as_text_is_a_damaged_checkpoint(
     assert code == 1 and "internal error" not in err and ids[2] in err, err
 
 
+# -- a lone surrogate in state ----------------------------------------------------------------
+
+
+def test_a_lone_surrogate_in_state_is_shown_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Python strings may hold a lone surrogate, which no UTF-8 output can: such a state
+    saved and resumed, but ``pitstop show`` exited 2 and its inspector page answered 422.
+    Both now show it escaped (``\\ud800``); the JSON outputs stay JSON that reads back to
+    the very string."""
+    import json
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    state = {"text": "a\ud800b", "keys": {"x\udcff": 1}}
+    with pitstop.open_store(url) as store:
+        head = store.save("r", state)
+    code, out, err = cli(capsys, "show", "r", store=url)
+    assert code == 0, err
+    code, out, err = cli(capsys, "show", "r", "--json", store=url)
+    assert code == 0, err
+    assert json.loads(out)["state"] == state
+    code, out, err = cli(capsys, "show", "r", "--field", "text", store=url)
+    assert code == 0 and "\\ud800" in out, (out, err)
+
+    pytest.importorskip("fastapi", reason="the ui extra is not installed")
+    from fastapi.testclient import TestClient
+
+    from pitstop.ui import create_app
+
+    with pitstop.open_store(url) as store, TestClient(create_app(store)) as client:
+        page = client.get("/runs/r")
+        assert page.status_code == 200 and "\\ud800" in page.text
+        page = client.get(f"/runs/r?checkpoint={head.id}")
+        assert page.status_code == 200
+        second = store.save("r", {**state, "text": "c\udfffd"})
+        for path in ("/api/runs/r", f"/api/checkpoints/{head.id}",
+                     f"/api/checkpoints/{head.id}?path=text",
+                     f"/api/checkpoints/{second.id}/diff"):
+            answer = client.get(path)
+            assert answer.status_code == 200, (path, answer.text)
+            json.loads(answer.content)
+        assert client.get(f"/api/checkpoints/{head.id}").json()["state"] == state
+
+
 # -- run ids every backend can keep ---------------------------------------------------------
 
 

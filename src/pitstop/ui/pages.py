@@ -101,7 +101,13 @@ def render(request: Request, name: str, context: dict[str, Any], status: int = 2
         **context,
     }
     engine: Jinja2Templates = request.app.state.pitstop_templates
-    response = engine.TemplateResponse(request, name, page, status_code=status)
+    try:
+        response = engine.TemplateResponse(request, name, page, status_code=status)
+    except UnicodeEncodeError:
+        # A lone surrogate in a state string (Python holds one, UTF-8 cannot): shown as its
+        # escape, ``\\ud800``, rather than the page refused.
+        html = engine.get_template(name).render(page)
+        return HTMLResponse(html.encode("utf-8", "backslashreplace"), status_code=status)
     assert isinstance(response, HTMLResponse)
     return response
 
