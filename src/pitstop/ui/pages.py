@@ -22,7 +22,7 @@ from ..display.text import age, duration, human_bytes
 from ..errors import PitstopError
 from ..model import RunStatus
 from . import langgraph_view, live, values, views
-from .context import IDENTITY, UI, ui_of
+from .context import IDENTITY, UI, client_of, ui_of
 from .graph import LANE, ROW
 from .security import COOKIE, Identity
 
@@ -331,8 +331,10 @@ def login(
         return RedirectResponse(_local_target(next, base), status_code=303)
     identity = ui.guard.login(token)
     if identity is None:
+        ui.guard.throttle.failed(client_of(request))
         return login_page(request, status=401, error="That token is not valid.",
                           target=_local_target(next, base))
+    ui.guard.throttle.succeeded(client_of(request))
     response = RedirectResponse(_local_target(next, base), status_code=303)
     response.set_cookie(COOKIE, ui.guard.cookie_value(identity), httponly=True,
                         samesite="strict", secure=request.url.scheme == "https",
