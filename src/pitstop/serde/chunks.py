@@ -239,7 +239,15 @@ def decode_manifest(data: bytes) -> Manifest:
         raise ValueError(f"manifest version {version} (written by a newer pitstop?)")
     if kind not in KINDS:
         raise ValueError(f"unknown chunked value kind {kind!r}")
-    entries = [Entry(bytes(k), n, s, f) for k, n, s, f in root]
+    if type(items) is not int or items < 0 or type(root) is not list:
+        raise ValueError("malformed manifest (its item count or root is not one)")
+    try:
+        entries = [Entry(bytes(k), n, s, f) for k, n, s, f in root]
+    except (TypeError, ValueError):  # an entry that is not [key, items, size, flags]
+        raise ValueError("malformed manifest (a root entry is not one)") from None
+    if not all(type(e.items) is int and type(e.size) is int and type(e.flags) is int
+               for e in entries):
+        raise ValueError("malformed manifest (a root entry is not one)")
     return Manifest(kind, items, meta, entries)
 
 

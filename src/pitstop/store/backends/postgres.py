@@ -79,7 +79,7 @@ from pitstop.store.backends.pgconn import GuardedConnection, flush_all
 from pitstop.store.contract.base import UNSET, Durability, PreparedSave, Unset
 from pitstop.store.contract.options import OPTIONS, parse_option
 from pitstop.store.contract.options import check as check_options
-from pitstop.store.contract.urls import redact
+from pitstop.store.contract.urls import check_text, redact
 from pitstop.store.encoding.blobs import BlobStore
 from pitstop.store.encoding.records import is_chunk_key
 from pitstop.store.engine.backend import Dialect, Tx
@@ -948,14 +948,19 @@ class PostgresStore(SqlStore, RunTransfer):
 
 def _split_url(url: str, safe_url: str) -> tuple[str, dict[str, Any]]:
     """The libpq conninfo (our options removed) and pitstop's options read from the URL."""
+    check_text(url)
     if "://" not in url:
         return url, {}  # a key=value conninfo string: options come as keywords only
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        query = parse_qsl(parts.query, keep_blank_values=True)
+    except ValueError as exc:  # a bracketed host that is no IP address, text not UTF-8
+        raise UnsupportedStoreError(f"{safe_url}: malformed URL ({exc})") from None
     if parts.scheme.lower() not in ("postgresql", "postgres"):
         raise UnsupportedStoreError(f"{safe_url}: not a postgresql:// URL")
     kept: list[tuple[str, str]] = []
     options: dict[str, Any] = {}
-    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+    for key, value in query:
         if key not in _URL_OPTIONS:
             kept.append((key, value))
             continue
