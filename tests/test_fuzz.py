@@ -115,3 +115,55 @@ def test_a_url_with_a_bracketed_host_that_is_no_address_is_refused() -> None:
 
 def test_bench_corpus_path_is_the_committed_one() -> None:
     assert Path(fuzz.CORPUS) == ROOT / "bench" / "corpus"
+
+
+def _node_chain(depth: int) -> tuple[bytes, dict[bytes, bytes]]:
+    """A list manifest whose root is a chain of ``depth`` nodes of one entry each, ending at
+    one leaf: every key matches its chunk, as a crafted store can make them."""
+    import ormsgpack
+
+    from pitstop.serde import chunks as chunking
+    from pitstop.serde.framing import frame
+
+    codec = fuzz.codec()
+    fmt = codec.serializer.format_id
+    leaf_raw = ormsgpack.packb(1)
+    blobs: dict[bytes, bytes] = {}
+    key = chunking.chunk_key(fmt, leaf_raw)
+    blobs[key] = frame(leaf_raw, fmt)
+    entry = [key, 1, len(leaf_raw), chunking.CUT]
+    for _ in range(depth):
+        raw = ormsgpack.packb([entry])
+        key = chunking.chunk_key(fmt, raw)
+        blobs[key] = frame(raw, fmt)
+        entry = [key, 1, len(raw), chunking.NODE]
+    manifest = ormsgpack.packb([chunking.MANIFEST_VERSION, "list", 1, None, [entry]])
+    return manifest, blobs
+
+
+def test_a_chain_of_nodes_deeper_than_any_tree_is_corruption() -> None:
+    codec = fuzz.codec()
+    manifest, blobs = _node_chain(3)
+    assert codec.decode_chunked(manifest, blobs, strict=False, run_id="r", checkpoint_id="c",
+                                field="f") == [1]
+    manifest, blobs = _node_chain(5000)
+    with pytest.raises(pitstop.CorruptCheckpointError, match="deeper than"):
+        codec.decode_chunked(manifest, blobs, strict=False, run_id="r", checkpoint_id="c",
+                             field="f")
+
+
+def test_a_node_chunk_that_is_not_a_list_of_entries_is_corruption() -> None:
+    import ormsgpack
+
+    from pitstop.serde import chunks as chunking
+    from pitstop.serde.framing import frame
+
+    codec = fuzz.codec()
+    fmt = codec.serializer.format_id
+    for raw in (ormsgpack.packb(7), ormsgpack.packb([7]), ormsgpack.packb([[b"k", 1, 2]])):
+        key = chunking.chunk_key(fmt, raw)
+        manifest = ormsgpack.packb([chunking.MANIFEST_VERSION, "list", 1, None,
+                                    [[key, 1, len(raw), chunking.NODE]]])
+        with pytest.raises(pitstop.CorruptCheckpointError, match="unreadable chunk node"):
+            codec.decode_chunked(manifest, {key: frame(raw, fmt)}, strict=False, run_id="r",
+                                 checkpoint_id="c", field="f")

@@ -151,11 +151,16 @@ def _pack_entries(entries: Sequence[Entry]) -> bytes:
 
 
 def unpack_entries(data: bytes) -> list[Entry]:
+    """A node chunk's entries; ``ValueError`` if the bytes are not a list of entries."""
     out = []
-    for key, items, size, flags in ormsgpack.unpackb(data):
-        if type(key) is not bytes or len(key) != KEY_SIZE:
-            raise ValueError("malformed manifest entry")
-        out.append(Entry(key, items, size, flags))
+    try:
+        for key, items, size, flags in ormsgpack.unpackb(data):
+            if type(key) is not bytes or len(key) != KEY_SIZE or not (
+                    type(items) is int and type(size) is int and type(flags) is int):
+                raise ValueError("malformed manifest entry")
+            out.append(Entry(key, items, size, flags))
+    except (TypeError, ormsgpack.MsgpackDecodeError):
+        raise ValueError("malformed manifest entry") from None
     return out
 
 

@@ -496,7 +496,12 @@ class ValueCodec:
         leaves: list[chunking.Entry] = []
         known = self._layouts.get(manifest)
 
-        def walk(entries: Iterable[chunking.Entry]) -> None:
+        def walk(entries: Iterable[chunking.Entry], depth: int = 0) -> None:
+            # A tree groups ~4 entries per node: 40 levels is beyond any value; a deeper one
+            # was crafted (a chain of nodes, each of one entry) and would recurse past
+            # Python's limit.
+            if depth > _TREE_DEPTH:
+                raise corrupt(f"chunk tree deeper than {_TREE_DEPTH} levels (crafted?)")
             for entry in entries:
                 if entry.flags & chunking.NODE:
                     try:
@@ -504,7 +509,7 @@ class ValueCodec:
                     except ValueError as exc:
                         raise corrupt(f"unreadable chunk node ({exc})") from None
                     nodes[entry.key] = children
-                    walk(children)
+                    walk(children, depth + 1)
                 else:
                     leaves.append(entry)
 
@@ -966,6 +971,8 @@ class ValueCodec:
 
 
 _FIRST: Final = operator.itemgetter(0)
+_TREE_DEPTH: Final = 40
+"""Levels of nodes a chunked value's tree may have when read (see decode_chunked)."""
 
 
 def _chunk_filler(
