@@ -91,14 +91,16 @@ def postgres_url() -> Iterator[str]:
 
 
 @pytest.mark.parametrize("argv", [["runs"], ["runs", "--status", "queued"], ["runs", "--json"],
-                                  ["stats"], ["stats", "--json"]])
+                                  ["stats"], ["stats", "--json"], ["du"],
+                                  ["du", "--by", "field"]])
 def test_listing_and_stats_do_not_import_the_codec(sqlite_url: str, argv: list[str]) -> None:
     loaded = packages(loaded_by(*argv, "--store", sqlite_url))
     assert not loaded & set(NEVER_FOR_LISTING), sorted(loaded & set(NEVER_FOR_LISTING))
     assert "psycopg" not in loaded and "psycopg_pool" not in loaded  # a SQLite store
     # Only the module of the command that runs (see pitstop.cli.group.MODULES).
     others = {"runs": {"checkpoints", "control", "inspector", "maintenance"},
-              "stats": {"checkpoints", "control", "inspector", "runs"}}[argv[0]]
+              "stats": {"checkpoints", "control", "inspector", "runs"},
+              "du": {"checkpoints", "control", "inspector", "runs", "maintenance"}}[argv[0]]
     assert not loaded & {f"pitstop.cli.{m}" for m in others}, sorted(loaded)
 
 

@@ -26,7 +26,7 @@ import pitstop
 from conftest import ROOT
 from pitstop import Store
 from pitstop.ui import create_app
-from pitstop.ui.security import parse_tokens
+from pitstop.ui.security import LoginThrottle, parse_tokens
 from ui_workflows import XSS_RUN, XSS_STATE, populate
 
 TOKEN = "alice:correct-horse-battery"
@@ -44,7 +44,10 @@ def populated(tmp_path: Path) -> Iterator[tuple[Store, dict[str, str], Path]]:
 
 @pytest.fixture
 def guarded(populated: tuple[Store, dict[str, str], Path]) -> Iterator[TestClient]:
-    with TestClient(create_app(populated[0], token=TOKEN)) as c:
+    # Tests here send many wrong tokens on purpose: the login throttle is tested on its own
+    # (test_ui_limits.py), and would answer them 429.
+    unthrottled = LoginThrottle(free=10_000)
+    with TestClient(create_app(populated[0], token=TOKEN, throttle=unthrottled)) as c:
         yield c
 
 

@@ -7,7 +7,9 @@ The commands live in one module per area, imported when their command is run (se
 
 from __future__ import annotations
 
+import io
 import os
+import sys
 import traceback
 from collections.abc import Sequence
 
@@ -22,6 +24,7 @@ from .render import error_line
 
 def run(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status. Every failure is one line on stderr."""
+    _escape_what_cannot_be_written()
     try:
         return int(cli.main(args=argv, prog_name="pitstop", standalone_mode=False) or 0)
     except click.exceptions.NoArgsIsHelpError as exc:
@@ -58,6 +61,16 @@ def run(argv: Sequence[str] | None = None) -> int:
         error_line(f"internal error: {type(exc).__name__}: {exc} "
                    "(PITSTOP_DEBUG=1 shows the traceback; please report it)")
         return EXIT_INTERNAL
+
+
+def _escape_what_cannot_be_written() -> None:
+    """Write a character the output's encoding has no bytes for as a backslash escape: a
+    state may hold a lone surrogate (``"a\\ud800b"``), which no UTF-8 output can, and
+    ``pitstop show`` then failed instead of showing it (the escape ``\\ud800`` is also what
+    JSON reads back as that very string)."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
+            stream.reconfigure(errors="backslashreplace")
 
 
 def _message(exc: BaseException) -> str:

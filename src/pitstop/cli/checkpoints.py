@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from pitstop.display.graph import ends_here, fork_origin
-from pitstop.display.text import age, human_bytes, short
+from pitstop.display.text import age, duration, human_bytes, short
 from pitstop.failures import failure_in
 from pitstop.model import CheckpointSummary, Run, RunStatus
 
@@ -57,12 +57,82 @@ def _header(run: Run, ckpt: CheckpointSummary,
         *failed,
         ("source", ckpt.source or "-"),
         ("time", f"{local_time(ckpt.created_at)} ({age(ckpt.created_at)} ago)"),
+        ("took", duration(_seconds(meta.get("duration")))),
         ("size", f"{human_bytes(ckpt.size)} state, +{human_bytes(ckpt.added)} stored"),
         ("tags", ", ".join(ckpt.tags)),
         ("cached", cached_note(ckpt).removeprefix("cached: ")),
         ("waiting for", ", ".join(waiting)),
         ("next", meta.get("next") or ""),
     ]
+
+
+def _seconds(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
+
+
+TIMELINE_CHECKPOINTS = 500
+"""The newest checkpoints ``show --timeline`` covers."""
+
+TIMELINE_COLUMNS = [
+    Column("start", right=True),
+    Column("took", right=True),
+    Column("kind"),
+    Column("what", max_width=32),
+    Column("", max_width=40),
+    Column("detail", max_width=48),
+]
+
+_SPAN_STYLE = {"retry": "yellow", "failed": "bold red", "wait": "cyan", "child": "magenta",
+               "map": "blue"}
+
+
+def _bar(start: float, end: float, origin: float, scale: float, width: int) -> str:
+    """The span as a bar in a ``width``-wide lane from ``origin`` (``scale`` seconds)."""
+    left = int((start - origin) / scale * width) if scale else 0
+    right = int((end - origin) / scale * width) if scale else 0
+    left = min(max(left, 0), width - 1)
+    return " " * left + "█" * max(1, min(right, width) - left)
+
+
+def _show_timeline(s: Session, store: Any, run: Run) -> None:
+    from datetime import UTC, datetime
+
+    from pitstop.observe import events, progress, timeline
+
+    spans = timeline(store, run.id, limit=TIMELINE_CHECKPOINTS)
+    happened = events(store, run.id, limit=TIMELINE_CHECKPOINTS)
+    loops = progress(store, run.id)
+    if s.as_json:
+        s.out.json({"run": {"id": run.id, "status": run.status.value, "workflow": run.workflow},
+                    "timeline": [span.to_json() for span in spans],
+                    "events": [event.to_json() for event in happened],
+                    "progress": [loop.to_json() for loop in loops]})
+        return
+    origin = run.created_at.timestamp()
+    now = datetime.now(UTC).timestamp()
+    last = max([origin, *(span.end or now for span in spans)])
+    scale, width = last - origin, 40
+    rows = [[
+        "+" + duration(span.start - origin),
+        duration(span.seconds) if span.end is not None else styled("…", "cyan"),
+        styled(span.kind, _SPAN_STYLE.get(span.kind, "")),
+        span.label,
+        styled(_bar(span.start, span.end or now, origin, scale, width),
+               _SPAN_STYLE.get(span.kind, "green")),
+        span.detail,
+    ] for span in spans]
+    s.out.fields([("run", f"{run.id} ({run.workflow or 'no workflow'})"),
+                  ("status", status_cell(run.status.value)),
+                  ("created", local_time(run.created_at)),
+                  *((f"progress {loop.name}", str(loop)) for loop in loops)])
+    s.out.line()
+    s.out.table(TIMELINE_COLUMNS, rows, title="timeline",
+                empty="no timed steps yet (checkpoints before pitstop recorded durations)")
+    s.out.line()
+    s.out.line("events", "bold")
+    for event in happened:
+        at = datetime.fromtimestamp(event.at, UTC)
+        s.out.line(f"  {local_time(at)}  {event.kind:<9} {event.detail}".rstrip())
 
 
 @command("show", examples=["pitstop show 7f3a9c", "pitstop show 7f3a9c --checkpoint 1b2c3d4e",
@@ -77,10 +147,16 @@ def _header(run: Run, ckpt: CheckpointSummary,
 @click.option("--full", is_flag=True,
               help="Show long values whole (by default long strings and lists are shortened, "
                    "with a marker; --json is never shortened).")
-def show(s: Session, run_id: str, ref: str | None, path: str | None, full: bool) -> None:
+@click.option("--timeline", "as_timeline", is_flag=True,
+              help="Show the run's timeline instead of its state: steps with their "
+                   "durations, retries, waits, children and maps, then its events (created, "
+                   "claimed, inputs, effects, retries, failures...) and loop progress.")
+def show(s: Session, run_id: str, ref: str | None, path: str | None, full: bool,
+         as_timeline: bool) -> None:
     """Show a run's state (its latest checkpoint, or the one named) with its header.
 
-    For a failed run: the failed step, the exception and its traceback.
+    For a failed run: the failed step, the exception and its traceback. A loop's progress
+    (``ctx.iterate``, ``Checkpointer.iterate``) shows as "32,000 / 300,000" with a rate.
     """
     from pitstop.display.state import PathNotFound, lookup, shorten
     from pitstop.failures import failure_in
@@ -88,6 +164,9 @@ def show(s: Session, run_id: str, ref: str | None, path: str | None, full: bool)
 
     store = s.store()
     run, at = run_reference(store, run_id)
+    if as_timeline:
+        _show_timeline(s, store, run)
+        return
     if at is not None and ref is not None:
         raise CliError(f"{run_id!r} names a checkpoint already; drop --checkpoint {ref}")
     if at is not None or ref is not None:
@@ -99,6 +178,9 @@ def show(s: Session, run_id: str, ref: str | None, path: str | None, full: bool)
         ckpt = latest
     failure = failure_in(ckpt)
     family = Family.of(store, run)
+    from pitstop.observe import progress
+
+    loops = progress(store, run.id)
     view = to_jsonable(state_view(store, ckpt))
     if path is not None:
         try:
@@ -110,12 +192,14 @@ def show(s: Session, run_id: str, ref: str | None, path: str | None, full: bool)
             "run": {"id": run.id, "status": run.status.value, "workflow": run.workflow},
             "checkpoint": checkpoint_json(ckpt, head_id=run.head_id),
             "error": failure.to_json() if failure is not None else None,
+            "progress": [loop.to_json() for loop in loops],
             **family.to_json(),
         }
         doc.update({"field": path, "value": view} if path is not None else {"state": view})
         s.out.json(doc)
         return
     s.out.fields(_header(run, ckpt, failure) + family.fields()
+                 + [(f"progress {loop.name}", str(loop)) for loop in loops]
                  + ([("field", path)] if path else []))
     family.table(s.out)
     if failure is not None and failure.traceback:
@@ -141,6 +225,7 @@ HISTORY_COLUMNS = [
     Column("source"),
     Column("status"),
     Column("time"),
+    Column("took", right=True),
     Column("size", right=True),
     Column("added", right=True),
     Column("tags", max_width=24),
@@ -230,6 +315,7 @@ def history(s: Session, run_id: str, limit: int) -> None:
             entry.source or "-",
             status_cell(meta.get("status")),
             local_time(entry.created_at),
+            duration(_seconds(meta.get("duration"))),
             human_bytes(entry.size),
             "+" + human_bytes(entry.added),
             ", ".join(entry.tags) or "-",

@@ -363,6 +363,8 @@ def checkpoint_json(summary: CheckpointSummary, *, head_id: str | None = None) -
         "cached": list(meta.get("cached") or ()),
         "checksum": summary.checksum,
         "schema_version": summary.schema_version,
+        "started_at": meta.get("started_at"),
+        "duration": meta.get("duration"),
     }
     if head_id is not None:
         out["head"] = summary.id == head_id

@@ -323,8 +323,16 @@ def _finite(ctx: click.Context, param: click.Parameter, value: float) -> float:
                    "if not, the run checkpoints as waiting and the last child wakes it. "
                    "0: wait as a checkpoint at once.")
 @click.option("--until-idle", is_flag=True, help="Exit once nothing is runnable or running.")
+@click.option("--metrics-port", type=click.IntRange(min=1, max=65535), default=None,
+              metavar="PORT",
+              help="Serve Prometheus metrics at http://HOST:PORT/metrics (steps, checkpoints, "
+                   "their time and bytes, runs by status, queue depth, oldest queued and "
+                   "waiting age; needs pitstop[metrics]). See docs/observability.md.")
+@click.option("--metrics-address", default="0.0.0.0", show_default=True, metavar="ADDRESS",
+              help="The address --metrics-port listens on.")
 def worker(s: Session, specs: tuple[str, ...], concurrency: int, limits: tuple[str, ...],
-           poll: float, child_grace: float, until_idle: bool) -> None:
+           poll: float, child_grace: float, until_idle: bool, metrics_port: int | None,
+           metrics_address: str) -> None:
     """Claim and execute runnable runs of the given workflows until stopped.
 
     Runnable: queued (``wf.enqueue``), waiting with their inputs delivered or their timer
@@ -341,9 +349,12 @@ def worker(s: Session, specs: tuple[str, ...], concurrency: int, limits: tuple[s
             raise CliError(f"--limit {item!r} must look like WORKFLOW=N (e.g. --limit approval=2)")
         caps[name] = int(count)
     workflows = [load_workflow(spec) for spec in specs]
+    store = s.store()
+    if metrics_port is not None:
+        _serve_metrics(store, metrics_port, metrics_address)
     # (--child-grace's default is Worker's CHILD_GRACE, written out: the CLI does not import
     # the runtime to build its help; a test checks they agree.)
-    stats = Worker(s.store(), workflows, concurrency=concurrency, poll_interval=poll,
+    stats = Worker(store, workflows, concurrency=concurrency, poll_interval=poll,
                    limits=caps, child_grace=child_grace).run(until_idle=until_idle)
     summary = {"executed": stats.executed, "by_status": dict(stats.by_status),
                "errors": stats.errors}
@@ -352,6 +363,21 @@ def worker(s: Session, specs: tuple[str, ...], concurrency: int, limits: tuple[s
     else:
         done = ", ".join(f"{n} {k}" for k, n in sorted(stats.by_status.items())) or "nothing"
         s.out.line(f"executed {stats.executed} run(s): {done}")
+
+
+def _serve_metrics(store: Any, port: int, address: str) -> None:
+    """Start the /metrics endpoint, or say in one line why it cannot start."""
+    from pitstop.observe import metrics
+
+    try:
+        metrics.serve(port, address=address, store=store)
+    except ImportError:
+        raise CliError("--metrics-port needs prometheus-client: "
+                       "pip install 'pitstop[metrics]'") from None
+    except OSError as exc:
+        reason = "in use" if exc.errno in (98, 48) else (exc.strerror or str(exc))
+        raise CliError(f"--metrics-port {port}: cannot listen on {address}:{port} "
+                       f"({reason})") from None
 
 
 @command("cancel", examples=["pitstop cancel 7f3a9c"])

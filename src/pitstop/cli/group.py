@@ -52,6 +52,7 @@ MODULES = {
     **dict.fromkeys(["show", "history", "diff"], "checkpoints"),
     **dict.fromkeys(["send", "start", "enqueue", "resume", "fork", "rerun", "worker", "cancel"],
                     "control"),
+    "du": "usage",
     **dict.fromkeys(["stats", "verify", "migrate", "prune", "vacuum", "export", "import",
                      "rekey"],
                     "maintenance"),

@@ -23,11 +23,14 @@ from .group import STORE_HELP, cli, logging_options
 @click.option("--read-only", is_flag=True, help="Show everything, change nothing.")
 @click.option("--workflow", "specs", metavar="MODULE:ATTR", multiple=True,
               help="Resume runs of this workflow here after an input or a fork (repeatable).")
+@click.option("--max-body", type=click.IntRange(min=1), default=1 << 20, show_default=True,
+              metavar="BYTES",
+              help="Largest request body accepted (an input's payload); larger is 413.")
 @click.option("--json", "as_json", is_flag=True,
               help="Announce the address as one JSON line (for scripts that start it).")
 @logging_options
 def ui(store_url: str | None, host: str, port: int, tokens: tuple[str, ...], read_only: bool,
-       specs: tuple[str, ...], as_json: bool, verbose: int, quiet: bool,
+       specs: tuple[str, ...], max_body: int, as_json: bool, verbose: int, quiet: bool,
        log_level: str | None) -> None:
     """Serve the web inspector and approval inbox (needs pip install 'pitstop[ui]')."""
     root = click.get_current_context().find_root().obj or {}
@@ -51,7 +54,8 @@ def ui(store_url: str | None, host: str, port: int, tokens: tuple[str, ...], rea
     session = Session(store_url or root.get("store"), as_json=False)
     try:
         serve(session.store(), host=host, port=port, token=tokens, read_only=read_only,
-              workflows=workflows, announce="json" if as_json else "text")
+              workflows=workflows, announce="json" if as_json else "text",
+              max_body=max_body)
     finally:
         session.close()
 

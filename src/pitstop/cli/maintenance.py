@@ -42,6 +42,10 @@ def stats(s: Session, exact: bool) -> None:
     if s.as_json:
         s.out.json({"runs": st.runs, "runs_by_status": dict(st.runs_by_status),
                     "checkpoints": st.checkpoints, "values": st.blobs, "bytes": st.bytes,
+                    "effects": st.effects, "effect_bytes": st.effect_bytes,
+                    "inputs": st.inputs, "input_bytes": st.input_bytes,
+                    "value_refs": st.value_refs, "attached_bytes": st.attached_bytes,
+                    "all_bytes": st.all_bytes,
                     "file_bytes": st.file_bytes, "free_bytes": free,
                     "cache_entries": st.cache_entries, "estimated": sorted(st.estimated)})
         return
@@ -56,9 +60,15 @@ def stats(s: Session, exact: bool) -> None:
         ("runs", count(st.runs, "runs") + (f" ({by_status})" if by_status else "")),
         ("checkpoints", count(st.checkpoints, "checkpoints")),
         ("values", count(st.blobs, "blobs")),
+        ("value refs", count(st.value_refs, "value_refs")),
+        ("effects", f"{count(st.effects, 'effects')} ({human_bytes(st.effect_bytes)})"),
+        ("inputs", f"{count(st.inputs, 'inputs')} ({human_bytes(st.input_bytes)})"),
+        ("attached", human_bytes(st.attached_bytes)),
         ("cached", f"{st.cache_entries} results"),
         ("bytes", f"{'~' if 'bytes' in st.estimated else ''}{human_bytes(st.bytes)} "
                   f"({count(st.bytes, 'bytes')} bytes of records and values)"),
+        ("all records", f"{'~' if st.estimated else ''}{human_bytes(st.all_bytes)} "
+                        "(with effects, inputs and attached records)"),
         ("on disk", human_bytes(st.file_bytes) if st.file_bytes is not None else ""),
     ])
     if st.estimated:
@@ -176,6 +186,8 @@ def prune(
     if s.as_json:
         s.out.json({"dry_run": dry_run, "runs": report.runs, "checkpoints": report.checkpoints,
                     "values": report.blobs, "bytes_reclaimed": report.bytes_reclaimed,
+                    "effects": report.effects, "effect_bytes": report.effect_bytes,
+                    "inputs": report.inputs, "input_bytes": report.input_bytes,
                     "cache_entries": report.cache_entries,
                     "vacuumed": _vacuum_json(vacuumed), "space": _space_json(space)})
         return
@@ -186,6 +198,10 @@ def prune(
         f"({report.bytes_reclaimed} bytes) {'would be ' if dry_run else ''}reclaimed",
         "yellow" if dry_run else "green",
     )
+    if report.effects or report.inputs:
+        s.out.line(f"with them: {report.effects} effect records "
+                   f"({human_bytes(report.effect_bytes)}), {report.inputs} inputs "
+                   f"({human_bytes(report.input_bytes)})")
     if report.runs:
         s.out.line("whole runs: " + ", ".join(report.runs))
     if report.cache_entries:

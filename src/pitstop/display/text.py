@@ -33,6 +33,21 @@ def age(when: datetime | None, now: datetime | None = None) -> str:
     return f"in {text}" if ahead else text
 
 
+def duration(seconds: float | None) -> str:
+    """``850µs``, ``12ms``, ``1.24s``, ``3m07s``, ``2h05m``: a step's or a wait's length."""
+    if seconds is None:
+        return "-"
+    if seconds < 0.001:
+        return f"{seconds * 1e6:.0f}µs"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 60:
+        return f"{seconds:.2f}s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
+
+
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d|w)?\s*\Z", re.IGNORECASE)
 _UNIT = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -74,4 +89,4 @@ def short(checkpoint_id: str | None) -> str:
 
 
 
-__all__ = ["SHORT", "age", "human_bytes", "parse_duration", "parse_since", "short"]
+__all__ = ["SHORT", "age", "duration", "human_bytes", "parse_duration", "parse_since", "short"]

@@ -23,6 +23,7 @@ from ..delta import Delta
 from ..errors import CacheKeyError, LeaseLostError, PitstopError, StepFailedError
 from ..logfmt import kv
 from ..model import Checkpoint, RunStatus, utc
+from ..observe import metrics, tracing
 from ..store import Lease, Store
 from .cache import CachePolicy, Renewal, Waiting, claim_owner, step_key
 from .children import WaitForChildren
@@ -220,6 +221,21 @@ class Execution:
         # The run that started this one (ctx.run_child): told when this run finishes.
         self.parent_run: str | None = None
         self.children_started: list[str] = []  # since the last checkpoint, for history
+        # The timeline (see _metadata): when the first step since the last checkpoint began
+        # and how long step code ran since, all attempts; the lease owner on this execution's
+        # first save (who claimed the run). Two clock reads a step, two numbers a checkpoint.
+        self.work_started: float | None = None
+        self.work_seconds = 0.0
+        self.claimed_by: str | None = lease.owner
+        # Tracing (pitstop.observe.tracing): None when off, and then each step and save
+        # checks this one attribute, nothing more.
+        self.tracer: Any = tracing.tracer()
+        self.run_span: tracing.RunSpan | None = None
+        self.trace_links: list[Any] = []
+        self.size_warning: int | None = wf.size_warning or store.size_warning
+        self.size_warned = False
+        counting = metrics.current()  # None unless metrics are on (pitstop.observe.metrics)
+        self.metrics = None if counting is None else counting.for_workflow(wf.name)
         # Steps and ctx.cached calls served from the cache since the last checkpoint, and
         # the runs that computed them: history shows "cached".
         self.cached_from: list[dict[str, Any]] = []
@@ -253,6 +269,12 @@ class Execution:
             meta["tags"] = self.tags
         if self.children_started:
             meta["children"] = self.children_started
+        if self.work_started is not None:
+            # Milliseconds and microseconds: what a timeline shows, in fewer bytes of JSON.
+            meta["started_at"] = int(self.work_started * 1000) / 1000  # never after the save
+            meta["duration"] = round(self.work_seconds, 6)
+        if self.claimed_by is not None:
+            meta["claimed_by"] = self.claimed_by
         if self.cached_from:
             meta["cached"] = self.cached_from
         meta.update(extra)
@@ -274,6 +296,9 @@ class Execution:
         # tells other workers it can be taken.
         release = status in _STOPS
         started = time.monotonic()
+        # The save's span is made once it is known, with a start time (one attribute pass,
+        # no updates of a live span: an SDK span costs tens of microseconds).
+        span_start = None if self.run_span is None else time.time_ns()
         prepared = self.store.prepare(
             self.run_id,
             fields,
@@ -295,6 +320,7 @@ class Execution:
             durability=self.durability,
             deliver_to=self.parent_run,
         )
+        saved = None
         if self.writer is not None and not sync and status is RunStatus.RUNNING:
             self.writer.submit(prepared)
         else:
@@ -302,20 +328,56 @@ class Execution:
                 yield _Io(self.writer.flush, self.run_id)
             if release:
                 keeper.untrack(self.held)  # no renewal may race the release
-            yield _Io(self.store.commit, prepared)
+            saved = yield _Io(self.store.commit, prepared)
             self.released = release
+            if self.metrics is not None:
+                self.metrics.saved_checkpoint(status.value, time.monotonic() - started,
+                                              saved.added if saved is not None else None)
+        if span_start is not None:
+            self._trace_save(span_start, prepared.checkpoint_id, status, source, saved)
+        if self.size_warning is not None and saved is not None and not self.size_warned \
+                and saved.size >= self.size_warning:
+            self._warn_size(saved, self.size_warning)
         self.parent_id = prepared.checkpoint_id
         self.run_status = status
         self.checkpointed = True
         self.consumed = {}
         self.tags = []
         self.children_started = []
+        self.claimed_by = None
+        if source == "manual":  # ctx.checkpoint() inside a step: the rest of it is new work
+            self.work_started, self.work_seconds = time.time(), 0.0
+        elif source != "retry":  # a step's retries count in the checkpoint it ends with
+            self.work_started = None
+            self.work_seconds = 0.0
         self.cached_from = []
         self.steps_since = 0
         self.checkpointed_at = time.monotonic()
         if self.schedule is not None:
             self.schedule.taken(self.checkpointed_at - started)
         return prepared.checkpoint_id
+
+    def _trace_save(self, start: int, checkpoint_id: str, status: RunStatus, source: str,
+                    saved: Checkpoint | None) -> None:
+        """The ``pitstop.checkpoint.save`` span of a save that started at ``start`` (ns)."""
+        assert self.run_span is not None
+        attributes: dict[str, Any] = {
+            "pitstop.run.id": self.run_id, "pitstop.checkpoint.id": checkpoint_id,
+            "pitstop.checkpoint.step": self.position, "pitstop.checkpoint.status": status.value,
+            "pitstop.checkpoint.source": source, "db.system.name": tracing.db_system(self.store),
+            "db.operation.name": "save"}
+        if saved is not None:
+            attributes["pitstop.checkpoint.bytes"] = saved.added or 0
+        self.tracer.start_span("pitstop.checkpoint.save", context=self.run_span.context,
+                               attributes=attributes, start_time=start).end()
+
+    def _warn_size(self, saved: Checkpoint, limit: int) -> None:
+        """A checkpoint reached ``size_warning`` (once an execution; see flag_size)."""
+        from ..observe.usage import flag_size
+
+        self.size_warned = True
+        flag_size(self.store, saved, limit, workflow=self.wf.name,
+                  lease=None if self.released else self.lease)  # a stopping save gave it up
 
     def _no_changes(self) -> set[str] | None:
         """What "nothing changed since the last checkpoint" is: an empty set, or None when
@@ -387,6 +449,23 @@ class Execution:
         )
 
     def run(self, start_status: RunStatus) -> Loop:
+        """The loop for a driver: executes from the restored checkpoint until it stops."""
+        if self.tracer is None:
+            return self._run(start_status)
+        return self._traced(start_status)
+
+    def _traced(self, start_status: RunStatus) -> Loop:
+        span = self.run_span = tracing.RunSpan(
+            self.tracer, self.wf.name, self.run_id, start_status.value, self.trace_links)
+        try:
+            result = yield from self._run(start_status)
+        except BaseException as exc:
+            span.end(None, exc)
+            raise
+        span.end(result.status.value)
+        return result
+
+    def _run(self, start_status: RunStatus) -> Loop:
         self.run_status = start_status
         self.held = keeper.track(self.store, self.lease, self.wf.lease_ttl)
         try:
@@ -460,12 +539,24 @@ class Execution:
             self.step_start_fields = self.fields
             self.step_start_changed = self.changed
             self.step_start_deltas = self.deltas
+            invoke = spec.invoke if self.run_span is None else tracing.traced_step(
+                self.tracer, self.run_span.context, spec.invoke,
+                {"pitstop.run.id": self.run_id, "pitstop.step.name": spec.name,
+                 "pitstop.step.position": self.position, "pitstop.step.attempt": attempt},
+                (Suspend, WaitForChildren))
+            began = time.time()
+            if self.work_started is None:
+                self.work_started = began
             self.claim = None
             try:
-                if spec.options.cache is None:
-                    output = yield _Call(spec.invoke, view, ctx, inputs)
-                else:
-                    output = yield from self._cached_step(spec, view, ctx, inputs)
+                try:
+                    if spec.options.cache is None:
+                        output = yield _Call(invoke, view, ctx, inputs)
+                    else:
+                        output = yield from self._cached_step(spec, invoke, view, ctx, inputs)
+                finally:
+                    # From the step's start, or from a ctx.checkpoint() it took meanwhile.
+                    self.work_seconds += time.time() - max(began, self.work_started or began)
             except Suspend as suspend:
                 self._abandon()
                 self.changed = self.step_start_changed
@@ -479,6 +570,8 @@ class Execution:
             except CacheKeyError:
                 raise  # a key that cannot be made: the caller's error, not the step's
             except Exception as exc:
+                if self.metrics is not None:
+                    self.metrics.errors.inc()
                 self._abandon()
                 retry = spec.options.retry or wf.retry
                 self.attempts[spec.name] = attempt
@@ -499,6 +592,8 @@ class Execution:
                 self.deltas = self.step_start_deltas
                 return (yield from self._fail(error, step=spec.name))
 
+            if self.metrics is not None:
+                self.metrics.ok.inc()
             updates = wf.adapter.changes(view, self.fields)
             route: str | None
             output_kind: list[Any]
@@ -558,10 +653,25 @@ class Execution:
             if due:
                 yield from self.checkpoint(RunStatus.RUNNING)
 
+    def _trace_wait(self, spec: StepSpec, *, inputs: list[str] | None = None,
+                    wake_at: float | None = None, children: list[str] | None = None) -> None:
+        """A ``pitstop.wait`` span (no duration: the wait itself holds no process)."""
+        if self.run_span is None:
+            return
+        attributes: dict[str, Any] = {"pitstop.run.id": self.run_id,
+                                      "pitstop.step.name": spec.name}
+        if inputs:
+            attributes["pitstop.wait.inputs"] = list(inputs)
+        if children:
+            attributes["pitstop.wait.children"] = list(children)
+        if wake_at is not None:
+            attributes["pitstop.wait.wake_at"] = wake_at
+        tracing.event_span(self.tracer, self.run_span.context, "pitstop.wait", attributes)
     # -- steps served from the cache (see pitstop.runtime.cache) --------------------------------
 
     def _cached_step(
-        self, spec: StepSpec, view: Any, ctx: StepContext, inputs: Mapping[str, Any]
+        self, spec: StepSpec, invoke: Callable[..., Any], view: Any, ctx: StepContext,
+        inputs: Mapping[str, Any],
     ) -> Generator[Op, Any, Any]:
         """The step's output from the cache, or from running it under a claim (kept in
         ``self.claim`` for :meth:`_store_step_result`, or :meth:`_abandon` if the step
@@ -589,11 +699,11 @@ class Execution:
             delay = waiting.next_delay()
             if delay is None:  # waited long enough: compute it here, unclaimed
                 self.claim = StepClaim(key, spec.name, None, None, policy.seconds)
-                return (yield _Call(spec.invoke, view, ctx, inputs))
+                return (yield _Call(invoke, view, ctx, inputs))
             yield _Sleep(delay)
         self.claim = StepClaim(key, spec.name, owner,
                                Renewal(self.store, key, owner, policy.lease), policy.seconds)
-        return (yield _Call(spec.invoke, view, ctx, inputs))
+        return (yield _Call(invoke, view, ctx, inputs))
 
     def _abandon(self) -> None:
         """The claimed step failed (or parked): nothing is cached, others may claim it."""
@@ -648,6 +758,7 @@ class Execution:
         already = (
             start_status is RunStatus.WAITING and not self.steps_since and not self.changed
         )
+        self._trace_wait(spec, inputs=missing, wake_at=deadline)
         if not already:
             yield from self.checkpoint(
                 RunStatus.WAITING,
@@ -676,6 +787,7 @@ class Execution:
         self.fields = self.step_start_fields
         self.deltas = self.step_start_deltas
         self.next = spec.name
+        self._trace_wait(spec, wake_at=wake_at)
         yield from self.checkpoint(RunStatus.WAITING, sync=True, wake_at=wake_at)
         return self.result(RunStatus.WAITING, wake_at=utc(wake_at), step=spec.name)
 
@@ -687,6 +799,7 @@ class Execution:
         self.fields = self.step_start_fields
         self.deltas = self.step_start_deltas
         self.next = spec.name
+        self._trace_wait(spec, children=names)
         yield from self.checkpoint(RunStatus.WAITING, sync=True, waiting_for=names)
         return self.result(RunStatus.WAITING, waiting_for=tuple(names), step=spec.name)
 

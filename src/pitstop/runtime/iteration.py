@@ -17,13 +17,16 @@ from __future__ import annotations
 import io
 import itertools
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
 Position = dict[str, Any]
-"""``{"index": items done, "offset": source offset or None}``, as stored (JSON-friendly)."""
+"""``{"index": items done, "offset": source offset or None, "total": items in all or None,
+"at": when recorded, "since": [index, time] this process started at}``, as stored
+(JSON-friendly). ``total``, ``at`` and ``since`` are what progress displays read
+(:func:`pitstop.observe.progress`); resuming reads ``index`` and ``offset`` alone."""
 
 
 def _positioned(source: object) -> bool:
@@ -49,6 +52,7 @@ class Resumable(Generic[T]):
         record: Callable[[Position], None],
         done: Callable[[Position], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        total: int | None = None,
     ) -> None:
         if every is not None and every < 1:
             raise ValueError("every must be >= 1")
@@ -67,6 +71,11 @@ class Resumable(Generic[T]):
         """Where this iteration started: the items a previous process already did."""
         self._offset: int | None = start.get("offset")
         self._started = False
+        if total is None and isinstance(source, Sized) and not _positioned(source):
+            total = len(source)
+        self.total = total
+        """How many items the iteration has in all, if known (``total=`` or ``len()``)."""
+        self._since = [self.position, time.time()]
         self.state: Any = None
         """The caller's running value recorded with each position (``ctx.iterate``)."""
 
@@ -74,7 +83,8 @@ class Resumable(Generic[T]):
         """The current position, as it would be recorded now."""
         source: Any = self._source
         offset = source.tell() if _positioned(source) else None
-        return {"index": self.position, "offset": offset}
+        return {"index": self.position, "offset": offset, "total": self.total,
+                "at": time.time(), "since": self._since}
 
     def _open(self) -> Iterator[Any]:
         source: Any = self._source
@@ -102,6 +112,7 @@ class Resumable(Generic[T]):
     def _run(self) -> Iterator[T]:
         clock, every, seconds, due = self._clock, self._every, self._seconds, self._due
         index = self.position
+        self._since = [index, time.time()]
         next_at = index + every if every else None
         deadline = clock() + seconds if seconds else None
         for item in self._open():

@@ -98,6 +98,8 @@ class Checkpointer:
     Space freed by a prune goes back to the file system on a SQLite store.
     ``durability`` overrides the store's (``"full"``: each checkpoint fsynced before it
     counts as written).
+    ``size_warning`` (bytes; default: the store's): the first checkpoint whose state reaches
+    it is logged with its largest fields, counted in metrics and marked on the run.
     """
 
     def __init__(
@@ -113,6 +115,7 @@ class Checkpointer:
         metadata: Mapping[str, Any] | None = None,
         lease_ttl: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        size_warning: int | None = None,
     ) -> None:
         self._owns_store = isinstance(store, str)
         self.store: Store = open_store(store) if isinstance(store, str) else store
@@ -122,6 +125,9 @@ class Checkpointer:
         self.async_save = async_save
         self.durability = durability
         self.retention = retention
+        self.size_warning = size_warning or self.store.size_warning
+        self._size_warned = False
+        self._workflow = workflow
         self._clock = clock
         try:
             run = self.store.create_run(run_id, workflow=workflow, metadata=metadata,
@@ -145,6 +151,7 @@ class Checkpointer:
         self._worker: threading.Thread | None = None
         self._error: BaseException | None = None
         self._closed = False
+        self._since = time.time()  # the timeline: when the work of the next save began
 
     # -- restore ---------------------------------------------------------------------------------
 
@@ -206,7 +213,10 @@ class Checkpointer:
                 f"values, not {type(value).__name__}"
             )
         self._state = state
-        metadata: dict[str, Any] = {"source": "loop", "iteration": self._iteration}
+        now = time.time()
+        metadata: dict[str, Any] = {"source": "loop", "iteration": self._iteration,
+                                    "started_at": self._since, "duration": now - self._since}
+        self._since = now
         if tags:
             metadata["tags"] = tags
         if self._positions:
@@ -233,6 +243,13 @@ class Checkpointer:
             durability=self.durability,
         )
         self.checkpoint_id = ckpt.id
+        if self.size_warning is not None and not self._size_warned \
+                and ckpt.size >= self.size_warning:
+            from ..observe.usage import flag_size
+
+            self._size_warned = True
+            flag_size(self.store, ckpt, self.size_warning, workflow=self._workflow,
+                      lease=self._lease)
         if self.retention is not None:
             self.store.prune(self.retention, run_id=self.run_id)
 
@@ -277,6 +294,7 @@ class Checkpointer:
         seconds: float | None = None,
         state: State | Callable[[], State] | None = None,
         name: str = "items",
+        total: int | None = None,
     ) -> Resumable[T]:
         """Yield the items of ``iterable``, checkpointing the position with ``state`` every
         ``every`` items or ``seconds`` seconds (neither: whenever the policy says so); after
@@ -286,7 +304,8 @@ class Checkpointer:
         the state last restored or saved by this checkpointer. A checkpoint is taken between
         items, so it holds the state after the last finished item. Iterations are told apart
         by ``name``; an iteration that runs to its end drops its position (the next one with
-        that name starts at the beginning, e.g. the next epoch).
+        that name starts at the beginning, e.g. the next epoch). ``total`` (default: the
+        iterable's ``len()`` if it has one) is what progress displays count towards.
         """
         if self._resume is None:  # positions of the checkpoint resumed from, each used once
             self._resume = dict((self._head_meta or {}).get("iterate", {}))
@@ -307,9 +326,9 @@ class Checkpointer:
 
         iteration: Resumable[T] = Resumable(
             iterable, start=start, every=every, seconds=seconds, due=due, record=record,
-            done=done, clock=self._clock,
+            done=done, clock=self._clock, total=total,
         )
-        self._positions[name] = start or {"index": 0, "offset": None}
+        self._positions[name] = start or iteration.snapshot()
         return iteration
 
     # -- lifecycle -------------------------------------------------------------------------------

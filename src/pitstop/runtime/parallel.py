@@ -175,6 +175,10 @@ class MapPlan:
         todo = iter(self.load())
         pending: dict[Future[Any], int] = {}
         fn = self.fn
+        if self.ctx._execution.tracer is not None:
+            from ..observe import tracing
+
+            fn = tracing.map_item(fn, self.name, self.ctx.run_id)
         clock = time.perf_counter
         # Mean seconds an item takes (moving average), measured in the worker threads.
         seconds = [math.inf]

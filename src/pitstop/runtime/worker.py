@@ -42,6 +42,7 @@ from ..errors import (
 )
 from ..logfmt import kv
 from ..model import RunStatus
+from ..observe import metrics
 from ..owners import owner_alive, owner_id
 from ..store import Lease, Store
 from .children import CHILD_GRACE, serving
@@ -218,6 +219,9 @@ class Worker:
                                                takeover=run.owner)
                 except RunBusyError:
                     continue  # another worker on this host was quicker
+                counting = metrics.current()
+                if counting is not None:
+                    counting.takeovers.labels(name).inc()
                 log.warning(kv(event="takeover", run=run.id, workflow=name,
                                previous_owner=run.owner, reason="owner process is gone"),
                             extra={"run_id": run.id, "workflow": name})

@@ -22,6 +22,7 @@ from ..errors import (
 )
 from ..ids import new_id
 from ..model import Checkpoint, Run, RunStatus
+from ..observe import tracing
 from ..serde import (
     codec,  # noqa: F401  # see below
     default_registry,
@@ -81,6 +82,10 @@ class Workflow:
     ``state`` is the state type (dict by default; a TypedDict, dataclass or pydantic model);
     its classes are registered for safe serialisation. ``version`` is the schema version of
     the state, with ``@wf.migration`` functions upgrading older checkpoints on load.
+    ``size_warning`` (bytes; default: the store's ``size_warning``, else none): a checkpoint
+    whose state reaches it is logged with its largest fields, counted in metrics and marked
+    on the run (``run.metadata["size_warning"]``, shown by the inspector), once per run
+    execution.
     """
 
     def __init__(
@@ -96,7 +101,10 @@ class Workflow:
         lease_ttl: float = 30.0,
         max_steps: int = 100_000,
         change_detection: str = "updates",
+        size_warning: int | None = None,
     ) -> None:
+        if size_warning is not None and size_warning < 1:
+            raise ValueError("size_warning must be a number of bytes >= 1")
         if durability not in ("full", "normal", "background"):
             raise ValueError("durability must be 'full', 'normal' or 'background'")
         if change_detection not in ("updates", "content"):
@@ -114,6 +122,7 @@ class Workflow:
         self.lease_ttl = lease_ttl
         self.max_steps = max_steps
         self.change_detection = change_detection
+        self.size_warning = size_warning
         self.steps: dict[str, StepSpec] = {}
         self._order: list[str] = []
         self._migrations: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
@@ -478,7 +487,13 @@ class Workflow:
             else:
                 # The run as of now that the lease is held (one read with its head): read
                 # before the lease, it may have been cancelled since, and must not go on.
-                owned, found = store.latest_with_run(run_id)
+                with tracing.span("pitstop.checkpoint.restore", {
+                        "pitstop.run.id": run_id, "db.system.name": tracing.db_system(store),
+                        "db.operation.name": "restore"}) as span:
+                    owned, found = store.latest_with_run(run_id)
+                    if span is not None and found is not None:
+                        span.set_attribute("pitstop.checkpoint.id", found.id)
+                        span.set_attribute("pitstop.checkpoint.bytes", found.size)
                 run = self._own(owned)
                 if found is None:
                     raise RunNotStartedError(run_id)
@@ -494,6 +509,8 @@ class Workflow:
             raise
         execution = self._execution(store, run_id, lease, ckpt, policy)
         execution.parent_run = run.parent_run
+        if execution.tracer is not None:
+            execution.trace_links = tracing.links_of(run.metadata)
         if status is RunStatus.FAILED:
             # A manual resume retries the failed step with a fresh set of retries; the
             # attempt counter goes on, so the next error says "attempt 2".
@@ -690,7 +707,12 @@ class Workflow:
 
         Enqueuing ``run_id`` again with the same input returns that run (whatever became of
         it); other input or another workflow raises :class:`~pitstop.RunExistsError`.
+        With tracing on, the current trace context is kept with the run: the worker's span
+        of it links to the enqueuing trace.
         """
+        traceparent = tracing.current_traceparent()
+        if traceparent is not None:
+            metadata = {**(metadata or {}), tracing.TRACE_KEY: {"enqueued": traceparent}}
         try:
             run_id, _, _ = self._new_run(
                 store, input, run_id, RunStatus.QUEUED, metadata, priority, owner=None
@@ -793,9 +815,19 @@ def send(store: Store, run_id: str, name: str, payload: Any) -> Input:
     """Deliver input ``name`` to a waiting run, durably. The next resume continues with it.
 
     Raises :class:`~pitstop.InputError` (storing nothing) if the run has finished or does not
-    wait for ``name``.
+    wait for ``name``. With tracing on, the current trace context is kept with the run (its
+    metadata), and the resumed run's span links to it.
     """
-    return store.send(run_id, name, payload)
+    delivered = store.send(run_id, name, payload)
+    traceparent = tracing.current_traceparent()
+    if traceparent is not None:
+        traced = store.get_run(run_id).metadata.get(tracing.TRACE_KEY) or {}
+        inputs = {**(traced.get("inputs") or {}), name: traceparent}
+        try:
+            store.update_run(run_id, metadata={tracing.TRACE_KEY: {**traced, "inputs": inputs}})
+        except PitstopError as exc:  # a worker took the run at once: the link is lost, no more
+            log.debug("send to run %r: trace context not kept: %s", run_id, exc)
+    return delivered
 
 
 __all__ = ["InputError", "StepSpec", "Workflow", "send"]

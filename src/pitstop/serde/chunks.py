@@ -151,11 +151,16 @@ def _pack_entries(entries: Sequence[Entry]) -> bytes:
 
 
 def unpack_entries(data: bytes) -> list[Entry]:
+    """A node chunk's entries; ``ValueError`` if the bytes are not a list of entries."""
     out = []
-    for key, items, size, flags in ormsgpack.unpackb(data):
-        if type(key) is not bytes or len(key) != KEY_SIZE:
-            raise ValueError("malformed manifest entry")
-        out.append(Entry(key, items, size, flags))
+    try:
+        for key, items, size, flags in ormsgpack.unpackb(data):
+            if type(key) is not bytes or len(key) != KEY_SIZE or not (
+                    type(items) is int and type(size) is int and type(flags) is int):
+                raise ValueError("malformed manifest entry")
+            out.append(Entry(key, items, size, flags))
+    except (TypeError, ormsgpack.MsgpackDecodeError):
+        raise ValueError("malformed manifest entry") from None
     return out
 
 
@@ -239,7 +244,15 @@ def decode_manifest(data: bytes) -> Manifest:
         raise ValueError(f"manifest version {version} (written by a newer pitstop?)")
     if kind not in KINDS:
         raise ValueError(f"unknown chunked value kind {kind!r}")
-    entries = [Entry(bytes(k), n, s, f) for k, n, s, f in root]
+    if type(items) is not int or items < 0 or type(root) is not list:
+        raise ValueError("malformed manifest (its item count or root is not one)")
+    try:
+        entries = [Entry(bytes(k), n, s, f) for k, n, s, f in root]
+    except (TypeError, ValueError):  # an entry that is not [key, items, size, flags]
+        raise ValueError("malformed manifest (a root entry is not one)") from None
+    if not all(type(e.items) is int and type(e.size) is int and type(e.flags) is int
+               for e in entries):
+        raise ValueError("malformed manifest (a root entry is not one)")
     return Manifest(kind, items, meta, entries)
 
 

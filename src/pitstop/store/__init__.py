@@ -36,7 +36,7 @@ from .contract.base import (
     StoreStats,
 )
 from .contract.options import parse_option
-from .contract.urls import redact
+from .contract.urls import check_text, redact
 
 if TYPE_CHECKING:
     from .backends.vacuum import Space, VacuumReport, free_bytes, free_space, vacuum
@@ -127,6 +127,7 @@ def open_store(url: str | None = None, **options: Any) -> Store:
     ``durability=``, ``compress_threshold=``...) are passed to the backend.
     """
     url = url or os.environ.get(ENV_VAR) or DEFAULT_URL
+    check_text(url)
     if "://" not in url:
         if url.startswith(("sqlite:", "memory:", "postgres")):
             raise UnsupportedStoreError(f"{url!r}: malformed store URL (missing '//')")

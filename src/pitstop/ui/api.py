@@ -8,11 +8,14 @@ input, completed), 422 for a malformed request or an edit that does not fit the 
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
 from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from ..model import Checkpoint, RunStatus
@@ -272,6 +275,21 @@ class Resumed(BaseModel):
     message: str
 
 
+class EscapingJSONResponse(JSONResponse):
+    """JSON whose strings may hold a lone surrogate (a Python string can, UTF-8 cannot): it
+    is written as its JSON escape ``\\ud800``, which reads back as that very string."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=False, allow_nan=False, indent=None,
+                          separators=(",", ":")).encode("utf-8", "backslashreplace")
+
+
+def _state_answer(content: dict[str, Any]) -> Response:
+    """An answer holding state, written as is: pydantic refuses a string (or a dict key)
+    holding a lone surrogate, which a state Python saved may have (the answer was a 422)."""
+    return EscapingJSONResponse(jsonable_encoder(content))
+
+
 router = APIRouter(prefix="/api", tags=["api"])
 
 
@@ -320,6 +338,49 @@ class Forks(BaseModel):
     runs: list[Fork]
 
 
+class TimelineSpan(BaseModel):
+    kind: str = Field(description="step, retry, failed, wait, child, map or loop")
+    label: str
+    start: float = Field(description="epoch seconds")
+    end: float | None = Field(description="epoch seconds; null while it lasts")
+    seconds: float | None
+    checkpoint_id: str | None
+    detail: str
+
+
+class TimelineEvent(BaseModel):
+    at: float = Field(description="epoch seconds")
+    kind: str = Field(description="created, forked, claimed, input, effect, map, child, "
+                                  "retried, waiting, failed, completed, cancelled, edited")
+    detail: str
+    checkpoint_id: str | None
+
+
+class LoopProgress(BaseModel):
+    name: str
+    step: str | None
+    done: int
+    total: int | None
+    rate: float | None = Field(description="items a second")
+    at: float | None
+    text: str = Field(description='e.g. "32,000 / 300,000 (10.7%) · 1,250/s"')
+
+
+class Timeline(BaseModel):
+    spans: list[TimelineSpan]
+    events: list[TimelineEvent]
+    progress: list[LoopProgress]
+
+
+@router.get("/runs/{run_id}/timeline", response_model=Timeline, responses=_errors(404))
+def get_timeline(ui: Annotated[UI, Depends(ui_of)], run_id: Id) -> dict[str, Any]:
+    """The run's timeline (steps with durations, retries, waits, children, maps; its newest
+    checkpoints), its events and its loops' progress."""
+    found = views.run_timeline(ui.store, run_id)
+    return {"spans": found["spans"], "events": found["events"],
+            "progress": found["progress"]}
+
+
 @router.get("/runs/{run_id}/forks", response_model=Forks, responses=_errors(404))
 def get_forks(ui: Annotated[UI, Depends(ui_of)], run_id: Id) -> dict[str, Any]:
     """The runs forked from this one (reads every run's metadata: asked for on demand)."""
@@ -347,7 +408,7 @@ def get_checkpoint(
     checkpoint_id: Id,
     path: Annotated[str | None, Query(max_length=2000,
                                       description="Only this field: messages[3].content")] = None,
-) -> dict[str, Any]:
+) -> Response:
     """A checkpoint: its state, metadata, the inputs it consumed, the effects recorded."""
     from ..display.state import PathNotFound, lookup
 
@@ -359,9 +420,9 @@ def get_checkpoint(
             value = lookup(detail["state"], path)
         except (PathNotFound, ValueError) as exc:
             raise ActionError(422, f"path: {exc}") from None
-        return {"checkpoint_id": ckpt.id, "path": path, "value": value}
+        return _state_answer({"checkpoint_id": ckpt.id, "path": path, "value": value})
     detail.pop("live_state")
-    return detail
+    return _state_answer(detail)
 
 
 @router.get("/checkpoints/{checkpoint_id}/diff", response_model=Diff,
@@ -370,7 +431,7 @@ def get_diff(
     ui: Annotated[UI, Depends(ui_of)],
     checkpoint_id: Id,
     against: Annotated[str | None, Query(max_length=512, description="Default: its parent")] = None,
-) -> dict[str, Any]:
+) -> Response:
     """Field-level changes from ``against`` (default: the parent) to this checkpoint."""
     new = _checkpoint(ui.store, checkpoint_id)
     other = against or new.parent_id
@@ -379,11 +440,11 @@ def get_diff(
     old = _checkpoint(ui.store, other)
     runs = {r: ui.store.get_run(r) for r in {old.run_id, new.run_id}}
     threads = tuple(langgraph_view.is_thread(runs[c.run_id].workflow) for c in (old, new))
-    return {
+    return _state_answer({
         "a": views.checkpoint_row(old, head_id=runs[old.run_id].head_id),
         "b": views.checkpoint_row(new, head_id=runs[new.run_id].head_id),
         "changes": views.diff(old, new, threads=(threads[0], threads[1])),
-    }
+    })
 
 
 @router.post("/runs/{run_id}/inputs", response_model=Sent, status_code=201,

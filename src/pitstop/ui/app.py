@@ -40,7 +40,15 @@ from . import api, pages
 from .actions import ActionError, Actions
 from .context import IDENTITY, UI
 from .live import Ticker
-from .security import COOKIE, CSRF_HEADER, Guard, Identity, cross_site, parse_tokens
+from .security import (
+    COOKIE,
+    CSRF_HEADER,
+    Guard,
+    Identity,
+    LoginThrottle,
+    cross_site,
+    parse_tokens,
+)
 
 if TYPE_CHECKING:
     from ..runtime import Workflow
@@ -51,6 +59,9 @@ HERE = Path(__file__).parent
 LOCAL = Identity("local", "local")
 _SAFE = frozenset({"GET", "HEAD", "OPTIONS"})
 _PUBLIC = ("/static/", "/login", "/logout", "/favicon.ico")
+DEFAULT_MAX_BODY = 1 << 20
+"""Bytes a request body may have unless told otherwise: an input's payload is JSON a person
+or a script sends, and the server read any size whole (200 MiB: 662 MiB of memory)."""
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; font-src 'self'; form-action 'self'; frame-ancestors 'none'; "
@@ -72,6 +83,8 @@ def create_app(
     read_only: bool = False,
     workflows: Iterable[Workflow] = (),
     poll_interval: float = 1.0,
+    max_body: int = DEFAULT_MAX_BODY,
+    throttle: LoginThrottle | None = None,
 ) -> FastAPI:
     """The inspector for ``store`` as an ASGI app (FastAPI), e.g. to mount in a service::
 
@@ -83,13 +96,19 @@ def create_app(
     ``workflows`` lets the inspector resume runs of those workflows itself after an input or
     a fork; without, it says that a worker must pick them up. ``poll_interval`` is how often
     live pages look for changes (PostgreSQL stores also wake them by LISTEN/NOTIFY).
+    ``max_body``: bytes a request body may have (an input's payload, a fork's edits); a
+    larger one is answered 413 before it is read. ``throttle``: how failed logins are
+    slowed down (:class:`~pitstop.ui.security.LoginThrottle`: after 5 failures from one
+    address, 429 with ``Retry-After`` for 1 s, doubling per failure up to 5 minutes).
 
     The app reads the store through its public API and never holds a run's lease, except
     while it executes a run of one of ``workflows``.
     """
-    guard = Guard(parse_tokens(token))
+    if isinstance(max_body, bool) or not isinstance(max_body, int) or max_body < 1:
+        raise ValueError(f"max_body must be a whole number of bytes >= 1, not {max_body!r}")
+    guard = Guard(parse_tokens(token), throttle)
     ui = UI(store=store, guard=guard, actions=Actions(store, workflows), read_only=read_only,
-            ticker=Ticker(store, poll_interval))
+            ticker=Ticker(store, poll_interval), max_body=max_body)
     interval = min(poll_interval, 1.0)
 
     @contextlib.asynccontextmanager
@@ -230,16 +249,36 @@ class Gate:
                    for k, v in scope.get("headers", ())}
         path = _relative(scope)
         guard = self.ui.guard
+        method = scope.get("method", "GET")
         identity: Identity | None = LOCAL
         if guard.required:
-            identity = guard.bearer(headers.get("authorization")) or guard.cookie(
+            client = scope["client"][0] if scope.get("client") else "unknown"
+            offered = headers.get("authorization")
+            if offered or (method == "POST" and path == "/login"):
+                wait = guard.throttle.retry_after(client)
+                if wait is not None:
+                    await self._refuse(
+                        scope, receive, send, 429,
+                        f"too many failed logins from {client}; try again in {wait} s",
+                        started, {"retry-after": str(wait)})
+                    return
+            identity = guard.bearer(offered) or guard.cookie(
                 _cookie(headers.get("cookie", ""), COOKIE))
+            if offered and identity is None:
+                guard.throttle.failed(client)
         public = path.startswith(_PUBLIC)
         refusal: tuple[int, str] | None = None
         if identity is None and not public:
             refusal = (401, "a valid token is needed (Authorization: Bearer TOKEN, or log in)")
-        elif scope.get("method", "GET") not in _SAFE:
+        elif method not in _SAFE:
             refusal = self._cross_site(headers, identity, public)
+        if refusal is None and method not in _SAFE:
+            bounded = await self._bounded_body(headers, receive)
+            if bounded is None:
+                refusal = (413, f"the request body is larger than {self.ui.max_body:,} bytes, "
+                                "the inspector's limit (pitstop ui --max-body)")
+            else:
+                receive = bounded
         if refusal is not None:
             await self._refuse(scope, receive, send, *refusal, started)
             return
@@ -257,6 +296,31 @@ class Gate:
 
         await self.app(scope, receive, send_with_headers)
 
+    async def _bounded_body(self, headers: Mapping[str, str], receive: Receive
+                            ) -> Receive | None:
+        """The request's body read whole (it is at most ``max_body`` bytes), replayed to the
+        app; None if it is larger: refused on its declared length before a byte is read, or
+        once what arrives (a chunked body declares none) passes the limit."""
+        limit = self.ui.max_body
+        declared = headers.get("content-length", "").strip()
+        if declared.isdigit() and int(declared) > limit:
+            return None
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away: the app sees it
+                return _replay([message], receive)
+            body: bytes = message.get("body", b"")
+            size += len(body)
+            if size > limit:
+                return None
+            parts.append(body)
+            if not message.get("more_body", False):
+                break
+        whole: Message = {"type": "http.request", "body": b"".join(parts), "more_body": False}
+        return _replay([whole], receive)
+
     def _cross_site(self, headers: Mapping[str, str], identity: Identity | None,
                     public: bool) -> tuple[int, str] | None:
         if cross_site(headers, headers.get("host")):
@@ -271,13 +335,19 @@ class Gate:
         return 403, "missing or wrong CSRF token (send the X-Pitstop-CSRF header)"
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, status: int,
-                      message: str, started: float) -> None:
+                      message: str, started: float,
+                      headers: Mapping[str, str] | None = None) -> None:
         request = Request(scope, receive)
         response: Response
         if status == 401 and not _wants_json(request):
             response = pages.login_page(request, status=401)
-        elif _wants_json(request) or status != 401:
+        elif status == 429 and _relative(scope) == "/login":
+            response = pages.login_page(request, status=429, error=message[:1].upper()
+                                        + message[1:] + ".", target="/")
+        else:
             response = problem(status, message)
+        for name, text in (headers or {}).items():
+            response.headers[name] = text
         if status == 401:
             response.headers["www-authenticate"] = 'Bearer realm="pitstop"'
         for key, value in SECURITY_HEADERS:
@@ -288,6 +358,18 @@ class Gate:
         await response(scope, receive, send)
 
 
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    """A ``receive`` that gives ``messages`` first, then whatever ``receive`` gives."""
+    pending = list(messages)
+
+    async def replay() -> Message:
+        if pending:
+            return pending.pop(0)
+        return await receive()
+
+    return replay
+
+
 def _cookie(header: str, name: str) -> str | None:
     for part in header.split(";"):
         key, _, value = part.strip().partition("=")
@@ -296,4 +378,4 @@ def _cookie(header: str, name: str) -> str | None:
     return None
 
 
-__all__ = ["create_app"]
+__all__ = ["DEFAULT_MAX_BODY", "create_app"]

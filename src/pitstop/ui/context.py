@@ -22,6 +22,8 @@ class UI:
     actions: Actions
     read_only: bool
     ticker: Ticker
+    max_body: int = 1 << 20
+    """Bytes a request body may have (413 above): an input's payload, a fork's edits."""
 
     def writable(self) -> None:
         if self.read_only:
@@ -33,9 +35,14 @@ def ui_of(request: Request) -> UI:
     return found
 
 
+def client_of(request: Request) -> str:
+    """The client's address, what failed logins are counted by."""
+    return request.client.host if request.client is not None else "unknown"
+
+
 def who(request: Request) -> Identity:
     identity: Identity = request.scope[IDENTITY]
     return identity
 
 
-__all__ = ["IDENTITY", "UI", "ui_of", "who"]
+__all__ = ["IDENTITY", "UI", "client_of", "ui_of", "who"]

@@ -18,11 +18,11 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 
 from ..display.state import compact
-from ..display.text import age, human_bytes
+from ..display.text import age, duration, human_bytes
 from ..errors import PitstopError
 from ..model import RunStatus
 from . import langgraph_view, live, values, views
-from .context import IDENTITY, UI, ui_of
+from .context import IDENTITY, UI, client_of, ui_of
 from .graph import LANE, ROW
 from .security import COOKIE, Identity
 
@@ -63,6 +63,8 @@ def templates() -> Jinja2Templates:
         pretty=lambda v: json.dumps(v, indent=2, ensure_ascii=False, default=str),
         first_line=lambda v: str(v or "").strip().splitlines()[0] if str(v or "").strip()
         else "",
+        seconds=duration,
+        epoch=lambda v: _when(datetime.fromtimestamp(float(v), UTC)),
     )
     env.globals.update(LANE=LANE, ROW=ROW, statuses=views.STATUSES)
     return found
@@ -97,7 +99,13 @@ def render(request: Request, name: str, context: dict[str, Any], status: int = 2
         **context,
     }
     engine: Jinja2Templates = request.app.state.pitstop_templates
-    response = engine.TemplateResponse(request, name, page, status_code=status)
+    try:
+        response = engine.TemplateResponse(request, name, page, status_code=status)
+    except UnicodeEncodeError:
+        # A lone surrogate in a state string (Python holds one, UTF-8 cannot): shown as its
+        # escape, ``\\ud800``, rather than the page refused.
+        html = engine.get_template(name).render(page)
+        return HTMLResponse(html.encode("utf-8", "backslashreplace"), status_code=status)
     assert isinstance(response, HTMLResponse)
     return response
 
@@ -198,11 +206,12 @@ def run_page(
         "tree_width": max((g.pixels for g in tree["graph"]), default=LANE),
         "can_resume": run.workflow in ui.actions.workflows,
         "inbox_count": _inbox_count(ui),
+        "timeline": views.run_timeline(store, run_id),
     }
     selected = checkpoint or run.head_id
     context["selected"] = selected
     part = request.query_params.get("fragment")
-    if part in ("head", "tree"):
+    if part in ("head", "tree", "timeline"):
         return render(request, f"_run_{part}.html", context)
     if selected is not None:
         context.update(_checkpoint_panel(ui, run_id, selected, against))
@@ -246,9 +255,13 @@ async def events(request: Request, ui: Annotated[UI, Depends(ui_of)]) -> Streami
         run_id = request.query_params.get("run", "")
 
         def fingerprint() -> str:
+            from ..observe import progress
+
             run = store.get_run(run_id)
+            # A loop's position moves without a checkpoint (ctx.iterate records it aside).
+            loops = [(loop.name, loop.done) for loop in progress(store, run_id)]
             return live.digest(run.status, run.head_id, run.updated_at, run.owner,
-                               run_id in ui.actions.resuming)
+                               run_id in ui.actions.resuming, loops)
     elif view == "inbox":
         def fingerprint() -> str:
             count, waiting = views.oldest_waiting(store, views.PAGE)
@@ -268,6 +281,25 @@ async def events(request: Request, ui: Annotated[UI, Depends(ui_of)]) -> Streami
     return StreamingResponse(live.stream(ui.ticker, fingerprint),
                              media_type="text/event-stream",
                              headers={"cache-control": "no-store", "x-accel-buffering": "no"})
+
+
+# -- metrics ---------------------------------------------------------------------------------------
+
+
+@router.get("/metrics", include_in_schema=False)
+def metrics_page(ui: Annotated[UI, Depends(ui_of)]) -> Response:
+    """Prometheus metrics (pitstop.observe.metrics): the store's runs, queue and waits, and
+    what runs this process executed did. Behind the same tokens as every page (Prometheus
+    sends one as a bearer token)."""
+    from ..observe import metrics
+
+    try:
+        metrics.enable(ui.store)
+        body, content_type = metrics.exposition()
+    except ImportError:
+        return Response("metrics need prometheus-client: pip install 'pitstop[metrics]'\n",
+                        status_code=404, media_type="text/plain")
+    return Response(body, media_type=content_type)
 
 
 # -- login -----------------------------------------------------------------------------------------
@@ -297,8 +329,10 @@ def login(
         return RedirectResponse(_local_target(next, base), status_code=303)
     identity = ui.guard.login(token)
     if identity is None:
+        ui.guard.throttle.failed(client_of(request))
         return login_page(request, status=401, error="That token is not valid.",
                           target=_local_target(next, base))
+    ui.guard.throttle.succeeded(client_of(request))
     response = RedirectResponse(_local_target(next, base), status_code=303)
     response.set_cookie(COOKIE, ui.guard.cookie_value(identity), httponly=True,
                         samesite="strict", secure=request.url.scheme == "https",

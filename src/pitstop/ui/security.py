@@ -17,8 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import os
 import re
+import threading
+import time
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -75,8 +79,10 @@ def parse_tokens(specs: str | Iterable[str] | Mapping[str, str] | None) -> dict[
 class Guard:
     """Checks credentials and CSRF tokens for one app."""
 
-    def __init__(self, tokens: Mapping[str, str]) -> None:
+    def __init__(self, tokens: Mapping[str, str],
+                 throttle: LoginThrottle | None = None) -> None:
         self.tokens = dict(tokens)
+        self.throttle = throttle or LoginThrottle()
         # Per process: CSRF tokens of a previous run of the server stop working, cookies not.
         self._csrf_key = os.urandom(32)
 
@@ -122,6 +128,58 @@ class Guard:
         return bool(offered) and hmac.compare_digest(
             (offered or "").encode(), self.csrf(identity).encode()
         )
+
+
+class LoginThrottle:
+    """Failed logins (a wrong token in the login form or a bearer header) counted per client
+    address: after ``free`` of them, the client is refused (429, ``Retry-After``) for
+    ``first_lock`` seconds, doubling with each failure after, up to ``max_lock``. A
+    successful login clears the count; so does ``forget`` seconds without a failure.
+
+    A token of 8 characters or more cannot be guessed at the ~200 tries a second the server
+    answered unthrottled, but a short or reused one could: this makes each guess after the
+    first few cost seconds. Behind a proxy every client has the proxy's address, so a
+    guesser there locks everyone out for a while (the price of not trusting a forwarded
+    header the client sets).
+    """
+
+    def __init__(self, *, free: int = 5, first_lock: float = 1.0, max_lock: float = 300.0,
+                 forget: float = 900.0, clients: int = 10_000) -> None:
+        self.free = free
+        self.first_lock = first_lock
+        self.max_lock = max_lock
+        self.forget = forget
+        self.clients = clients
+        """Clients remembered at most (the oldest forgotten first): bounded memory."""
+        self._failures: OrderedDict[str, tuple[int, float, float]] = OrderedDict()
+        self._lock = threading.Lock()  # pages run in a thread pool
+
+    def retry_after(self, client: str) -> int | None:
+        """Whole seconds until ``client`` may try again, or None: it may now."""
+        with self._lock:
+            found = self._failures.get(client)
+        if found is None:
+            return None
+        _, _, until = found
+        left = until - time.monotonic()
+        return math.ceil(left) if left > 0 else None
+
+    def failed(self, client: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            count, last, until = self._failures.pop(client, (0, now, 0.0))
+            if now - last > self.forget:
+                count = 0
+            count += 1
+            if count > self.free:
+                until = now + min(self.max_lock, self.first_lock * 2 ** (count - self.free - 1))
+            self._failures[client] = (count, now, until)
+            while len(self._failures) > self.clients:
+                self._failures.popitem(last=False)
+
+    def succeeded(self, client: str) -> None:
+        with self._lock:
+            self._failures.pop(client, None)
 
 
 def cross_site(headers: Mapping[str, str], host: str | None) -> bool:

@@ -47,6 +47,7 @@ def serve(
     read_only: bool = False,
     workflows: Sequence[Workflow] = (),
     announce: Literal["text", "json", "none"] = "text",
+    max_body: int = 1 << 20,
 ) -> None:
     """Serve the inspector until interrupted (Ctrl-C / SIGTERM)."""
     import uvicorn
@@ -57,7 +58,8 @@ def serve(
 
     tokens = parse_tokens(token)
     check_exposure(host, tokens)
-    app = create_app(store, token=tokens, read_only=read_only, workflows=workflows)
+    app = create_app(store, token=tokens, read_only=read_only, workflows=workflows,
+                     max_body=max_body)
     served = app
     if not tokens:
         allowed = [*LOOPBACK_NAMES, host]

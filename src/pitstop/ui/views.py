@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -402,6 +403,36 @@ def run_detail(store: Store, run_id: str) -> dict[str, Any]:
     row["actions"] = list(actions)[-10:] if isinstance(actions, list) else []
     row["parent"], row["children"] = family(store, run)
     return row
+
+
+TIMELINE_CHECKPOINTS = 200
+"""The newest checkpoints the run page's timeline covers (a long run: its recent past)."""
+
+
+def run_timeline(store: Store, run_id: str) -> dict[str, Any]:
+    """The run page's timeline: spans placed on a 0-1000 lane (an SVG's coordinates: the
+    page's CSP forbids inline styles), events, loop progress (see :mod:`pitstop.observe`)."""
+    from ..observe import events, progress, timeline
+
+    run = store.get_run(run_id)
+    spans = timeline(store, run_id, limit=TIMELINE_CHECKPOINTS, children=CHILDREN_SHOWN)
+    origin = run.created_at.timestamp()
+    now = time.time()
+    last = max([origin, *(span.end or now for span in spans)])
+    scale = (last - origin) or 1.0
+    rows = []
+    for span in spans:
+        row = span.to_json()
+        left = (span.start - origin) / scale * 1000
+        right = ((span.end or now) - origin) / scale * 1000
+        row["x"], row["width"] = round(left, 1), round(max(right - left, 2.0), 1)
+        row["offset"] = span.start - origin
+        row["open"] = span.end is None
+        rows.append(row)
+    happened = events(store, run_id, limit=TIMELINE_CHECKPOINTS)
+    return {"spans": rows, "events": [event.to_json() for event in happened],
+            "progress": [loop.to_json() for loop in progress(store, run_id)],
+            "total_seconds": last - origin}
 
 
 CHILDREN_SHOWN = 20

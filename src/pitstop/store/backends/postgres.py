@@ -79,7 +79,7 @@ from pitstop.store.backends.pgconn import GuardedConnection, flush_all
 from pitstop.store.contract.base import UNSET, Durability, PreparedSave, Unset
 from pitstop.store.contract.options import OPTIONS, parse_option
 from pitstop.store.contract.options import check as check_options
-from pitstop.store.contract.urls import redact
+from pitstop.store.contract.urls import check_text, redact
 from pitstop.store.encoding.blobs import BlobStore
 from pitstop.store.encoding.records import is_chunk_key
 from pitstop.store.engine.backend import Dialect, Tx
@@ -314,6 +314,15 @@ class PostgresStore(SqlStore, RunTransfer):
         self._stall_timeout: float | None = (
             self.statement_timeout + self.connect_timeout if self.statement_timeout > 0 else None
         )
+        # A write transaction left open by a client the server stopped hearing from (a
+        # partition after BEGIN and the run row's UPDATE) would keep that row locked for
+        # as long as the partition lasts, and other workers could not take the run over
+        # after its lease expired: the server ends it after the stall timeout, when this
+        # client has given up on it anyway. Only writes: a read may take its time.
+        self._idle_limit: str | None = (
+            f"SET LOCAL idle_in_transaction_session_timeout = {round(self._stall_timeout * 1000)}"
+            if self._stall_timeout is not None else None
+        )
         self._conninfo = conninfo
         params = _conninfo_params(conninfo, safe_url)
         password = params.get("password")
@@ -498,6 +507,8 @@ class PostgresStore(SqlStore, RunTransfer):
                 cur = _PipelinedCursor(conn, pipeline, self._stall_timeout)
                 # Reads see one snapshot across their statements; writes lock rows instead.
                 cur.execute("BEGIN" if write else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                if write and self._idle_limit is not None:
+                    cur.execute(self._idle_limit)
                 if write and durability is not None and durability != self.durability:
                     # This commit only; DEFAULT is the server's own setting (full).
                     cur.execute(
@@ -741,9 +752,16 @@ class PostgresStore(SqlStore, RunTransfer):
             pool = self._live_pool()
             conn = self._getconn(pool)
             try:
-                with conn.pipeline():
+                with conn.pipeline() as pipeline:
                     conn.execute("SET LOCAL enable_bitmapscan TO off")
                     cur = conn.execute(statement, params)
+                    # The Sync goes out with the statement, so the server commits the claim
+                    # without waiting for this client to read the answer. Without it, a
+                    # host that stopped hearing the server (a one-way partition) left the
+                    # claim's transaction open on the server, its runs locked and skipped
+                    # by every other worker's SKIP LOCKED for as long as the partition
+                    # lasted; committed, they are this owner's until the lease expires.
+                    pipeline.sync()
                     return cur.fetchall()
             except psycopg.Error as exc:
                 raise self._statement_error(pool, conn, exc) from exc
@@ -930,14 +948,19 @@ class PostgresStore(SqlStore, RunTransfer):
 
 def _split_url(url: str, safe_url: str) -> tuple[str, dict[str, Any]]:
     """The libpq conninfo (our options removed) and pitstop's options read from the URL."""
+    check_text(url)
     if "://" not in url:
         return url, {}  # a key=value conninfo string: options come as keywords only
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        query = parse_qsl(parts.query, keep_blank_values=True)
+    except ValueError as exc:  # a bracketed host that is no IP address, text not UTF-8
+        raise UnsupportedStoreError(f"{safe_url}: malformed URL ({exc})") from None
     if parts.scheme.lower() not in ("postgresql", "postgres"):
         raise UnsupportedStoreError(f"{safe_url}: not a postgresql:// URL")
     kept: list[tuple[str, str]] = []
     options: dict[str, Any] = {}
-    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+    for key, value in query:
         if key not in _URL_OPTIONS:
             kept.append((key, value))
             continue

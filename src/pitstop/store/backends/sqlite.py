@@ -27,6 +27,7 @@ guarantees do not change: a checkpoint only moves pages that are already committ
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import sqlite3
@@ -48,6 +49,11 @@ from ..transfer.runs import RunTransfer
 
 if TYPE_CHECKING:
     from ..encoding.sealed import Encryption
+
+_TEXT: Final = functools.partial(str, encoding="utf-8", errors="surrogateescape")
+"""How a TEXT value is read: bytes that are not UTF-8 (a BLOB whose record header was
+damaged into TEXT) come back escaped, so the load names the record or field at fault, where
+SQLite's own decoding failed the whole statement (a StoreError no fallback passed)."""
 
 
 class SQLiteDialect(Dialect):
@@ -298,6 +304,18 @@ class _Transaction:
 _DAMAGE = ("malformed", "no such column", "no such table", "no such index", "not a database")
 
 
+def _undecodable_sqlite_message(exc: BaseException | None) -> sqlite3.DatabaseError | None:
+    """The SQLite error Python's sqlite3 raised as a ``UnicodeDecodeError``: it does so when
+    SQLite's message is not UTF-8, as when a damaged schema names a table by bytes that are
+    not text (``malformed database schema (pi\\xff)``). None for any other exception."""
+    if not isinstance(exc, UnicodeDecodeError) or not isinstance(exc.object, bytes):
+        return None
+    text = exc.object.decode("utf-8", "backslashreplace")
+    if not any(sign in text.lower() for sign in _DAMAGE):
+        return None
+    return sqlite3.DatabaseError(text)
+
+
 def sqlite_error(url: str, path: str, exc: sqlite3.Error) -> Exception:
     """``exc`` as the one-line error to raise: what happened to which file and what to do.
 
@@ -433,7 +451,7 @@ class SQLiteStore(SqlStore, RunTransfer):
         except CorruptCheckpointError as exc:
             # Damage in the file's own schema: nothing can be read, not even by verify.
             self.close()
-            cause = exc.__cause__
+            cause = _undecodable_sqlite_message(exc.__cause__) or exc.__cause__
             if getattr(cause, "sqlite_errorcode", None) == sqlite3.SQLITE_NOTADB:
                 raise StoreError(
                     f"{self.url}: {self.path!r} is not a SQLite database ({cause}); check "
@@ -442,7 +460,7 @@ class SQLiteStore(SqlStore, RunTransfer):
                 ) from exc
             raise StoreError(
                 f"{self.url}: the SQLite file {self.path!r} is too damaged to open "
-                f"({exc.__cause__ or exc}); restore it from a backup, or try SQLite's "
+                f"({cause or exc}); restore it from a backup, or try SQLite's "
                 f"`sqlite3 {self.path} .recover`"
             ) from exc
 
@@ -457,6 +475,7 @@ class SQLiteStore(SqlStore, RunTransfer):
             conn = sqlite3.connect(
                 self.path, timeout=5.0, isolation_level=None, check_same_thread=False
             )
+            conn.text_factory = _TEXT
         except sqlite3.Error as exc:
             if os.path.isdir(self.path):
                 raise StoreError(f"{self.url}: {self.path!r} is a directory, not a SQLite "
@@ -483,9 +502,9 @@ class SQLiteStore(SqlStore, RunTransfer):
             conn.execute("PRAGMA cache_size=-16000")
             if self.path != ":memory:":
                 conn.execute(f"PRAGMA wal_autocheckpoint={_WAL_BOUND}")  # see _WalCheckpointer
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, UnicodeDecodeError) as exc:
             conn.close()
-            raise self._store_error(exc) from exc
+            raise self._store_error(exc) from (_undecodable_sqlite_message(exc) or exc)
         self._synchronous = self.durability
         return conn
 
@@ -515,6 +534,9 @@ class SQLiteStore(SqlStore, RunTransfer):
     def _store_error(self, exc: Exception) -> Exception:
         if isinstance(exc, sqlite3.Error):
             return sqlite_error(self.url, self.path, exc)
+        damage = _undecodable_sqlite_message(exc)
+        if damage is not None:
+            return sqlite_error(self.url, self.path, damage)
         return exc
 
     def _duplicate_checkpoint(self, exc: Exception) -> bool:

@@ -143,6 +143,13 @@ class PruneReport:
     runs: list[str] = field(default_factory=list)
     blobs: int = 0
     bytes_reclaimed: int = 0
+    """Bytes of checkpoint records and values (what ``stats().bytes`` counts)."""
+    effects: int = 0
+    """Effect records removed with their checkpoints or runs."""
+    effect_bytes: int = 0
+    inputs: int = 0
+    """Delivered inputs removed with their runs."""
+    input_bytes: int = 0
     cache_entries: int = 0
     """Expired cached results deleted (store-wide prunes only)."""
 
@@ -152,6 +159,10 @@ class PruneReport:
         self.runs.extend(other.runs)
         self.blobs += other.blobs
         self.bytes_reclaimed += other.bytes_reclaimed
+        self.effects += other.effects
+        self.effect_bytes += other.effect_bytes
+        self.inputs += other.inputs
+        self.input_bytes += other.input_bytes
         self.cache_entries += other.cache_entries
 
 
@@ -167,9 +178,28 @@ class StoreStats:
     """Size of the store on disk where that is one number (SQLite), else None."""
     estimated: frozenset[str] = frozenset()
     """Which of the numbers are estimates (only ever with ``stats(exact=False)``): field names
-    (``runs``, ``checkpoints``, ``blobs``, ``bytes``) and ``runs_by_status.STATUS``."""
+    (``runs``, ``checkpoints``, ``blobs``, ``bytes``, ``effects``, ``inputs``, ``value_refs``,
+    ``attached``) and ``runs_by_status.STATUS``."""
     cache_entries: int = 0
     """Results held in the cache across runs (``CachePolicy``, ``ctx.cached``)."""
+    effects: int = 0
+    """Effect records (``ctx.effect``, map items, loop positions, pending writes kept aside)."""
+    effect_bytes: int = 0
+    """Bytes of their recorded results (not in ``bytes``)."""
+    inputs: int = 0
+    """Delivered inputs, consumed or not."""
+    input_bytes: int = 0
+    """Bytes of their payloads (not in ``bytes``)."""
+    value_refs: int = 0
+    """Rows saying a run references a value another run stored (deduplication's cost)."""
+    attached_bytes: int = 0
+    """Bytes of records attached to checkpoints (an integration's pending writes; not in
+    ``bytes``)."""
+
+    @property
+    def all_bytes(self) -> int:
+        """Everything the store's records hold: ``bytes`` and effects, inputs, attachments."""
+        return self.bytes + self.effect_bytes + self.input_bytes + self.attached_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +254,11 @@ class Store(ABC):
     serializer: Serializer
 
     # -- checkpoints -------------------------------------------------------------------------
+
+    size_warning: int | None = None
+    """Bytes of state at which a workflow's checkpoint is flagged (logged, counted in metrics,
+    marked on the run) when its workflow sets no ``size_warning`` of its own. Set it on the
+    store object: ``store.size_warning = 50 * 2**20``."""
 
     @abstractmethod
     def save(

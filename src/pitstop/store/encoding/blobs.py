@@ -308,6 +308,16 @@ class DirectoryBlobStore(BlobStore):
             return self._path(key).read_bytes()
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
+        except OSError as exc:
+            raise self._unreadable(exc) from exc
+
+    def _unreadable(self, exc: OSError) -> StoreError:
+        """A file of the blob store that is there but cannot be read (permissions, an I/O
+        error): the store's problem, not the value's, so no fallback passes it."""
+        return StoreError(
+            f"{self.url}: cannot read {exc.filename or self._root_text} ({exc.strerror or exc}); "
+            "make the blob directory and its files readable by this process"
+        )
 
     def why_missing(self, key: bytes, slot: Slot | None = None) -> str:
         if slot is not None:
@@ -338,6 +348,8 @@ class DirectoryBlobStore(BlobStore):
             fd = os.open(self._name(key), os.O_RDONLY | _O_CLOEXEC)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
+        except OSError as exc:
+            raise self._unreadable(exc) from exc
         try:
             return _read_framed(fd, target)
         except IsADirectoryError:
@@ -352,6 +364,8 @@ class DirectoryBlobStore(BlobStore):
             fd = os.open(self._pack_name(slot.pack), os.O_RDONLY | _O_CLOEXEC)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return False
+        except OSError as exc:
+            raise self._unreadable(exc) from exc
         try:
             offset = slot.offset
             while views:

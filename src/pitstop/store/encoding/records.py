@@ -232,6 +232,9 @@ class CheckpointRecord:
     stays immutable."""
 
     def compute_checksum(self) -> str:
+        fields: Any = self.fields
+        if isinstance(fields, str):  # read back as TEXT: its bytes still tell if the rest held
+            fields = fields.encode("utf-8", "surrogateescape")
         packed = ormsgpack.packb(
             [
                 self.id,
@@ -241,18 +244,26 @@ class CheckpointRecord:
                 self.created_at,
                 self.schema_version,
                 self.metadata,
-                self.fields,
+                fields,
             ]
         )
         return hashlib.sha256(packed).hexdigest()[:32]
 
     def verify(self) -> None:
+        if isinstance(self.fields, str):
+            raise CorruptCheckpointError(
+                f"field map {TEXT_IN_BLOB}", checkpoint_id=self.id, run_id=self.run_id
+            )
         if self.checksum != self.compute_checksum():
             raise CorruptCheckpointError(
                 "record checksum mismatch", checkpoint_id=self.id, run_id=self.run_id
             )
 
     def field_map(self) -> FieldMap:
+        if isinstance(self.fields, str):
+            raise CorruptCheckpointError(
+                f"field map {TEXT_IN_BLOB}", checkpoint_id=self.id, run_id=self.run_id
+            )
         try:
             return decode_field_map(self.fields)
         except Exception as exc:
@@ -349,6 +360,23 @@ def encode_metadata(metadata: Mapping[str, Any] | None, run_id: str) -> str:
                     type_name=type(value).__name__,
                 ) from None
         raise SerializationError(f"metadata must be JSON ({exc})", run_id=run_id) from None
+
+
+class TextInBlobColumn(bytes):
+    """The bytes of a value SQLite read back with the storage class TEXT from a BLOB column:
+    what one flipped bit in a record header does (a row's serial type 2n+12 becomes 2n+13).
+    Kept as the bytes they were, so a load can name the field, and refused there as
+    corruption (``fallback=True`` passes the checkpoint, ``verify`` lists it)."""
+
+
+TEXT_IN_BLOB: Final = "stored as TEXT, not a BLOB (a damaged SQLite record header)"
+
+
+def blob_column(data: Any) -> bytes:
+    """A BLOB column's value as bytes; one read back as text is a :class:`TextInBlobColumn`."""
+    if isinstance(data, str):
+        return TextInBlobColumn(data.encode("utf-8", "surrogateescape"))
+    return bytes(data)
 
 
 Stored: TypeAlias = "bytes | Deferred"

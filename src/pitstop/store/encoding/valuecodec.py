@@ -28,12 +28,14 @@ from .records import (
     _CHUNK_COMPRESS_MIN,
     INLINE_MAX,
     RAW_KEEP_MAX,
+    TEXT_IN_BLOB,
     Alias,
     CheckpointRecord,
     FieldMap,
     FieldRef,
     NewBlob,
     Stored,
+    TextInBlobColumn,
     _manifest_roots,
     check_chunk_hash,
     field_path,
@@ -475,6 +477,8 @@ class ValueCodec:
 
         def raw_of(key: bytes) -> bytes | memoryview:
             data = _bytes_of(blobs.get(key))
+            if type(data) is TextInBlobColumn:
+                raise corrupt(f"chunk {key.hex()[2:18]} {TEXT_IN_BLOB}")
             if data is None:
                 if partial:  # perhaps a node not read (its layout was known then): read all
                     raise RowsReleased
@@ -492,7 +496,12 @@ class ValueCodec:
         leaves: list[chunking.Entry] = []
         known = self._layouts.get(manifest)
 
-        def walk(entries: Iterable[chunking.Entry]) -> None:
+        def walk(entries: Iterable[chunking.Entry], depth: int = 0) -> None:
+            # A tree groups ~4 entries per node: 40 levels is beyond any value; a deeper one
+            # was crafted (a chain of nodes, each of one entry) and would recurse past
+            # Python's limit.
+            if depth > _TREE_DEPTH:
+                raise corrupt(f"chunk tree deeper than {_TREE_DEPTH} levels (crafted?)")
             for entry in entries:
                 if entry.flags & chunking.NODE:
                     try:
@@ -500,7 +509,7 @@ class ValueCodec:
                     except ValueError as exc:
                         raise corrupt(f"unreadable chunk node ({exc})") from None
                     nodes[entry.key] = children
-                    walk(children)
+                    walk(children, depth + 1)
                 else:
                     leaves.append(entry)
 
@@ -801,6 +810,8 @@ class ValueCodec:
         if data is None:
             missing = expected_hash.hex()[:16] if expected_hash else "?"
             raise corrupt(f"value {missing} is missing from the store")
+        if type(data) is TextInBlobColumn:
+            raise corrupt(f"value {TEXT_IN_BLOB}")
         try:
             fmt, raw = unframe(bytes(data))
         except ValueError as exc:
@@ -960,6 +971,8 @@ class ValueCodec:
 
 
 _FIRST: Final = operator.itemgetter(0)
+_TREE_DEPTH: Final = 40
+"""Levels of nodes a chunked value's tree may have when read (see decode_chunked)."""
 
 
 def _chunk_filler(

@@ -18,7 +18,15 @@ from ...errors import CorruptCheckpointError, RunNotFoundError
 from ...model import RunStatus
 from ..contract.base import Problem, Problems, Progress, PruneReport, RetentionPolicy, StoreStats
 from ..encoding.attached import read_frames
-from ..encoding.records import CheckpointRecord, FieldRef, decode_field_map, is_chunk_key
+from ..encoding.records import (
+    TEXT_IN_BLOB,
+    CheckpointRecord,
+    FieldRef,
+    TextInBlobColumn,
+    blob_column,
+    decode_field_map,
+    is_chunk_key,
+)
 from .backend import CHUNK, Tx, placeholders
 from .rowcheck import run_problem
 from .schema import SELECT_CHECKPOINT, SELECT_RUN, RunRow
@@ -97,6 +105,12 @@ class Maintenance(StoredValues):
         report.checkpoints.extend(ids)
         report.blobs = len(freed)
         report.bytes_reclaimed = int(record_bytes) + freed_bytes
+        report.effects, report.effect_bytes = (int(n) for n in tx.one(
+            "SELECT COUNT(*), COALESCE(SUM(LENGTH(result)), 0) FROM pitstop_effects "
+            "WHERE run_id = ?", (run_id,)))
+        report.inputs, report.input_bytes = (int(n) for n in tx.one(
+            "SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM pitstop_inputs "
+            "WHERE run_id = ?", (run_id,)))
         if dry_run:
             return report
         self._lock_gc(tx)
@@ -176,6 +190,11 @@ class Maintenance(StoredValues):
         report.checkpoints.extend(ids)
         report.blobs = len(freed)
         report.bytes_reclaimed = record_bytes + freed_bytes
+        for count, size in tx.in_chunks(
+                "SELECT COUNT(*), COALESCE(SUM(LENGTH(result)), 0) FROM pitstop_effects "
+                "WHERE run_id = ? AND checkpoint_id IN ({in})", ids, run_id):
+            report.effects += int(count)
+            report.effect_bytes += int(size)
         if dry_run:
             return report
         self._lock_gc(tx)
@@ -352,6 +371,13 @@ class Maintenance(StoredValues):
                 tx, "pitstop_checkpoints", _RECORD_BYTES, "checkpoints", estimated)
             blobs, blob_bytes = self._bounded_totals(
                 tx, "pitstop_blobs", _VALUE_BYTES, "blobs", estimated)
+            effects = self._bounded_totals(
+                tx, "pitstop_effects", "LENGTH(result)", "effects", estimated)
+            inputs = self._bounded_totals(
+                tx, "pitstop_inputs", "LENGTH(payload)", "inputs", estimated)
+            refs = self._bounded_totals(tx, "pitstop_blob_refs", "0", "value_refs", estimated)
+            attached = self._bounded_totals(
+                tx, "pitstop_checkpoints", "COALESCE(LENGTH(writes), 0)", "attached", estimated)
             if estimated & {"checkpoints", "blobs"}:
                 estimated.add("bytes")
             if any(name.startswith("runs_by_status.") for name in estimated):
@@ -369,6 +395,13 @@ class Maintenance(StoredValues):
             blobs, blob_bytes = tx.one(
                 f"SELECT COUNT(*), COALESCE(SUM({_VALUE_BYTES}), 0) FROM pitstop_blobs"
             )
+            effects = tx.one("SELECT COUNT(*), COALESCE(SUM(LENGTH(result)), 0) "
+                             "FROM pitstop_effects")
+            inputs = tx.one("SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) "
+                            "FROM pitstop_inputs")
+            refs = tx.one("SELECT COUNT(*), 0 FROM pitstop_blob_refs")
+            attached = tx.one("SELECT COUNT(writes), COALESCE(SUM(LENGTH(writes)), 0) "
+                              "FROM pitstop_checkpoints")
         return StoreStats(
             runs=sum(by_status.values()),
             checkpoints=int(checkpoints),
@@ -377,6 +410,12 @@ class Maintenance(StoredValues):
             runs_by_status=by_status,
             file_bytes=file_bytes,
             estimated=frozenset(estimated),
+            effects=int(effects[0]),
+            effect_bytes=int(effects[1]),
+            inputs=int(inputs[0]),
+            input_bytes=int(inputs[1]),
+            value_refs=int(refs[0]),
+            attached_bytes=int(attached[1]),
         )
 
     def _bounded_status_counts(self, tx: Tx, estimated: set[str]) -> dict[str, int]:
@@ -521,16 +560,19 @@ class Maintenance(StoredValues):
                         value = self._read_values_alone([h]).get(h)
                         if value is None:
                             raise CorruptCheckpointError(
-                                f"alias of chunk {bytes(alias).hex()[2:18]}, which is missing"
+                                f"alias of chunk {bytes(alias).hex()[2:18]}, which is missing "
+                                "(or its chain of aliases loops)"
                             )
                     elif location is None:
-                        value = bytes(data)
+                        value = blob_column(data)
                     else:
                         value = self._fetch_external(h, location, slot)
                     if value is None:
                         raise CorruptCheckpointError(
                             self.blobs.why_missing(h, slot) if self.blobs else "value missing"
                         )
+                    if type(value) is TextInBlobColumn:
+                        raise CorruptCheckpointError(f"value {TEXT_IN_BLOB}")
                     self._value_codec.check_stored(h, value)
                 except Exception as exc:
                     owner = referenced.get(h)

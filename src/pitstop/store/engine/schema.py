@@ -267,9 +267,19 @@ SCHEMA_TABLE = (
 
 
 def check_id(kind: str, value: str) -> None:
-    """Ids and names are TEXT keys of the tables above: non-empty, at most 512 characters."""
+    """Ids and names are TEXT keys of the tables above: non-empty, at most 512 characters,
+    and text every backend stores: PostgreSQL refuses NUL, and no UTF-8 holds a lone
+    surrogate; SQLite took a NUL, which ``verify`` then reported as a damaged row."""
     if not isinstance(value, str) or not value or len(value) > 512:
         raise ValueError(f"{kind} must be a non-empty string of at most 512 characters")
+    if "\x00" in value:
+        raise ValueError(f"{kind} {value!r} holds a NUL character, which a store cannot keep")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"{kind} {value!r} holds a lone surrogate, which is not text a "
+                             "store can keep") from None
 
 
 # --------------------------------------------------------------------------------------------

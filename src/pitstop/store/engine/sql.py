@@ -268,7 +268,8 @@ class SqlStore(Reads, ResultCache, Schedules, Leases, Inputs, StepSaves, Childre
     ) -> PreparedSave:
         # _views (save() only): the write follows at once, so array chunks may be written
         # from the arrays' memory; a prepared save committed later must hold copies.
-        if type(run_id) is not str or not 0 < len(run_id) <= 512:
+        if type(run_id) is not str or not 0 < len(run_id) <= 512 or not run_id.isascii() \
+                or "\x00" in run_id:
             check_id("run_id", run_id)
         follow_head = parent_id is None
         if follow_head:

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from ...errors import StoreError
 from ..contract.base import Durability
 from ..encoding.blobs import Deferred, Slot
-from ..encoding.records import Alias, FieldMap, NewBlob, Stored, is_chunk_key
+from ..encoding.records import Alias, FieldMap, NewBlob, Stored, blob_column, is_chunk_key
 from .backend import CHUNK, SqlBackend, Tx, placeholders
 
 # Values bigger than this are looked up before being sent, so an existing one is not shipped
@@ -252,7 +252,7 @@ class StoredValues(SqlBackend):
                 if data is None:
                     other.append(bytes(h))
                 else:
-                    out[bytes(h)] = bytes(data)
+                    out[bytes(h)] = blob_column(data)
         if other:
             out.update(self._read_rows(tx, other, defer=True))
         return out
@@ -263,6 +263,60 @@ class StoredValues(SqlBackend):
         return self._read_rows(tx, hashes, defer=False)  # type: ignore[return-value]
 
     def _read_rows(self, tx: Tx, hashes: Sequence[bytes], *, defer: bool) -> dict[bytes, Stored]:
+        out, chain = self._read_rows_once(tx, hashes, defer=defer)
+        if not chain:
+            return out
+        # A target read in this snapshot holds its prefix; one that became an alias since (a
+        # concurrent save, another snapshot) is followed again. Followed level by level, each
+        # key read once: alias rows made to point at themselves or at each other (damage)
+        # then end as keys left out, which a load reports as a missing chunk of its field,
+        # not as a RecursionError.
+        originals = list(chain)
+        values: dict[bytes, Stored] = dict(out)
+        asked = set(hashes)
+        wanted = {target for target, _ in chain.values()} - asked
+        while wanted:
+            asked |= wanted
+            found, more = self._read_rows_once(tx, list(wanted), defer=False)
+            values.update(found)
+            chain.update(more)
+            wanted = {target for target, _ in more.values()} - asked
+        for key in originals:
+            prefix = self._follow_alias(key, chain, values)
+            if prefix is not None:
+                out[key] = prefix
+        return out
+
+    @staticmethod
+    def _follow_alias(
+        key: bytes, chain: Mapping[bytes, tuple[bytes, int]], values: dict[bytes, Stored]
+    ) -> bytes | None:
+        """The bytes the alias row ``key`` stands for, through aliases of aliases (each one
+        resolved is kept in ``values``); None if the chain ends at a missing row, a value
+        too short, or loops."""
+        path: list[bytes] = []
+        on_path: set[bytes] = set()
+        at = key
+        while at not in values and at in chain and at not in on_path:
+            path.append(at)
+            on_path.add(at)
+            at = chain[at][0]
+        found = values.get(at)
+        if isinstance(found, Deferred):
+            found = found.read()
+        for alias in reversed(path):
+            size = chain[alias][1]
+            if found is None or len(found) < size:
+                return None
+            found = found[:size]
+            values[alias] = found
+        return found
+
+    def _read_rows_once(
+        self, tx: Tx, hashes: Sequence[bytes], *, defer: bool
+    ) -> tuple[dict[bytes, Stored], dict[bytes, tuple[bytes, int]]]:
+        """The rows of ``hashes`` that hold their value (in the table, a file or a pack),
+        and the alias rows among them: key -> (target, size)."""
         out: dict[bytes, Stored] = {}
         aliases: dict[bytes, tuple[bytes, int]] = {}
         deferred: list[tuple[bytes, Slot | None]] = []
@@ -275,7 +329,7 @@ class StoredValues(SqlBackend):
             if alias is not None:
                 aliases[key] = (bytes(alias), int(size))
             elif location is None:
-                out[key] = bytes(data)
+                out[key] = blob_column(data)
             elif defer and self.blobs is not None and location == self.blobs.url:
                 deferred.append((key, slot_of(pack, pack_offset, size)))
                 out[key] = Deferred(self.blobs, key, deferred[-1][1])
@@ -285,19 +339,7 @@ class StoredValues(SqlBackend):
                     out[key] = value
         if len(deferred) > 1 and self.blobs is not None:
             self.blobs.prefetch(deferred)  # object storage: every GET in flight at once
-        if aliases:
-            # A target read in this snapshot holds its prefix; one that became an alias
-            # since (a concurrent save, another snapshot) is followed again.
-            wanted = list({t for t, _ in aliases.values()} - set(out))
-            targets = self._read_rows(tx, wanted, defer=False)
-            targets.update(out)
-            for key, (target, size) in aliases.items():
-                found = targets.get(target)
-                if isinstance(found, Deferred):
-                    found = found.read()
-                if found is not None and len(found) >= size:
-                    out[key] = found[:size]
-        return out
+        return out, aliases
 
     def _prefix_rows(self, tx: Tx, keys: Sequence[bytes]) -> dict[bytes, tuple[bytes, int]]:
         """Those of ``keys`` stored as a prefix of another value: key -> (target, size)."""

@@ -1,0 +1,248 @@
+"""Observability costs (issue #29): `pitstop du` on a large store, tracing and metrics overhead.
+
+    .venv/bin/python bench/observe.py du [--checkpoints 100000] [--postgres URL]
+    .venv/bin/python bench/observe.py overhead [--steps 2000 --rounds 7]
+
+``du``: a store of ``--checkpoints`` checkpoints (1,000 runs of 100, each checkpoint a small
+state whose list grows, so values, references and effects exist), then `pitstop du`,
+`pitstop du --by field` and `pitstop du RUN` each in a fresh process as an operator runs them
+(interpreter start included), medians of 5. Target: <= 2 s on SQLite and PostgreSQL.
+
+``overhead``: a small workflow step (~1 KiB of state, a checkpoint every step, SQLite) with
+tracing off, tracing on (the OpenTelemetry SDK, a batch span processor exporting to
+nothing), tracing with 1% of traces sampled, and metrics on (prometheus-client), in
+interleaved rounds: the process's CPU time per step (its threads included), ratios of
+medians. Targets: tracing <= 1.05x, metrics <= 1.02x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import (
+    base_state,
+    fmt_time,
+    machine,
+    median_of,
+    median_ratio,
+    pitstop_loop,
+    save_results,
+    table,
+)
+
+import pitstop
+
+RUNS_OF = 100
+PG_DEFAULT = os.environ.get("PITSTOP_TEST_POSTGRES_URL",
+                            "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def build(url: str, checkpoints: int) -> str:
+    """Runs of RUNS_OF checkpoints each; returns one run's id."""
+    runs = max(1, checkpoints // RUNS_OF)
+    with pitstop.open_store(url) as store:
+        for r in range(runs):
+            run_id = f"run-{r:05d}"
+            messages: list[str] = []
+            for i in range(RUNS_OF):
+                messages = [*messages, f"message {i} of run {r}"]
+                store.save(run_id, {"messages": messages, "i": i, "model": "m" * 60},
+                           metadata={"source": "step", "step_name": f"step_{i % 5}",
+                                     "status": "running", "duration": 0.001},
+                           workflow="bench")
+            store.record_effect(run_id, f"{run_id}:e", {"paid": r})
+    return "run-00000"
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _pitstop(url: str, *args: str) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the child) of ``pitstop ARGS`` in a fresh process."""
+    env = {**os.environ, "PITSTOP_STORE": url}
+    cpu = _children_cpu()
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "pitstop", *args], env=env,
+                          capture_output=True, text=True, check=False)
+    elapsed = time.perf_counter() - start
+    if done.returncode:
+        raise SystemExit(f"pitstop {' '.join(args)} failed: {done.stderr}")
+    return elapsed, _children_cpu() - cpu
+
+
+def bench_du(url: str, checkpoints: int, label: str, repeat: int) -> list[list[str]]:
+    t0 = time.perf_counter()
+    one = build(url, checkpoints)
+    built = time.perf_counter() - t0
+    print(f"{label}: built {checkpoints:,} checkpoints in {built:.0f} s", flush=True)
+    # One untimed call first: the first process to open the store after the build pays for
+    # checkpointing SQLite's write-ahead log of it, a one-off of the build, not of `du`.
+    _pitstop(url, "stats")
+    rows = []
+    for args in (["du"], ["du", "--by", "field"], ["du", one], ["stats"]):
+        samples = [_pitstop(url, *args) for _ in range(repeat)]
+        wall = median_of([w for w, _ in samples])
+        cpu = median_of([c for _, c in samples])
+        rows.append([label, "pitstop " + " ".join(args), fmt_time(wall), fmt_time(cpu),
+                     "yes" if wall <= 2.0 else "NO"])
+    return rows
+
+
+def _pg_url(base: str) -> str:
+    import psycopg
+
+    schema = f"bench_observe_{os.getpid()}"
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    separator = "&" if "?" in base else "?"
+    return f"{base}{separator}schema={schema}"
+
+
+def _drop_pg(base: str, url: str) -> None:
+    import psycopg
+
+    schema = url.rsplit("schema=", 1)[1]
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def main_du(args: argparse.Namespace) -> None:
+    rows: list[list[str]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        rows += bench_du(f"sqlite:///{Path(tmp) / 'du.db'}", args.checkpoints, "SQLite",
+                         args.repeat)
+    if args.postgres:
+        url = _pg_url(args.postgres)
+        try:
+            rows += bench_du(url, args.checkpoints, "PostgreSQL", args.repeat)
+        finally:
+            _drop_pg(args.postgres, url)
+    headers = ["store", "command", "median wall (process start included)", "child CPU",
+               "<= 2 s"]
+    text = table(headers, rows)
+    print(text)
+    markdown = (f"`pitstop du` on {args.checkpoints:,} checkpoints, load "
+                f"{os.getloadavg()[0]:.1f} ({machine()}):\n\n" + text)
+    save_results("observe-du", " ".join(sys.argv), {"rows": rows}, markdown)
+
+
+def _per_step(store: Any, steps: int) -> float:
+    """CPU seconds a step (with its checkpoint) costs the process, its threads included (a
+    batch span processor exports on one): steadier than wall time on a shared machine."""
+    wf = pitstop_loop(steps)
+    started = time.process_time()
+    wf.start(store, base_state())
+    return (time.process_time() - started) / steps
+
+
+class _Dropping:
+    """A span exporter that drops what it gets: the cost measured is pitstop's and the SDK's,
+    not a collector's."""
+
+    def export(self, spans: Any) -> Any:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+def main_overhead(args: argparse.Namespace) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    from pitstop.observe import metrics, tracing
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(_Dropping()))  # type: ignore[arg-type]
+    sampled = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.01)))
+    sampled.add_span_processor(BatchSpanProcessor(_Dropping()))  # type: ignore[arg-type]
+    counting = metrics.Metrics()
+    modes = ("metrics", "tracing", "tracing 1%")
+    series: dict[str, list[float]] = {"off": [], **{mode: [] for mode in modes}}
+    baseline: dict[str, list[float]] = {mode: [] for mode in modes}
+
+    def switch(mode: str) -> None:
+        tracing.disable()
+        metrics._current.metrics = None
+        if mode == "tracing":
+            tracing.enable(provider)
+        elif mode == "tracing 1%":
+            tracing.enable(sampled)
+        elif mode == "metrics":
+            metrics._current.metrics = counting
+
+    with tempfile.TemporaryDirectory() as tmp:
+        store = pitstop.open_store(f"sqlite:///{Path(tmp) / 'o.db'}")
+        _per_step(store, 200)  # warm up
+        for _ in range(args.rounds):
+            # Each mode right after a run with everything off: its ratio is to that run, so
+            # a slow spell of the shared machine (or the store's growth) cancels out.
+            for mode in modes:
+                switch("off")
+                off = _per_step(store, args.steps)
+                series["off"].append(off)
+                baseline[mode].append(off)
+                switch(mode)
+                series[mode].append(_per_step(store, args.steps))
+                # The export thread's work must not land in the next run's CPU time.
+                provider.force_flush()
+                sampled.force_flush()
+        switch("off")
+        store.close()
+    provider.shutdown()
+    sampled.shutdown()
+    off = median_of(series["off"])
+    rows = [["off", fmt_time(off), "1.00x", ""]]
+    for mode, target in (("tracing", 1.05), ("tracing 1%", 1.05), ("metrics", 1.02)):
+        ratio = median_ratio(series[mode], baseline[mode])
+        rows.append([mode, fmt_time(median_of(series[mode])), f"{ratio:.3f}x",
+                     f"<= {target:.2f}x: {'yes' if ratio <= target else 'NO'}"])
+    headers = ["mode", "CPU per step (median)", "ratio to off (median of rounds)", "target"]
+    text = table(headers, rows)
+    print(text)
+    load = os.getloadavg()[0]
+    markdown = (f"A small workflow step with a checkpoint each (SQLite), {args.steps} steps, "
+                f"{args.rounds} interleaved rounds, load {load:.1f} ({machine()}):\n\n" + text)
+    save_results("observe-overhead", " ".join(sys.argv), {"rows": rows, "series": series},
+                 markdown)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="what", required=True)
+    du = sub.add_parser("du")
+    du.add_argument("--checkpoints", type=int, default=100_000)
+    du.add_argument("--postgres", nargs="?", const=PG_DEFAULT, default=None)
+    du.add_argument("--repeat", type=int, default=5)
+    overhead = sub.add_parser("overhead")
+    overhead.add_argument("--steps", type=int, default=2000)
+    overhead.add_argument("--rounds", type=int, default=7)
+    args: Any = parser.parse_args()
+    if args.what == "du":
+        main_du(args)
+    else:
+        main_overhead(args)
+
+
+if __name__ == "__main__":
+    main()

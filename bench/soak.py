@@ -1,0 +1,411 @@
+"""A bounded soak on PostgreSQL: mixed workflows, LangGraph threads and training-style loops,
+with a worker or a loop process killed (SIGKILL) every few seconds and retention on.
+
+    python bench/soak.py --minutes 30          # the default: half an hour
+    python bench/soak.py --minutes 5 --json    # a short one, figures as JSON
+
+Processes: one long-lived worker (never killed: its RSS is sampled), two workers killed at
+random and restarted, loop processes (a ``pitstop.Checkpointer`` loop of 40 iterations,
+killed too and restarted until they finish), and this driver, which queues runs, runs
+LangGraph threads on the same store (a small StateGraph through ``PitstopSaver``), checks
+every run as it completes and deletes finished runs older than 20 s (retention), as a
+service keeping a bounded history would.
+
+What it counts:
+
+* lost: a run queued (or a loop started) that never completed by the end (after a drain);
+* torn: a completed run, thread or loop whose state does not add up (steps missing, a
+  message list of the wrong length, a loop's sum not its iterations'), or a checkpoint
+  that does not load, or ``verify`` problems at the end;
+* repeated: an effect whose function ran again after its result was recorded (the journal
+  every process appends to), or a step whose effect ran in two step executions;
+* the long-lived worker's RSS after warm-up (the first fifth) and at the end;
+* the store's size (its tables and indexes, dead rows included until autovacuum reclaims
+  them) sampled every 10 s: flat under retention (workflow runs: ``keep_last=2``, then
+  deleted 20 s after they finish; threads and loops: deleted once checked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import operator
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+HERE = Path(__file__).resolve().parent
+# bench/langgraph.py would shadow the langgraph package: this directory off the path.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
+sys.path.insert(0, str(HERE.parent / "src"))
+
+import pitstop  # noqa: E402
+
+
+class GraphState(TypedDict):
+    """A LangGraph thread's state: each node appends the length it saw."""
+
+    log: Annotated[list[int], operator.add]
+
+
+PG = os.environ.get("PITSTOP_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+LOOP_ITERS = 40
+
+
+# -- the workflows (imported by the worker processes) -----------------------------------------
+
+
+def workflows(journal: str) -> list[pitstop.Workflow]:
+    mixed = pitstop.Workflow("soak-mixed", lease_ttl=3,
+                             retention=pitstop.RetentionPolicy(keep_last=2))
+
+    def note(line: str) -> None:
+        with open(journal, "a") as f:
+            f.write(line + "\n")
+
+    @mixed.step
+    def begin(state: dict[str, Any], ctx: pitstop.StepContext) -> Any:
+        key = ctx.idempotency_key("charge")
+        ctx.effect("charge", lambda: note(f"call {key}"))
+        note(f"recorded {key}")
+        return {"messages": pitstop.Append([{"role": "user", "n": 0}]), "turn": 0}
+
+    @mixed.step
+    def talk(state: dict[str, Any], ctx: pitstop.StepContext) -> Any:
+        turn = state["turn"] + 1
+        time.sleep(random.uniform(0.01, 0.08))
+        update = {"messages": pitstop.Append([{"role": "ai", "n": turn, "text": "x" * 200}]),
+                  "turn": turn}
+        return pitstop.goto("talk", update) if turn < 8 else update
+
+    @mixed.step
+    def finish(state: dict[str, Any], ctx: pitstop.StepContext) -> Any:
+        key = ctx.idempotency_key("notify")
+        ctx.effect("notify", lambda: note(f"call {key}"))
+        note(f"recorded {key}")
+        return {"done": True}
+
+    return [mixed]
+
+
+def worker_main(url: str, journal: str) -> None:
+    with pitstop.open_store(url) as store:
+        pitstop.Worker(store, workflows(journal), concurrency=3, poll_interval=0.2).run()
+
+
+def loop_main(url: str, run_id: str) -> None:
+    with pitstop.Checkpointer(url, run_id, retention=pitstop.RetentionPolicy(keep_last=2)) as ck:
+        state = ck.restore({"i": 0, "sum": 0})
+        while state["i"] < LOOP_ITERS:
+            time.sleep(0.05)
+            state = {"i": state["i"] + 1, "sum": state["sum"] + state["i"]}
+            ck.save(state)
+
+
+# -- the driver -------------------------------------------------------------------------------
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def store_tables(schema: str) -> dict[str, dict[str, int]]:
+    """Each table's size (with its indexes and TOAST), live and dead rows."""
+    import psycopg
+
+    with psycopg.connect(PG, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT relname, pg_total_relation_size(relid), n_live_tup, n_dead_tup "
+            "FROM pg_stat_user_tables WHERE schemaname = %s ORDER BY 2 DESC",
+            (schema,)).fetchall()
+    return {name: {"bytes": size, "live": live, "dead": dead}
+            for name, size, live, dead in rows}
+
+
+def autovacuum_on() -> bool:
+    import psycopg
+
+    with psycopg.connect(PG, autocommit=True) as conn:
+        row = conn.execute("SHOW autovacuum").fetchone()
+    return bool(row) and row[0] == "on"
+
+
+def vacuum(schema: str) -> None:
+    """A plain VACUUM of the store's tables: what autovacuum does (deleted rows' space made
+    reusable; nothing locked), for a server where it is off."""
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(PG, autocommit=True) as conn:
+        tables = [r[0] for r in conn.execute(
+            "SELECT relname FROM pg_stat_user_tables WHERE schemaname = %s", (schema,))]
+        for table in tables:
+            conn.execute(sql.SQL("VACUUM {}").format(sql.Identifier(schema, table)))
+
+
+def store_bytes(schema: str) -> int:
+    import psycopg
+
+    with psycopg.connect(PG, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s "
+            "AND c.relkind IN ('r', 't', 'm')", (schema,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+class Soak:
+    def __init__(self, minutes: float, kill_every: float, vacuum_every: float | None) -> None:
+        self.seconds = minutes * 60
+        self.autovacuum = autovacuum_on()
+        # pitstop leaves deleted rows to PostgreSQL's autovacuum (on by default); where the
+        # server has it off, the soak vacuums as it would, or the size measures the setting.
+        self.vacuum_every = vacuum_every if vacuum_every is not None else (
+            None if self.autovacuum else 30.0)
+        self.kill_every = kill_every
+        self.schema = f"soak_{uuid.uuid4().hex[:8]}"
+        sep = "&" if "?" in PG else "?"
+        self.url = f"{PG}{sep}schema={self.schema}"
+        self.place = Path(f"/tmp/pitstop-soak-{self.schema}")
+        self.place.mkdir()
+        self.journal = str(self.place / "journal")
+        Path(self.journal).touch()
+        self.store = pitstop.open_store(self.url)
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.loops: dict[str, subprocess.Popen[bytes] | None] = {}
+        self.queued: set[str] = set()
+        self.checked: set[str] = set()
+        self.threads_done = 0
+        self.threads_started = 0
+        self.torn: list[str] = []
+        self.kills = 0
+        self.rss: list[tuple[float, int]] = []
+        self.sizes: list[tuple[float, int]] = []
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+
+    def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "PYTHONPATH": str(HERE.parent / "src")}
+        return subprocess.Popen([sys.executable, __file__, *args], env=env,
+                                stdout=subprocess.DEVNULL,
+                                stderr=open(self.place / f"{name}.log", "ab"))
+
+    def start_workers(self) -> None:
+        for name in ("steady", "w2", "w3"):
+            self.procs[name] = self.spawn(name, "worker", self.url, self.journal)
+
+    def kill_one(self) -> None:
+        victims = ["w2", "w3", *(r for r, p in self.loops.items() if p)]
+        name = random.choice(victims)
+        proc = self.procs.get(name) if name in self.procs else self.loops[name]
+        if proc is None:
+            return
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        self.kills += 1
+        if name in self.procs:
+            self.procs[name] = self.spawn(name, "worker", self.url, self.journal)
+        else:
+            self.loops[name] = self.spawn(name, "loop", self.url, name)
+
+    def enqueue(self) -> None:
+        wf = workflows(self.journal)[0]
+        run_id = f"m-{uuid.uuid4().hex[:10]}"
+        wf.enqueue(self.store, {"messages": []}, run_id=run_id)
+        self.queued.add(run_id)
+
+    def start_loop(self) -> None:
+        run_id = f"loop-{uuid.uuid4().hex[:8]}"
+        self.loops[run_id] = self.spawn(run_id, "loop", self.url, run_id)
+
+    def tend_loops(self) -> None:
+        for run_id, proc in list(self.loops.items()):
+            if proc is None or proc.poll() is None:
+                continue
+            head = self.store.latest(run_id)
+            if head is not None and head.state["i"] >= LOOP_ITERS:
+                if head.state["sum"] != sum(range(LOOP_ITERS)):
+                    self.torn.append(f"{run_id}: loop sum {head.state['sum']}")
+                self.loops[run_id] = None
+                self.store.delete_run(run_id)  # retention: a finished loop goes
+            else:  # it died on its own (or was killed between our checks): go on
+                self.loops[run_id] = self.spawn(run_id, "loop", self.url, run_id)
+
+    def check_completed(self) -> None:
+        for run in self.store.runs(status="completed", limit=500):
+            if run.id in self.checked or not run.id.startswith("m-"):
+                continue
+            try:
+                head = self.store.latest(run.id)
+            except pitstop.PitstopError as exc:
+                self.torn.append(f"{run.id}: {exc}")
+                self.checked.add(run.id)
+                continue
+            state = head.state if head is not None else {}
+            if not state.get("done") or state.get("turn") != 8 or [
+                    m["n"] for m in state.get("messages", [])] != list(range(9)):
+                self.torn.append(f"{run.id}: state {str(state)[:200]}")
+            self.checked.add(run.id)
+
+    def langgraph_threads(self) -> None:
+        from langgraph.graph import END, START, StateGraph
+
+        from pitstop.integrations.langgraph import PitstopSaver
+
+        graph = StateGraph(GraphState)
+        graph.add_node("a", lambda s: {"log": [len(s["log"])]})
+        graph.add_node("b", lambda s: {"log": [len(s["log"])]})
+        graph.add_edge(START, "a")
+        graph.add_edge("a", "b")
+        graph.add_edge("b", END)
+        saver = PitstopSaver(self.store)
+        app = graph.compile(checkpointer=saver)
+        while not self.stop.is_set():
+            thread = f"t-{uuid.uuid4().hex[:8]}"
+            config = {"configurable": {"thread_id": thread}}
+            with self.lock:
+                self.threads_started += 1
+            try:
+                for _ in range(5):
+                    app.invoke({"log": []}, config)
+                log = app.get_state(config).values["log"]
+                if log != list(range(10)):
+                    self.torn.append(f"thread {thread}: log {log}")
+                with self.lock:
+                    self.threads_done += 1
+                saver.delete_thread(thread)  # retention: a finished conversation goes
+            except pitstop.PitstopError as exc:
+                self.torn.append(f"thread {thread}: {exc}")
+            time.sleep(0.2)
+
+    def repeated(self) -> list[str]:
+        kinds: dict[str, list[str]] = defaultdict(list)
+        for line in Path(self.journal).read_text().splitlines():
+            kind, _, key = line.partition(" ")
+            kinds[key].append(kind)
+        bad = []
+        for key, seen in kinds.items():
+            first = seen.index("recorded") if "recorded" in seen else len(seen)
+            if "call" in seen[first:]:
+                bad.append(key)
+        return bad
+
+    def run(self) -> dict[str, Any]:
+        started = time.monotonic()
+        self.start_workers()
+        graphs = threading.Thread(target=self.langgraph_threads, daemon=True)
+        graphs.start()
+        next_kill = started + self.kill_every
+        next_sample = started
+        next_prune = started + 20
+        next_vacuum = started + (self.vacuum_every or 0)
+        end = started + self.seconds
+        while time.monotonic() < end:
+            now = time.monotonic()
+            if len(self.queued) - len(self.checked) < 30:
+                for _ in range(3):
+                    self.enqueue()
+            if sum(1 for p in self.loops.values() if p is not None) < 2:
+                self.start_loop()
+            if now >= next_kill:
+                self.kill_one()
+                next_kill = now + random.uniform(0.5, 1.5) * self.kill_every
+            if now >= next_sample:
+                self.rss.append((now - started, rss_kib(self.procs["steady"].pid)))
+                self.sizes.append((now - started, store_bytes(self.schema)))
+                next_sample = now + 10
+            if self.vacuum_every and now >= next_vacuum:
+                vacuum(self.schema)
+                next_vacuum = now + self.vacuum_every
+            if now >= next_prune:
+                self.check_completed()
+                self.store.prune(pitstop.RetentionPolicy(finished_older_than=20))
+                next_prune = now + 10
+            self.tend_loops()
+            time.sleep(0.2)
+        self.stop.set()
+        graphs.join(timeout=60)
+        drain_until = time.monotonic() + 90  # no more kills: everything queued finishes
+        while time.monotonic() < drain_until:
+            self.check_completed()
+            self.tend_loops()
+            if self.checked >= self.queued and not any(self.loops.values()):
+                break
+            time.sleep(0.5)
+        self.check_completed()
+        tables = store_tables(self.schema)
+        problems = self.store.verify()
+        for proc in self.procs.values():
+            proc.terminate()
+        for proc in self.procs.values():
+            proc.wait(timeout=30)
+        warm = [kib for t, kib in self.rss if t >= self.seconds / 5] or [0]
+        sizes = [size for _, size in self.sizes]
+        third = max(1, len(sizes) // 3)
+        result = {
+            "minutes": self.seconds / 60,
+            "server_autovacuum": self.autovacuum,
+            "vacuum_every_s": self.vacuum_every,
+            "kills": self.kills,
+            "runs_queued": len(self.queued),
+            "runs_completed_and_checked": len(self.checked & self.queued),
+            "langgraph_threads": self.threads_done,
+            "loops": len(self.loops),
+            "loops_unfinished": sum(1 for p in self.loops.values() if p is not None),
+            "lost": len(self.queued - self.checked)
+            + sum(1 for p in self.loops.values() if p is not None)
+            + (self.threads_started - self.threads_done - len(
+                [t for t in self.torn if t.startswith("thread")])),
+            "torn": len(self.torn) + len(problems),
+            "torn_examples": self.torn[:5] + [str(p) for p in problems[:5]],
+            "repeated": len(self.repeated()),
+            "steady_rss_kib_after_warmup": warm[0],
+            "steady_rss_kib_end": warm[-1],
+            "steady_rss_growth": round(warm[-1] / warm[0] - 1, 3) if warm[0] else None,
+            "store_bytes_first_third_max": max(sizes[:third]) if sizes else 0,
+            "store_bytes_last_third_max": max(sizes[-third:]) if sizes else 0,
+            "store_bytes_end": sizes[-1] if sizes else 0,
+            "store_bytes_samples": sizes,
+            "tables_at_end": tables,
+        }
+        self.store.close()
+        import psycopg
+
+        with psycopg.connect(PG, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
+        return result
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "worker":
+        worker_main(sys.argv[2], sys.argv[3])
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "loop":
+        loop_main(sys.argv[2], sys.argv[3])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--kill-every", type=float, default=4.0,
+                        help="seconds between kills, on average")
+    parser.add_argument("--vacuum-every", type=float, default=None, metavar="SECONDS",
+                        help="VACUUM the store's tables this often (default: every 30 s if "
+                             "the server's autovacuum is off, else never)")
+    parser.add_argument("--json", action="store_true")
+    options = parser.parse_args()
+    result = Soak(options.minutes, options.kill_every, options.vacuum_every).run()
+    print(json.dumps(result, indent=None if options.json else 2))
+
+
+if __name__ == "__main__":
+    main()
