@@ -50,6 +50,40 @@ def test_a_step_is_served_from_another_runs_result(store: Store) -> None:
     assert store.stats().cache_entries == 2
 
 
+def test_steps_served_from_the_cache_share_one_checkpoint(store: Store) -> None:
+    calls: list[str] = []
+    wf = pitstop.Workflow("chain")
+    for index in range(5):
+        def step(state: dict[str, Any], index: int = index) -> dict[str, Any]:
+            calls.append(f"s{index}")
+            return {f"out{index}": state.get(f"out{index - 1}", 0) + 1}
+
+        def make(index: int) -> Any:
+            def run(state: dict[str, Any]) -> dict[str, Any]:
+                return step(state, index)
+            return run
+
+        wf.step(name=f"s{index}", cache=CachePolicy(inputs=["seed"], version="1"))(make(index))
+
+    @wf.step
+    def last(state: dict[str, Any]) -> dict[str, Any]:
+        calls.append("last")
+        return {"done": state["out4"]}
+
+    first = wf.start(store, {"seed": 1})
+    again = wf.start(store, {"seed": 1})
+    assert again.state == first.state and calls.count("s0") == 1 and calls.count("last") == 2
+    # Five hits, then the step that ran: one checkpoint for all six, which says what the
+    # cache served (a crash before it redoes five lookups, not five computations).
+    checkpoints = store.history(again.run_id)
+    assert len(checkpoints) < len(store.history(first.run_id)) - 4
+    served = [c.metadata["cached"] for c in checkpoints if c.metadata.get("cached")]
+    assert served == [[{"step": f"s{i}", "run": first.run_id} for i in range(5)]]
+    # A rerun from a served step still finds where to start.
+    rerun = wf.rerun(store, again.run_id, from_step="s3")
+    assert rerun.state == first.state and calls.count("s3") == 1
+
+
 def test_source_or_version_change_is_a_miss(store: Store) -> None:
     calls: list[str] = []
 
@@ -267,10 +301,9 @@ def test_cli_history_show_and_cache_commands(tmp_path: Path) -> None:
     assert history.code == 0, history.err
     assert "cached: fetch (from run" in history.out
     as_json = pitstop_exe("history", second.run_id, "--json", store=url).json
-    served = [c["cached"] for c in as_json["checkpoints"] if c["cached"]]
-    assert served == [[{"step": "fetch", "run": first.run_id}]]
-    shown = pitstop_exe("show", second.run_id, "--checkpoint", as_json["checkpoints"][1]["id"],
-                        store=url)
+    served = [(c["id"], c["cached"]) for c in as_json["checkpoints"] if c["cached"]]
+    assert [cached for _, cached in served] == [[{"step": "fetch", "run": first.run_id}]]
+    shown = pitstop_exe("show", second.run_id, "--checkpoint", served[0][0], store=url)
     assert shown.code == 0, shown.err
     assert "fetch (from run" in shown.out
 

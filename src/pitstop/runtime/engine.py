@@ -240,6 +240,10 @@ class Execution:
         # the runs that computed them: history shows "cached".
         self.cached_from: list[dict[str, Any]] = []
         self.claim: StepClaim | None = None  # the running step's cache claim
+        # Steps served from the cache since the last checkpoint: the policy does not count
+        # them (redoing one after a crash is one lookup), so a rerun of cached steps writes
+        # one checkpoint where the first step that runs is, not one per cached step.
+        self.served_since = 0
 
     # -- checkpoints -----------------------------------------------------------------------------
 
@@ -352,6 +356,7 @@ class Execution:
             self.work_seconds = 0.0
         self.cached_from = []
         self.steps_since = 0
+        self.served_since = 0
         self.checkpointed_at = time.monotonic()
         if self.schedule is not None:
             self.schedule.taken(self.checkpointed_at - started)
@@ -645,7 +650,7 @@ class Execution:
                 else:
                     due = bool(self.consumed) or (
                         self.schedule.due() if self.schedule is not None else self.policy.due(
-                            steps_since=self.steps_since,
+                            steps_since=self.steps_since - self.served_since,
                             seconds_since=time.monotonic() - self.checkpointed_at,
                             milestone=False,
                         )
@@ -685,6 +690,7 @@ class Execution:
             hit = yield _Io(self.store.cache_get, key)
             if hit is not None:
                 self.cached_from.append({"step": spec.name, "run": hit.entry.run_id})
+                self.served_since += 1
                 if log.isEnabledFor(logging.INFO):
                     log.info(kv(event="cached", run=self.run_id, step=spec.name,
                                 source=hit.entry.run_id),

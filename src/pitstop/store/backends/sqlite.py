@@ -524,6 +524,15 @@ class SQLiteStore(SqlStore, RunTransfer):
             return self._writing if write else self._reading
         return _Transaction(self, write, durability, False)
 
+    def _autocommit_read(self, sql: str, params: Sequence[Any]) -> Any:
+        # One SELECT is atomic by itself: no BEGIN and COMMIT around it (a cache lookup's
+        # row is this, on every step that has a CachePolicy).
+        def attempt() -> Any:
+            with _Transaction(self, False, None, True) as tx:
+                return tx.one(sql, params)
+
+        return self._retrying(attempt)
+
     def _autocommit_write(self, sql: str, params: Sequence[Any]) -> list[Any]:
         def attempt() -> list[Any]:
             with _Transaction(self, True, None, True) as tx:

@@ -95,28 +95,43 @@ class ResultCache(Maintenance):
 
     def cache_get(self, key: str) -> CacheHit | None:
         """The live cached result of ``key`` (None: none, still computing, or expired)."""
-        found = self._tx(lambda tx: self._read_entry(tx, key, time.time()))
-        if found is None:
+        # The usual entry holds its values inline: one autocommitted statement on the
+        # primary key. Values stored apart are read with the row in one transaction.
+        now = time.time()
+        first = self._autocommit_read(f"{_SELECT} WHERE key = ? AND {_LIVE}", (key, now))
+        if first is None:
             return None
-        row, values = found
-        return CacheHit(self._decode_cached(row, values), CacheEntry.of(row))
+        row = CacheRow(*first)
+        fields = self._cache_field_map(row)
+        values: dict[bytes, Any] = {}
+        if stored_hashes(fields):
+            found = self._tx(lambda tx: self._read_entry(tx, key, now))
+            if found is None:
+                return None
+            row, fields, values = found
+        return CacheHit(self._decode_cached(row, fields, values), CacheEntry.of(row))
 
     def _read_entry(
         self, tx: Tx, key: str, now: float
-    ) -> tuple[CacheRow, dict[bytes, Any]] | None:
+    ) -> tuple[CacheRow, FieldMap, dict[bytes, Any]] | None:
+        # One statement on the primary key for the usual entry (values small enough to be
+        # inline in its field map); the value table only for the values stored apart.
         found = tx.one(f"{_SELECT} WHERE key = ? AND {_LIVE}", (key, now))
         if found is None:
             return None
         row = CacheRow(*found)
         fields = self._cache_field_map(row)
+        hashes = stored_hashes(fields)
+        if not hashes:
+            return row, fields, {}
         codec = self._value_codec
-        values = self._read_values_deferred(tx, list(stored_hashes(fields)))
+        values = self._read_values_deferred(tx, list(hashes))
         while missing := codec.missing_below(fields, values):
             more = self._read_values_deferred(tx, missing)
             if not more:
                 break  # the decode names the value that is missing
             values.update(more)
-        return row, values
+        return row, fields, values
 
     def _cache_field_map(self, row: CacheRow) -> FieldMap:
         data = bytes(row.fields or b"")
@@ -127,22 +142,24 @@ class ResultCache(Maintenance):
             )
         return decode_field_map(data)
 
-    def _decode_cached(self, row: CacheRow, values: Mapping[bytes, Any]) -> dict[str, Any]:
+    def _decode_cached(
+        self, row: CacheRow, fields: FieldMap, values: Mapping[bytes, Any]
+    ) -> dict[str, Any]:
         codec = self._value_codec
-        where = f"cache[{row.key!r}]"
         out: dict[str, Any] = {}
-        for name, ref in self._cache_field_map(row).items():
+        for name, ref in fields.items():
             if ref.manifest is not None:
                 out[name] = codec.decode_chunked(
-                    ref.manifest, values, run_id=row.run_id, field=f"{where}.{name}"
+                    ref.manifest, values, run_id=row.run_id, field=f"cache[{row.key!r}].{name}"
                 )
                 continue
-            data = ref.inline if ref.inline is not None else values.get(ref.hash)
+            inline = ref.inline
+            data = inline if inline is not None else values.get(ref.hash)
             out[name] = codec.decode_value(
                 None if data is None else bytes(data),
-                None if ref.inline is not None else ref.hash,
+                None if inline is not None else ref.hash,
                 run_id=row.run_id,
-                field=f"{where}.{name}",
+                field=f"cache[{row.key!r}].{name}",
             )
         return out
 
