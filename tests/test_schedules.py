@@ -63,6 +63,21 @@ def test_bad_schedules_are_refused_with_the_reason(store: Store) -> None:
     assert store.schedule_input(store.schedule_rows(name="nightly")[0]) == {"day": 1}
 
 
+def test_aschedule_is_the_async_twin(store: Store) -> None:
+    import asyncio
+
+    wf = ticking()
+
+    async def main() -> None:
+        with pytest.raises(ScheduleError, match="does not parse"):
+            await wf.aschedule(store, "bad", cron="61 * * * *")
+        made = await wf.aschedule(store, "hourly", cron="0 * * * *", input={"n": 1})
+        assert made.next_tick.minute == 0
+
+    asyncio.run(main())
+    assert [row.name for row in store.schedule_rows()] == ["hourly"]
+
+
 @pytest.mark.parametrize(("catchup", "expected"), [("all", 10), ("latest", 1), ("none", 1)])
 def test_catchup_of_missed_ticks(store: Store, catchup: str, expected: int) -> None:
     wf = ticking()

@@ -641,6 +641,25 @@ class Workflow:
         )
         return await self.aresume(store, rerun_id, policy=policy)
 
+    async def aschedule(
+        self,
+        store: Store,
+        name: str,
+        *,
+        cron: str,
+        timezone: str = "UTC",
+        input: Any = None,
+        catchup: str = "latest",
+        overlap: str = "skip",
+    ) -> Schedule:
+        """:meth:`schedule` for asyncio (the store write leaves the loop)."""
+        import asyncio
+
+        return await asyncio.to_thread(
+            self.schedule, store, name, cron=cron, timezone=timezone, input=input,
+            catchup=catchup, overlap=overlap,
+        )
+
     def schedule(
         self,
         store: Store,
