@@ -159,6 +159,22 @@ def test_ttl_expires_and_prune_and_clear_manage_the_cache(store: Store) -> None:
     store.verify()
 
 
+def test_prune_of_a_run_deletes_the_expired_entries_it_computed(store: Store) -> None:
+    calls: list[Any] = []
+    short = counting_workflow("short", calls, ttl=0.3)
+    one = short.start(store, {"url": "a"})
+    other = short.start(store, {"url": "b"})
+    kept = counting_workflow("kept-live", calls).start(store, {"url": "c"})
+    time.sleep(0.4)
+    policy = RetentionPolicy(keep_last=100)
+    assert store.prune(policy, run_id=one.run_id, dry_run=True).cache_entries == 1
+    assert store.prune(policy, run_id=one.run_id).cache_entries == 1
+    left = {e.run_id for e in store.cache_entries()}
+    assert left == {other.run_id, kept.run_id}  # another run's expired entry, a live one
+    assert store.prune(policy, run_id=kept.run_id).cache_entries == 0
+    assert not store.verify()
+
+
 def test_cleared_values_held_by_a_checkpoint_stay(store: Store) -> None:
     calls: list[Any] = []
     wf = counting_workflow("shared-values", calls)
@@ -486,3 +502,45 @@ def test_inspector_run_page_shows_cached(tmp_path: Path) -> None:
             assert served == [[{"step": "fetch", "run": first.run_id}]]
             page = client.get(f"/runs/{second.run_id}").text
             assert 'class="pill cached"' in page and first.run_id in page
+
+
+# -- damaged entries -------------------------------------------------------------------------
+
+
+def test_a_damaged_entry_is_reported_and_read_as_a_miss(tmp_path: Path) -> None:
+    import sqlite3
+
+    url = f"sqlite:///{tmp_path}/damaged.db"
+    calls: list[Any] = []
+    wf = counting_workflow("damaged", calls)
+    with pitstop.open_store(url) as store:
+        first = wf.start(store, {"url": "a"})
+        wf.start(store, {"url": "b"})
+        assert not store.verify()
+    with sqlite3.connect(tmp_path / "damaged.db") as conn:  # a's field map truncated
+        conn.execute("UPDATE pitstop_cache SET fields = substr(fields, 1, length(fields) - 1) "
+                     "WHERE run_id = ?", (first.run_id,))
+    with pitstop.open_store(url) as store:
+        problems = store.verify()
+        assert [(p.kind, p.run_id) for p in problems] == [("cache", first.run_id)]
+        assert "checksum mismatch" in problems[0].message
+        # A read is a miss: the step runs again and its result replaces the damaged one.
+        again = wf.start(store, {"url": "a"})
+        assert again.state["html"] == "<p>a</p>" * 3 and len(calls) == 3
+        wf.start(store, {"url": "a"})
+        assert len(calls) == 3 and not store.verify()
+        keys = {e.key for e in store.cache_entries()}
+    with sqlite3.connect(tmp_path / "damaged.db") as conn:
+        # A value the entries hold apart from their maps (the shared `pages` list),
+        # overwritten with bytes that are not that value.
+        held = {bytes(h) for (h,) in conn.execute(
+            "SELECT hash FROM pitstop_blob_refs WHERE run_id LIKE 'pitstop-cache:%'")}
+        assert held
+        conn.executemany("UPDATE pitstop_blobs SET data = x'0102' WHERE hash = ?",
+                         [(h,) for h in held])
+    with pitstop.open_store(url) as store:
+        damaged = {p.id for p in store.verify() if p.kind == "cache"}
+        assert damaged == keys
+        assert all(store.cache_get(key) is None for key in keys)  # a miss, not a crash
+    verify = pitstop_exe("verify", store=url)
+    assert verify.code != 0 and "cache step:damaged:fetch:" in verify.out + verify.err

@@ -151,7 +151,7 @@ class PruneReport:
     """Delivered inputs removed with their runs."""
     input_bytes: int = 0
     cache_entries: int = 0
-    """Expired cached results deleted (store-wide prunes only)."""
+    """Expired cached results deleted (with ``run_id``: those the run computed)."""
 
     def merge(self, other: PruneReport) -> None:
         """Add ``other``'s deletions to this report."""
@@ -206,9 +206,9 @@ class StoreStats:
 class Problem:
     """One bad record found by :meth:`Store.verify`."""
 
-    kind: Literal["checkpoint", "blob", "input", "effect", "run", "store"]
-    """What is bad: a record of that kind, or ``store``: the database itself (SQLite's
-    integrity check; ``id`` is then the file)."""
+    kind: Literal["checkpoint", "blob", "input", "effect", "run", "cache", "store"]
+    """What is bad: a record of that kind (``cache``: a cached result, ``id`` its key), or
+    ``store``: the database itself (SQLite's integrity check; ``id`` is then the file)."""
     id: str
     message: str
     run_id: str | None = None

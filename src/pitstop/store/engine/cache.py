@@ -18,6 +18,7 @@ nothing is cached and the next claimant computes.
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -25,7 +26,7 @@ from functools import partial
 from typing import Any, Literal
 
 from ...errors import CorruptCheckpointError, SerializationError
-from ..contract.base import PruneReport, RetentionPolicy, StoreStats
+from ..contract.base import Problem, Problems, Progress, PruneReport, RetentionPolicy, StoreStats
 from ..encoding.records import FieldMap, decode_field_map, encode_field_map, stored_hashes
 from .backend import Tx
 from .maintenance import Maintenance
@@ -33,8 +34,11 @@ from .schema import CACHE, CacheRow
 
 REFERENCE_PREFIX = "pitstop-cache:"
 
+log = logging.getLogger("pitstop.store")
+
 _SELECT = f"SELECT {CACHE.column_list()} FROM pitstop_cache"
 _LIVE = "fields IS NOT NULL AND (expires_at IS NULL OR expires_at > ?)"
+_EXPIRED = "expires_at IS NOT NULL AND expires_at <= ?"
 
 
 def reference_of(key: str) -> str:
@@ -102,14 +106,25 @@ class ResultCache(Maintenance):
         if first is None:
             return None
         row = CacheRow(*first)
-        fields = self._cache_field_map(row)
-        values: dict[bytes, Any] = {}
-        if stored_hashes(fields):
-            found = self._tx(lambda tx: self._read_entry(tx, key, now))
-            if found is None:
-                return None
-            row, fields, values = found
-        return CacheHit(self._decode_cached(row, fields, values), CacheEntry.of(row))
+        try:
+            fields = self._cache_field_map(row)
+            values: dict[bytes, Any] = {}
+            if stored_hashes(fields):
+                found = self._tx(lambda tx: self._read_entry(tx, key, now))
+                if found is None:
+                    return None
+                row, fields, values = found
+            return CacheHit(self._decode_cached(row, fields, values), CacheEntry.of(row))
+        except (CorruptCheckpointError, SerializationError) as exc:
+            # A damaged entry is a miss, never a crash of the step: it is expired (so the
+            # next claim takes it over and the result is computed and stored again), and
+            # `pitstop verify` reports it until then.
+            log.warning("cache entry %r is damaged, treated as a miss: %s", key, exc)
+            self._tx(lambda tx: tx.run(
+                "UPDATE pitstop_cache SET expires_at = ? WHERE key = ? AND checksum IS ?",
+                (now, key, row.checksum),
+            ), write=True)
+            return None
 
     def _read_entry(
         self, tx: Tx, key: str, now: float
@@ -121,17 +136,8 @@ class ResultCache(Maintenance):
             return None
         row = CacheRow(*found)
         fields = self._cache_field_map(row)
-        hashes = stored_hashes(fields)
-        if not hashes:
-            return row, fields, {}
-        codec = self._value_codec
-        values = self._read_values_deferred(tx, list(hashes))
-        while missing := codec.missing_below(fields, values):
-            more = self._read_values_deferred(tx, missing)
-            if not more:
-                break  # the decode names the value that is missing
-            values.update(more)
-        return row, fields, values
+        # A missing value stops the reading; the decode names it.
+        return row, fields, self._entry_values(tx, fields=fields)
 
     def _cache_field_map(self, row: CacheRow) -> FieldMap:
         data = bytes(row.fields or b"")
@@ -162,6 +168,46 @@ class ResultCache(Maintenance):
                 field=f"cache[{row.key!r}].{name}",
             )
         return out
+
+    def verify(self, *, progress: Progress | None = None) -> Problems:
+        problems = super().verify(progress=progress)
+        problems.extend(self._verify_cache())
+        return problems
+
+    def _verify_cache(self) -> list[Problem]:
+        """Every cached result read and decoded as a hit would (claims have nothing to
+        check): a bad checksum, an undecodable or missing value is a ``cache`` problem
+        naming the entry and the run that computed it."""
+        found: list[Problem] = []
+        after = ""
+        while True:
+            rows = [CacheRow(*row) for row in self._query(
+                f"{_SELECT} WHERE key > ? AND fields IS NOT NULL ORDER BY key LIMIT ?",
+                (after, 256),
+            )]
+            if not rows:
+                return found
+            for row in rows:
+                try:
+                    fields = self._cache_field_map(row)
+                    values = self._tx(partial(self._entry_values, fields=fields))
+                    self._decode_cached(row, fields, values)
+                except Exception as exc:
+                    found.append(Problem("cache", row.key, str(exc), run_id=row.run_id))
+            after = rows[-1].key
+
+    def _entry_values(self, tx: Tx, *, fields: FieldMap) -> dict[bytes, Any]:
+        hashes = stored_hashes(fields)
+        if not hashes:
+            return {}
+        codec = self._value_codec
+        values = self._read_values_deferred(tx, list(hashes))
+        while missing := codec.missing_below(fields, values):
+            more = self._read_values_deferred(tx, missing)
+            if not more:
+                break
+            values.update(more)
+        return values
 
     def cache_entries(
         self, *, name: str | None = None, limit: int | None = None
@@ -353,8 +399,12 @@ class ResultCache(Maintenance):
             where.append("created_at < ?")
             params.append(now - older_than)
         if expired_only:
-            where.append("expires_at IS NOT NULL AND expires_at <= ?")
+            where.append(_EXPIRED)
             params.append(now)
+        return self._clear_where(where, params)
+
+    def _clear_where(self, where: list[str], params: list[Any]) -> int:
+        """Delete the cached results the conditions select; how many."""
         keys = self._tx(lambda tx: tx.column(
             "SELECT key FROM pitstop_cache WHERE " + " AND ".join(where), params))
         deleted = 0
@@ -383,15 +433,20 @@ class ResultCache(Maintenance):
         dry_run: bool = False,
         progress: Any = None,
     ) -> PruneReport:
-        """Retention, and (store-wide, not with ``run_id``) expired cache entries go too."""
+        """Retention, and expired cache entries go too: all of them, or with ``run_id`` those
+        that run computed (a live entry stays: other runs are served from it, whoever
+        computed it)."""
         report = super().prune(policy, run_id=run_id, dry_run=dry_run, progress=progress)
-        if run_id is None:
-            if dry_run:
-                report.cache_entries = int(self._tx(lambda tx: tx.scalar(
-                    "SELECT COUNT(*) FROM pitstop_cache WHERE fields IS NOT NULL AND "
-                    "expires_at IS NOT NULL AND expires_at <= ?", (time.time(),))))
-            else:
-                report.cache_entries = self.cache_clear(expired_only=True)
+        where = ["fields IS NOT NULL", _EXPIRED]
+        params: list[Any] = [time.time()]
+        if run_id is not None:
+            where.append("run_id = ?")
+            params.append(run_id)
+        if dry_run:
+            report.cache_entries = int(self._tx(lambda tx: tx.scalar(
+                "SELECT COUNT(*) FROM pitstop_cache WHERE " + " AND ".join(where), params)))
+        else:
+            report.cache_entries = self._clear_where(where, params)
         return report
 
     def stats(self, *, exact: bool = True) -> StoreStats:
