@@ -189,6 +189,41 @@ class Actions:
         return {"run_id": ckpt.run_id, "checkpoint_id": ckpt.id, "status": status.value,
                 "fields": sorted(update), "resumed": resumed, "message": message}
 
+    # -- rerun from a step ------------------------------------------------------------------
+
+    def rerun(
+        self,
+        run_id: str,
+        from_step: str,
+        edits: Mapping[str, Any],
+        who: Identity,
+        *,
+        new_run_id: str | None = None,
+    ) -> dict[str, Any]:
+        """``wf.rerun`` from the inspector: the same checks (the run stopped, the step
+        reached, the edits valid: RerunError and FieldEditError, nothing written), then the
+        new run resumed here."""
+        from ..runtime.rerun import start_rerun
+
+        run = self.store.get_run(run_id)
+        workflow = self.workflows.get(run.workflow or "")
+        if workflow is None:
+            raise ActionError(409, f"this inspector cannot rerun {run.workflow or 'this run'}: "
+                                   "start it with --workflow for its workflow")
+        if run.status in (RunStatus.RUNNING, RunStatus.QUEUED):
+            raise ActionError(409, f"run {run_id!r} is still {run.status.value}; rerun it "
+                                   "once it stopped (or cancel it)")
+        rerun_id = start_rerun(self.store, workflow, run_id, from_step, dict(edits) or None,
+                               new_run_id)
+        rerun = self.store.get_run(rerun_id)
+        self._record(rerun, self._entry(who, "rerun", run_id=run_id, from_step=from_step,
+                                        fields=sorted(edits)))
+        resumed = self._resume_in_background(rerun)
+        return {"run_id": rerun_id, "from_step": from_step, "fields": sorted(edits),
+                "resumed": resumed,
+                "message": f"rerun {rerun_id} of {run_id} from step {from_step!r}; "
+                           "running it here"}
+
     # -- resume ------------------------------------------------------------------------------
 
     def resume(self, run_id: str, who: Identity) -> dict[str, Any]:

@@ -260,6 +260,23 @@ class ForkRequest(BaseModel):
                                description="Id of the new run (default: a new id).")
 
 
+class RerunRequest(BaseModel):
+    from_step: str = Field(min_length=1, max_length=512,
+                           description="The step to run again (and everything after it).")
+    updates: dict[str, Any] = Field(default_factory=dict,
+                                    description="New values of state fields, by name.")
+    run_id: str | None = Field(None, min_length=1, max_length=512,
+                               description="Id of the new run (default: a new id).")
+
+
+class Rerun(BaseModel):
+    run_id: str
+    from_step: str
+    fields: list[str]
+    resumed: bool
+    message: str
+
+
 class Forked(BaseModel):
     run_id: str
     checkpoint_id: str
@@ -498,6 +515,26 @@ def fork_checkpoint(
     ui.writable()
     found = ui.actions.fork(checkpoint_id, body.updates, identity, add=body.add,
                             new_run_id=body.run_id)
+    base = request.scope.get("root_path", "")
+    response.headers["Location"] = f"{base}/api/runs/{quote(found['run_id'], safe='')}"
+    return found
+
+
+@router.post("/runs/{run_id}/rerun", response_model=Rerun, status_code=201,
+             responses=_errors(403, 404, 409, 422))
+def rerun_run(
+    ui: Annotated[UI, Depends(ui_of)],
+    identity: Annotated[Identity, Depends(who)],
+    run_id: Id,
+    body: Annotated[RerunRequest, Body()],
+    request: Request,
+    response: Response,
+) -> dict[str, Any]:
+    """A new run from the checkpoint before ``from_step`` last ran, with optional edits
+    (``wf.rerun`` rules; needs ``--workflow`` for the run's workflow)."""
+    ui.writable()
+    found = ui.actions.rerun(run_id, body.from_step, body.updates, identity,
+                             new_run_id=body.run_id)
     base = request.scope.get("root_path", "")
     response.headers["Location"] = f"{base}/api/runs/{quote(found['run_id'], safe='')}"
     return found

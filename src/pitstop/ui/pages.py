@@ -184,6 +184,28 @@ def inbox_page(request: Request, ui: Annotated[UI, Depends(ui_of)]) -> Response:
     return render(request, "inbox.html", context)
 
 
+# -- schedules -------------------------------------------------------------------------------------
+
+
+@router.get("/schedules", response_class=HTMLResponse)
+def schedules_page(request: Request, ui: Annotated[UI, Depends(ui_of)]) -> Response:
+    """Each schedule: its cron and timezone, paused or not, its next ticks and recent runs."""
+    from ..runtime.schedules import schedules
+
+    rows: list[dict[str, Any]] = []
+    problem = ""
+    try:
+        found = schedules(ui.store)
+    except PitstopError as exc:  # a store that keeps no schedules says so
+        found, problem = [], str(exc)
+    for item in found:
+        recent = ui.store.runs(id_prefix=f"{item.name}@", workflow=item.workflow, limit=5)
+        rows.append({"schedule": item, "upcoming": [] if item.paused else item.upcoming(3),
+                     "runs": list(recent)})
+    return render(request, "schedules.html",
+                  {"nav": "schedules", "schedules": rows, "problem": problem})
+
+
 # -- one run ---------------------------------------------------------------------------------------
 
 

@@ -146,7 +146,29 @@
     form.querySelector(".result").appendChild(link);
   }
 
-  const ACTIONS = { send, cancel, resume, fork };
+  async function rerun(form) {
+    // An optional edit: a JSON object of field values for the new run (empty: none).
+    const text = window.prompt("Rerun from " + form.dataset.step + ". Field edits as a JSON " +
+                               "object (leave empty for none):", "");
+    if (text === null) return;
+    let updates = {};
+    if (text.trim() !== "") {
+      try { updates = JSON.parse(text); } catch (error) { say(form, "not JSON: " + error.message, false); return; }
+      if (updates === null || typeof updates !== "object" || Array.isArray(updates)) {
+        say(form, "the edits must be a JSON object of field values", false);
+        return;
+      }
+    }
+    const data = await call("POST", "/api/runs/" + enc(form.dataset.run) + "/rerun",
+                            { from_step: form.dataset.step, updates });
+    say(form, data.message, true);
+    const link = document.createElement("a");
+    link.href = base + "/runs/" + enc(data.run_id);
+    link.textContent = " open " + data.run_id;
+    form.querySelector(".result").appendChild(link);
+  }
+
+  const ACTIONS = { send, cancel, resume, fork, rerun };
 
   document.addEventListener("submit", (event) => {
     const form = event.target.closest("form[data-action]");
