@@ -230,3 +230,24 @@ def test_a_failing_or_stuck_exporter_never_fails_or_holds_a_run(store: Store) ->
         tracing._settings.forced = None
         release.set()
         provider.shutdown()
+
+
+def test_stream_checkpoints_are_spans(store: Store, spans: InMemorySpanExporter) -> None:
+    from pitstop import stream
+
+    job = stream.Job("traced-stream", source=stream.Iterable([(f"k{i}", i) for i in range(30)]),
+                     every=10, seconds=60)
+
+    @job.handler
+    def keep(state: Any, record: stream.Record, emit: Any) -> None:
+        state[record.key] = record.value
+
+    report = job.run(store, idle_exit=0.1)
+    found = _named(list(spans.get_finished_spans()), "pitstop.stream.checkpoint")
+    assert len(found) == report.checkpoints >= 3
+    last = found[-1].attributes
+    assert last["pitstop.stream.job"] == "traced-stream"
+    assert last["pitstop.stream.partition"] == 0
+    assert last["pitstop.run.id"] == "traced-stream/0"
+    assert last["pitstop.stream.records"] == 30
+    assert last["pitstop.checkpoint.id"] == store.latest("traced-stream/0").id

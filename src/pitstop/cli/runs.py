@@ -1,5 +1,6 @@
-"""``pitstop runs``: the listing operators run most, so it reads run rows only (never a
-checkpoint's state) and says in one column what each run needs or why it stopped.
+"""``pitstop runs``: the listing operators run most, so it reads run rows (never a
+checkpoint's state; for running runs their loops' position records, for stream partitions
+their head's summary) and says in one column what each run needs or why it stopped.
 """
 
 from __future__ import annotations
@@ -79,10 +80,20 @@ def _detail(run: Run, lease: Ownership, failure: RunFailure | None, now: datetim
     return "-"
 
 
-def listed_json(run: Run, lease: Ownership, failure: RunFailure | None) -> dict[str, Any]:
-    """A run as ``pitstop runs --json`` lists it: its row, its lease, its error if failed."""
+def _size_cell(run: Run) -> Cell:
+    """The run's bytes; marked ``(!)`` when a checkpoint passed its ``size_warning``."""
+    text = human_bytes(run.bytes)
+    warning = run.metadata.get("size_warning") if hasattr(run.metadata, "get") else None
+    return styled(f"{text} (!)", "yellow") if isinstance(warning, dict) else text
+
+
+def listed_json(run: Run, lease: Ownership, failure: RunFailure | None,
+                progress: str | None = None) -> dict[str, Any]:
+    """A run as ``pitstop runs --json`` lists it: its row, its lease, its error if failed,
+    its loops' progress if it runs (or the records of a stream partition)."""
     doc = run_json(run)
     doc["lease"] = lease.state
+    doc["progress"] = progress
     if failure is not None:
         doc["error"] = {"step": failure.step, "type": failure.type, "message": failure.message,
                         "attempt": failure.attempt}
@@ -105,9 +116,12 @@ def runs(
     s: Session, *, statuses: tuple[str, ...], workflow: str | None, since: datetime | None,
     limit: int, offset: int, parent: str | None,
 ) -> None:
-    """List runs, newest first: status, position, size, and what each waits for, why it
-    failed, or who holds it (``running, owner gone``: its owner died; a worker takes it)."""
+    """List runs, newest first: status, position, size (``(!)``: past its size_warning), and
+    what each waits for, why it failed, or who holds it (``running, owner gone``: its owner
+    died; a worker takes it), after a running loop's progress or a stream partition's
+    records."""
     from pitstop.failures import run_failure
+    from pitstop.observe.timelines import listed_progress
     from pitstop.owners import ownership
 
     store = s.store()
@@ -121,9 +135,11 @@ def runs(
     now = datetime.now(UTC)
     leases = [ownership(r, now) for r in found]
     failures = [run_failure(store, r) for r in found]
+    progresses = [listed_progress(store, r) for r in found]
     if s.as_json:
-        s.out.json({"runs": [listed_json(r, lease, failure)
-                             for r, lease, failure in zip(found, leases, failures, strict=True)],
+        s.out.json({"runs": [listed_json(r, lease, failure, progress)
+                             for r, lease, failure, progress
+                             in zip(found, leases, failures, progresses, strict=True)],
                     "more": more})
         _report_damaged(found_all.damaged)
         return
@@ -135,16 +151,25 @@ def runs(
             r.workflow or "-",
             "-" if r.step is None else str(r.step),
             age(r.created_at, now),
-            human_bytes(r.bytes),
+            _size_cell(r),
             str(r.checkpoints),
-            _detail(r, lease, failure, now),
+            _with_progress(_detail(r, lease, failure, now), progress),
         ]
-        for r, lease, failure in zip(found, leases, failures, strict=True)
+        for r, lease, failure, progress in zip(found, leases, failures, progresses, strict=True)
     ]
     s.out.table(RUN_COLUMNS, rows, empty="no runs match")
     if more:
         s.out.note(f"more runs: --offset {offset + limit} for the next page")
     _report_damaged(found_all.damaged)
+
+
+def _with_progress(detail: Cell, progress: str | None) -> Cell:
+    """The loops' progress first (what an operator watching a long run asks), then the
+    detail."""
+    if progress is None:
+        return detail
+    text, style = (detail, "") if isinstance(detail, str) else detail
+    return styled(progress if text == "-" else f"{progress} · {text}", style)
 
 
 def _report_damaged(damaged: list[Problem]) -> None:

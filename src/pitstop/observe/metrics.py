@@ -16,8 +16,11 @@ Counted by the runtime (in this process):
 ``pitstop_checkpoint_bytes``           histogram   workflow (bytes a save added)
 ``pitstop_lease_takeovers_total``      counter     workflow
 ``pitstop_size_warnings_total``        counter     workflow, kind (checkpoint, field)
-``pitstop_cache_hits_total``           counter     kind (hooks for the step cache)
-``pitstop_stream_lag``                 gauge       stream (hook for stream checkpoints)
+``pitstop_cache_hits_total``           counter     kind (step, call: ``ctx.cached``)
+``pitstop_cache_misses_total``         counter     kind (computed here: no result cached)
+``pitstop_effects_total``              counter     workflow, outcome (run, replayed, repeated)
+``pitstop_stream_checkpoints_total``   counter     stream
+``pitstop_stream_lag``                 gauge       stream, partition (records behind)
 =====================================  ==========  ===============================
 
 Read from the store at each scrape (one grouped query and two MIN queries):
@@ -129,10 +132,23 @@ class Metrics:
         self.size_warnings = Counter("pitstop_size_warnings",
                                      "Checkpoints or fields past their size_warning",
                                      ["workflow", "kind"], registry=r)
-        self.cache_hits = Counter("pitstop_cache_hits", "Step cache hits", ["kind"],
-                                  registry=r)
-        self.stream_lag = Gauge("pitstop_stream_lag", "Records behind the stream's head",
-                                ["stream"], registry=r)
+        self.cache_hits = Counter("pitstop_cache_hits",
+                                  "Steps (kind=step) and ctx.cached calls (kind=call) served "
+                                  "from the cache", ["kind"], registry=r)
+        self.cache_misses = Counter("pitstop_cache_misses",
+                                    "Cached steps and calls computed here (nothing cached)",
+                                    ["kind"], registry=r)
+        self.effects = Counter("pitstop_effects",
+                               "ctx.effect calls: run (fn called), replayed (the recorded "
+                               "result returned), repeated (fn ran, but another execution "
+                               "had recorded the effect first)", ["workflow", "outcome"],
+                               registry=r)
+        self.stream_checkpoints = Counter("pitstop_stream_checkpoints",
+                                          "Stream partition checkpoints written", ["stream"],
+                                          registry=r)
+        self.stream_lag = Gauge("pitstop_stream_lag",
+                                "Records in a partition's source after its checkpoint",
+                                ["stream", "partition"], registry=r)
         self.scrape_errors = Counter("pitstop_scrape_errors",
                                      "Scrapes that could not read the store", registry=r)
         self._stores: list[Any] = []
@@ -151,6 +167,17 @@ class Metrics:
             self._stores.append(store)
 
 
+    def cache_lookup(self, kind: str, hit: bool) -> None:
+        """A cached step (``kind="step"``) or ``ctx.cached`` call (``"call"``) looked up."""
+        (self.cache_hits if hit else self.cache_misses).labels(kind).inc()
+
+    def stream_checkpoint(self, stream: str, partition: int, lag: int | None) -> None:
+        """A stream partition's checkpoint, and the records its source holds after it."""
+        self.stream_checkpoints.labels(stream).inc()
+        if lag is not None:
+            self.stream_lag.labels(stream, str(partition)).set(lag)
+
+
 class WorkflowMetrics:
     """One workflow's label children, looked up once (a labels() call costs a lock and a
     dictionary look-up; a step's budget for metrics is about a microsecond)."""
@@ -166,6 +193,10 @@ class WorkflowMetrics:
         self.checkpoint_seconds = metrics.checkpoint_seconds.labels(workflow)
         self.checkpoint_bytes = metrics.checkpoint_bytes.labels(workflow)
         self.saved: dict[str, Any] = {}
+
+    def effect(self, outcome: str) -> None:
+        """A ``ctx.effect`` call: ``run``, ``replayed`` or ``repeated``."""
+        self.metrics.effects.labels(self.workflow, outcome).inc()
 
     def saved_checkpoint(self, status: str, seconds: float, added: int | None) -> None:
         counter = self.saved.get(status)

@@ -350,4 +350,23 @@ def progress(store: Any, run_id: str) -> list[Progress]:
     return found
 
 
-__all__ = ["EFFECT_ROWS_MAX", "Event", "Progress", "Span", "events", "progress", "timeline"]
+def listed_progress(store: Any, run: Run, head: Any = None) -> str | None:
+    """A line for a run list (``pitstop runs``, the inspector's runs page): a running
+    run's loops (``rows 32,000 / 300,000 (10.7%) · 1,250/s``) or a stream partition's records
+    (from its head checkpoint's summary: ``head``, if the caller read it). None for other
+    runs: a list reads no more than its running runs' position records."""
+    workflow = run.workflow or ""
+    if workflow.startswith("stream:"):
+        if run.head_id is None:
+            return None
+        summary = head if head is not None else store.summary(run.head_id)
+        records = _mapping(summary.metadata.get("stream")).get("records")
+        return f"{records:,} records" if type(records) is int else None
+    if run.status is not RunStatus.RUNNING:
+        return None
+    loops = progress(store, run.id)
+    return "; ".join(f"{loop.name} {loop}" for loop in loops) or None
+
+
+__all__ = ["EFFECT_ROWS_MAX", "Event", "Progress", "Span", "events", "listed_progress",
+           "progress", "timeline"]

@@ -145,6 +145,7 @@ class StepContext:
         if found:
             if replayed is not None:
                 replayed.append(True)
+            self._count_effect("replayed")
             return value
         if _takes_key(fn):
             kwargs["idempotency_key"] = key
@@ -152,9 +153,11 @@ class StepContext:
         if inspect.isawaitable(result):
             raise TypeError(f"effect {name!r}: use `await ctx.aeffect(...)` for async functions")
         parent = self._execution.parent_id
-        return self._patiently(
-            name, lambda: store.record_effect(run_id, key, result, checkpoint_id=parent)
+        first, recorded = self._patiently(
+            name, lambda: store.record_effect_first(run_id, key, result, checkpoint_id=parent)
         )
+        self._count_effect("run" if first else "repeated")
+        return recorded
 
     async def aeffect(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """:meth:`effect` for async steps; ``fn`` may be sync or async."""
@@ -164,6 +167,7 @@ class StepContext:
             name, lambda: asyncio.to_thread(store.get_effect, run_id, key)
         )
         if found:
+            self._count_effect("replayed")
             return value
         if _takes_key(fn):
             kwargs["idempotency_key"] = key
@@ -171,12 +175,19 @@ class StepContext:
         if inspect.isawaitable(result):
             result = await result
         parent = self._execution.parent_id
-        return await self._apatiently(
+        first, recorded = await self._apatiently(
             name,
             lambda: asyncio.to_thread(
-                store.record_effect, run_id, key, result, checkpoint_id=parent
+                store.record_effect_first, run_id, key, result, checkpoint_id=parent
             ),
         )
+        self._count_effect("run" if first else "repeated")
+        return recorded
+
+    def _count_effect(self, outcome: str) -> None:
+        counting = self._execution.metrics
+        if counting is not None:
+            counting.effect(outcome)
 
     def _store_blip(self, name: str, exc: StoreError, attempt: int) -> float:
         """The delay before trying an effect's store call again; re-raises when out of tries."""
@@ -238,6 +249,7 @@ class StepContext:
                 owner = ""
                 break
             time.sleep(delay)
+        self._count_lookup(hit=False)
         renewal = Renewal(store, lookup, owner, _CALL_LEASE) if owner else None
         try:
             result = fn(*args, **kwargs)
@@ -283,6 +295,7 @@ class StepContext:
                 owner = ""
                 break
             await asyncio.sleep(delay)
+        self._count_lookup(hit=False)
         renewal = Renewal(store, lookup, owner, _CALL_LEASE) if owner else None
         try:
             result = fn(*args, **kwargs)
@@ -311,7 +324,13 @@ class StepContext:
     def _served(self, name: str, hit: Any) -> Any:
         self._execution.cached_from.append({"call": name, "step": self.step,
                                             "run": hit.entry.run_id})
+        self._count_lookup(hit=True)
         return hit.values["value"]
+
+    def _count_lookup(self, *, hit: bool) -> None:
+        counting = self._execution.metrics
+        if counting is not None:
+            counting.metrics.cache_lookup("call", hit)
 
     def _store_cached(
         self, lookup: str, name: str, result: Any, owner: str, ttl: float | timedelta | None

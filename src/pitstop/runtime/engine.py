@@ -695,6 +695,8 @@ class Execution:
                     log.info(kv(event="cached", run=self.run_id, step=spec.name,
                                 source=hit.entry.run_id),
                              extra={"run_id": self.run_id, "step": spec.name})
+                if self.metrics is not None:
+                    self.metrics.metrics.cache_lookup("step", True)
                 return _cached_output(hit.values)
             owner = owner or claim_owner()
             outcome = yield _Io(self.store.cache_claim, key, spec.name, owner,
@@ -704,9 +706,13 @@ class Execution:
             waiting = waiting or Waiting(policy.wait)
             delay = waiting.next_delay()
             if delay is None:  # waited long enough: compute it here, unclaimed
+                if self.metrics is not None:
+                    self.metrics.metrics.cache_lookup("step", False)
                 self.claim = StepClaim(key, spec.name, None, None, policy.seconds)
                 return (yield _Call(invoke, view, ctx, inputs))
             yield _Sleep(delay)
+        if self.metrics is not None:
+            self.metrics.metrics.cache_lookup("step", False)
         self.claim = StepClaim(key, spec.name, owner,
                                Renewal(self.store, key, owner, policy.lease), policy.seconds)
         return (yield _Call(invoke, view, ctx, inputs))

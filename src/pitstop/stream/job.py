@@ -36,6 +36,7 @@ from ..errors import (
     StreamError,
 )
 from ..model import RunStatus
+from ..observe import metrics, tracing
 from ..store import RetentionPolicy, Store
 from .keyed import ExpiringState, KeyedState, chain_ids, fold, needs_base
 from .records import Output, Position, Record
@@ -581,14 +582,37 @@ class Job:
         full = needs_base(part.since_base_keys + part.state.dirty,
                           part.since_base_checkpoints, len(part.state))
         try:
-            self._write(store, part, full=full)
+            with tracing.span("pitstop.stream.checkpoint", {
+                    "pitstop.stream.job": self.name, "pitstop.stream.partition": part.index,
+                    "pitstop.run.id": part.run_id, "pitstop.stream.full": full}) as span:
+                self._write(store, part, full=full)
+                if span is not None:
+                    span.set_attribute("pitstop.stream.records", part.records)
+                    span.set_attribute("pitstop.stream.position", str(part.position))
+                    span.set_attribute("pitstop.checkpoint.id", str(part.head))
         except LeaseLostError:
             log.warning("stream job %r: partition %d lost its lease; another owner goes on "
                         "from its last checkpoint", self.name, part.index)
             self._drop(part, owned)
             return
         report.checkpoints += 1
+        counting = metrics.current()
+        if counting is not None:  # (the lag: one broker call per checkpoint, only when on)
+            counting.stream_checkpoint(self.name, part.index, self._lag(part))
         self._deliver(part, report)
+
+    def _lag(self, part: _Partition) -> int | None:
+        """Records after the partition's checkpoint; for Redis one XINFO (the stream's
+        ``entries-added`` less the partition's offset), not a read of the records."""
+        if not isinstance(self.source, RedisStream):
+            return self.source.lag(part.index, part.position)
+        try:
+            info = self.source._info(part.index)
+        except BrokerUnavailableError:
+            return None
+        if info is None:
+            return None
+        return max(0, int(info.get("entries-added", 0)) - part.offset)
 
     def _write(self, store: Store, part: _Partition, *, full: bool,
                status: RunStatus = RunStatus.RUNNING, error: dict[str, Any] | None = None,

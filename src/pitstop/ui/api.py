@@ -82,6 +82,10 @@ class RunOut(BaseModel):
                     "node left to run (LangGraph savers write no status when a graph ends).")
     metadata: dict[str, Any]
     error: Failure | None
+    progress: str | None = Field(
+        default=None,
+        description="A running run's loops (`rows 32,000 / 300,000 (10.7%) · 1,250/s`) or a "
+                    "stream partition's records; in run lists only.")
 
 
 class Damaged(BaseModel):

@@ -200,6 +200,19 @@ def _heads(store: Store, runs: Sequence[Run]) -> dict[str, CheckpointSummary]:
         return {r.head_id: h for r in runs if r.head_id and (h := _head(store, r)) is not None}
 
 
+def _listed_progress(store: Store, run: Run, head: CheckpointSummary | None) -> str | None:
+    """A running loop's progress, or a stream partition's records (see
+    :func:`pitstop.observe.timelines.listed_progress`); None if it cannot be read."""
+    from ..observe.timelines import listed_progress
+
+    if run.status is not RunStatus.RUNNING and not (run.workflow or "").startswith("stream:"):
+        return None
+    try:
+        return listed_progress(store, run, head)
+    except PitstopError:  # a damaged record: the row shows no progress
+        return None
+
+
 def list_runs(
     store: Store, filters: RunFilter, *, before: str | None = None, limit: int = PAGE
 ) -> dict[str, Any]:
@@ -212,8 +225,11 @@ def list_runs(
     counting.pop("status")
     counts = store.count_runs(**counting)
     heads = _heads(store, found)
+    rows = [run_row(r, heads.get(r.head_id or "")) for r in found]
+    for run, row in zip(found, rows, strict=True):
+        row["progress"] = _listed_progress(store, run, heads.get(run.head_id or ""))
     return {
-        "runs": [run_row(r, heads.get(r.head_id or "")) for r in found],
+        "runs": rows,
         "counts": {s: counts.get(s, 0) for s in STATUSES},
         "total": sum(counts.get(s, 0) for s in (filters.statuses or STATUSES)),
         "next": found[-1].id if more and found else None,

@@ -742,6 +742,14 @@ class Store(ABC):
         checkpoint drops the record.
         """
 
+    def record_effect_first(
+        self, run_id: str, key: str, result: Any, *, checkpoint_id: str | None = None
+    ) -> tuple[bool, Any]:
+        """:meth:`record_effect`, and whether this call recorded it (False: another
+        execution of the step had recorded its result first, so the effect ran twice)."""
+        recorded = self.record_effect(run_id, key, result, checkpoint_id=checkpoint_id)
+        return recorded is result, recorded
+
     @abstractmethod
     def record_effects(
         self,

@@ -88,6 +88,11 @@ class Effects(SqlBackend):
     def record_effect(
         self, run_id: str, key: str, result: Any, *, checkpoint_id: str | None = None
     ) -> Any:
+        return self.record_effect_first(run_id, key, result, checkpoint_id=checkpoint_id)[1]
+
+    def record_effect_first(
+        self, run_id: str, key: str, result: Any, *, checkpoint_id: str | None = None
+    ) -> tuple[bool, Any]:
         blob = self._value_codec.encode_value(result, run_id=run_id, path=f"effect[{key!r}]")
 
         def write(tx: Tx) -> Any:
@@ -101,8 +106,8 @@ class Effects(SqlBackend):
 
         existing = self._tx(write, write=True)
         if existing is None:
-            return result
-        return self._decode_result(run_id, key, existing)
+            return True, result
+        return False, self._decode_result(run_id, key, existing)
 
     def _decode_result(self, run_id: str, key: str, row: tuple[Any, Any]) -> Any:
         data, h = row

@@ -1,0 +1,99 @@
+"""The runtime's own counters (#29): cache hits and misses, effects run, replayed and
+repeated, stream checkpoints and lag; read from a real prometheus-client registry."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("prometheus_client", reason="the metrics extra is not installed")
+
+import pitstop
+from pitstop import CachePolicy, Store, stream
+from pitstop.observe import metrics
+
+
+@pytest.fixture
+def counted() -> Iterator[metrics.Metrics]:
+    """Metrics on for this test alone (a registry of its own)."""
+    before = metrics._current.metrics
+    metrics._current.metrics = metrics.Metrics()
+    yield metrics._current.metrics
+    metrics._current.metrics = before
+
+
+def _sample(counted: metrics.Metrics, name: str, **labels: str) -> float:
+    return counted.registry.get_sample_value(name, labels) or 0.0
+
+
+def test_cache_hits_and_misses_of_steps_and_calls(store: Store,
+                                                  counted: metrics.Metrics) -> None:
+    wf = pitstop.Workflow("fed-cache")
+
+    @wf.step(cache=CachePolicy(inputs=["n"]))
+    def fetch(state: dict[str, Any]) -> dict[str, Any]:
+        return {"page": state["n"] * 2}
+
+    @wf.step
+    def lookup(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
+        return {"twice": ctx.cached("double", lambda n: n * 2, state["n"])}
+
+    for n in (1, 1, 2):
+        wf.start(store, {"n": n})
+    assert _sample(counted, "pitstop_cache_hits_total", kind="step") == 1
+    assert _sample(counted, "pitstop_cache_misses_total", kind="step") == 2
+    assert _sample(counted, "pitstop_cache_hits_total", kind="call") == 1
+    assert _sample(counted, "pitstop_cache_misses_total", kind="call") == 2
+
+
+def test_effects_run_replayed_and_repeated(store: Store, counted: metrics.Metrics) -> None:
+    wf = pitstop.Workflow("fed-effects")
+    failed: list[bool] = []
+
+    @wf.step(retry=pitstop.Retry(attempts=2, backoff=0))
+    def pay(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
+        charged = ctx.effect("charge", lambda: 42)
+        if not failed:
+            failed.append(True)
+            raise RuntimeError("after the effect")  # the retry replays the recorded charge
+        return {"charged": charged}
+
+    @wf.step
+    def notify(state: dict[str, Any], ctx: pitstop.StepContext) -> dict[str, Any]:
+        key, run_id = ctx.idempotency_key("mail"), ctx.run_id
+
+        def send() -> int:
+            # Another execution of this step recorded the effect while this one ran it:
+            # the effect ran twice (the window ctx.effect documents).
+            store.record_effect(run_id, key, 1)
+            return 2
+
+        return {"sent": ctx.effect("mail", send)}
+
+    result = wf.start(store, {})
+    assert result.state["charged"] == 42 and result.state["sent"] == 1
+    assert _sample(counted, "pitstop_effects_total", workflow="fed-effects",
+                   outcome="run") == 1
+    assert _sample(counted, "pitstop_effects_total", workflow="fed-effects",
+                   outcome="replayed") == 1
+    assert _sample(counted, "pitstop_effects_total", workflow="fed-effects",
+                   outcome="repeated") == 1
+
+
+def test_stream_checkpoints_and_lag(store: Store, counted: metrics.Metrics) -> None:
+    items = [(f"k{i % 7}", 1) for i in range(250)]
+    job = stream.Job("fed-stream", source=stream.Iterable(items, partitions=2), every=50,
+                     seconds=60)
+
+    @job.handler
+    def count(state: Any, record: stream.Record, emit: Any) -> None:
+        state[record.key] = state.get(record.key, 0) + record.value
+
+    report = job.run(store, idle_exit=0.1)
+    assert _sample(counted, "pitstop_stream_checkpoints_total",
+                   stream="fed-stream") == report.checkpoints > 0
+    for partition in ("0", "1"):
+        assert counted.registry.get_sample_value(
+            "pitstop_stream_lag", {"stream": "fed-stream", "partition": partition}) == 0
