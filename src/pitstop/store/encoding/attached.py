@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import ormsgpack
@@ -38,6 +38,27 @@ def frame_records(rows: Iterable[tuple[str, bytes, bytes]], *, replace: bool) ->
         out += _HEADER.pack(len(payload), zlib.crc32(payload))
         out += payload
     return bytes(out)
+
+
+def frames_of(rows: Iterable[tuple[str, bytes, bytes, bool]]) -> bytes:
+    """Frames for ``(key, result, hash, replace)`` rows, as :func:`read_frames` yields them
+    (``pitstop rekey`` writes a row's frames again, each value sealed anew)."""
+    out = bytearray()
+    for key, result, hash_, replace in rows:
+        out += frame_records([(key, result, hash_)], replace=replace)
+    return bytes(out)
+
+
+def map_frames(
+    data: bytes, convert: Callable[[bytes, bytes], tuple[bytes, bytes]], *,
+    run_id: str | None = None, checkpoint_id: str | None = None,
+) -> bytes:
+    """``data``'s frames again, each ``(result, hash)`` made ``convert(result, hash)``."""
+    return frames_of(
+        (key, *convert(result, hash_), replace)
+        for key, result, hash_, replace in read_frames(
+            data, run_id=run_id, checkpoint_id=checkpoint_id)
+    )
 
 
 def read_frames(
@@ -100,4 +121,4 @@ def merged(
     return out
 
 
-__all__ = ["frame_records", "merged", "read_frames"]
+__all__ = ["frame_records", "frames_of", "map_frames", "merged", "read_frames"]

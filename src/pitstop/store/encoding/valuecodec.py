@@ -45,6 +45,7 @@ from .records import (
 
 if TYPE_CHECKING:
     from ...serde.codec import MsgpackSerializer
+    from .sealed import Encryption
 
 
 class RowsReleased(Exception):
@@ -87,6 +88,11 @@ class ValueCodec:
         self._chunk_format = self.serializer.format_id | (
             chunking.SHA256_KEYS if chunk_hash == "sha256" else 0
         )
+        self.sealer: Encryption | None = None
+        """A sealed store's key ring (``encryption=``, set by :meth:`seal`): the values
+        :meth:`encode_value` makes (inputs, effects' results, attached writes) are sealed
+        with it, under a keyed content address
+        (:meth:`~pitstop.store.encoding.sealed.Encryption.address`)."""
         self.seal_chunks = False
         """Seal a grown field's open last chunk instead of extending it (and never make a
         superseded chunk an alias): see :func:`pitstop.serde.chunks.sealed`; and cut dicts
@@ -678,12 +684,29 @@ class ValueCodec:
             ) from exc
 
     def encode_value(self, value: Any, *, run_id: str, path: str) -> NewBlob:
-        """A value as a separately stored, content-addressed blob (inputs, effects)."""
+        """A value as a separately stored, content-addressed blob (inputs, effects). (A
+        sealed store's codec has :meth:`_encode_sealed` in its place: see :meth:`seal`.)"""
         raw = self._dumps(value, run_id, path)
         fmt = self.serializer.format_id
         return NewBlob(
             digest(fmt, raw), frame(raw, fmt, compress_threshold=self.compress_threshold)
         )
+
+    def _encode_sealed(self, value: Any, *, run_id: str, path: str) -> NewBlob:
+        """:meth:`encode_value` of a sealed store: sealed, under a keyed content address."""
+        assert self.sealer is not None
+        raw = self._dumps(value, run_id, path)
+        fmt = self.serializer.format_id
+        key = self.sealer.address(fmt, raw)
+        framed = frame(raw, fmt, compress_threshold=self.compress_threshold)
+        return NewBlob(key, self.sealer.seal_small(key, framed))
+
+    def seal(self, encryption: Encryption) -> None:
+        """Seal the records this codec encodes from now on with ``encryption`` (a sealed
+        store's ring). :meth:`encode_value` is replaced rather than made to ask on every
+        call: a plain store's records cost what they did."""
+        self.sealer = encryption
+        self.encode_value = self._encode_sealed  # type: ignore[method-assign]
 
     def encode_state(
         self,
@@ -812,16 +835,68 @@ class ValueCodec:
             raise corrupt(f"value {missing} is missing from the store")
         if type(data) is TextInBlobColumn:
             raise corrupt(f"value {TEXT_IN_BLOB}")
-        try:
-            fmt, raw = unframe(bytes(data))
-        except ValueError as exc:
-            raise corrupt(str(exc)) from None
-        # Inline values (no hash) are covered by their record's checksum instead.
-        if expected_hash is not None and digest(fmt, raw) != expected_hash:
-            raise corrupt("value checksum mismatch (truncated or altered)")
+        if self.sealer is not None and data[:1] == b"\xff":  # (no plain frame's header)
+            fmt, raw = self._open_sealed(data, expected_hash, corrupt)
+        else:
+            # (Opened without its keys, a sealed value raises EncryptionKeyError here.)
+            try:
+                fmt, raw = unframe(bytes(data))
+            except ValueError as exc:
+                raise corrupt(str(exc)) from None
+            # Inline values (no hash) are covered by their record's checksum instead.
+            if expected_hash is not None and digest(fmt, raw) != expected_hash:
+                raise corrupt("value checksum mismatch (truncated or altered)")
         return self._load_raw(
             fmt, raw, strict=strict, checkpoint_id=checkpoint_id, run_id=run_id, field=field
         )
+
+    def _open_sealed(
+        self, data: bytes, expected_hash: bytes | None,
+        corrupt: Callable[[str], CorruptCheckpointError],
+    ) -> tuple[int, bytes]:
+        """The frame of a sealed value, opened: AES-GCM authenticates it and binds it to
+        ``expected_hash`` (its authenticated data), so no digest is computed again. An
+        unknown key id raises :class:`~pitstop.EncryptionKeyError`; an altered value, or
+        one moved from another's place, is damage."""
+        from .sealed import key_id_of
+
+        assert self.sealer is not None
+        plain = None if expected_hash is None else self.sealer.open(expected_hash, data)
+        if plain is None:
+            raise corrupt(
+                f"sealed value fails authentication under key {key_id_of(data)!r} (altered, "
+                "or moved from another value's place)"
+            )
+        try:
+            return unframe(plain)
+        except ValueError as exc:
+            raise corrupt(str(exc)) from None
+
+    def plain_record(self, data: bytes, key: bytes) -> tuple[bytes, bytes]:
+        """``(value, content key)`` of a record (an input, an effect's result, an attached
+        write) as an export carries it: opened if sealed, under its SHA-256, so an archive
+        imports into any store (:meth:`sealed_record` seals it again there)."""
+        if self.sealer is None or data[:1] != b"\xff":
+            return data, key
+        plain = self.sealer.open(key, data)
+        if plain is None:
+            from .sealed import key_id_of
+
+            raise CorruptCheckpointError(
+                f"sealed record {key.hex()[:16]} fails authentication under key "
+                f"{key_id_of(data)!r} (altered, or moved from another value's place)"
+            )
+        fmt, raw = unframe(plain)
+        return plain, digest(fmt, raw)
+
+    def sealed_record(self, data: bytes, key: bytes) -> tuple[bytes, bytes]:
+        """``(value, content key)`` of a plain record (checked against its SHA-256 already:
+        an import's) as a sealed store keeps it (as it is in any other)."""
+        if self.sealer is None or data[:1] == b"\xff":
+            return data, key
+        fmt, raw = unframe(data)
+        address = self.sealer.address(fmt, raw)
+        return self.sealer.seal_small(address, data), address
 
     def _list_from_rows(
         self,

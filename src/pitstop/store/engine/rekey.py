@@ -3,7 +3,8 @@
 After a new key is made current (``Encryption(keys={"k2": ..., "k1": ...}, current="k2")``),
 new values are sealed under it and old ones still open under ``k1``. :func:`rekey` seals
 every value still under another key (or plaintext, written before the store was sealed)
-again under ``k2``, after which ``k1`` can be dropped from the ring.
+again under ``k2``, after which ``k1`` can be dropped from the ring; and so are the records
+a sealed store keeps in the database (inputs, effects' results, attached writes).
 
 It runs beside normal work: a batch of values at a time, each read, sealed into a new pack,
 and its row pointed at the new copy in a short transaction of its own. A pack (or a file
@@ -19,8 +20,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ...errors import StoreError, UnsupportedStoreError
+from ...serde import digest, unframe
+from ..encoding.attached import frames_of, read_frames
 from ..encoding.blobs import Slot
-from ..encoding.sealed import SealedBlobStore
+from ..encoding.sealed import Encryption, SealedBlobStore, is_sealed, key_id_of
 from .values import slot_of
 
 _BATCH = 64
@@ -77,7 +80,115 @@ def rekey(store: Any, to: str, *, progress: Callable[[int, int], None] | None = 
         done += len(rows)
         if progress:
             progress(done, total)
+    return resealed + _reseal_records(store, blobs.encryption, blobs.encryption.with_current(to))
+
+
+def _reseal_records(store: Any, ring: Encryption, target: Encryption) -> int:
+    """Seal again under ``target``'s current key the records a sealed store keeps in the
+    database (inputs, effects' results, writes attached to checkpoints), and seal those
+    written before the store was sealed, under a keyed address in place of their SHA-256;
+    how many records (values of attached writes) were sealed again.
+
+    Each row is updated only if it is still what was read (its bytes compared): a
+    concurrent ``record_effects(replace=True)`` or an appended write wins, and a run of
+    rekey after it seals what that wrote if need be."""
+    resealed = 0
+    after: tuple[str, ...] = ("",)
+    while True:  # inputs, by id
+        rows = store._tx(lambda tx, after=after: tx.all(
+            "SELECT id, payload, hash FROM pitstop_inputs WHERE id > ? ORDER BY id LIMIT ?",
+            (after[0], _BATCH),
+        ))
+        if not rows:
+            break
+        after = (str(rows[-1][0]),)
+        updates: list[tuple[Any, ...]] = []
+        for input_id, payload, old_hash in rows:
+            new = _resealed(ring, target, bytes(payload), bytes(old_hash),
+                            f"input {input_id}")
+            if new is not None:
+                updates.append((new[0], new[1], input_id, payload, old_hash))
+        if updates:
+            store._tx(lambda tx, updates=updates: tx.many(
+                "UPDATE pitstop_inputs SET payload = ?, hash = ? "
+                "WHERE id = ? AND payload = ? AND hash = ?", updates), write=True)
+            resealed += len(updates)
+    run_after, key_after = "", ""
+    while True:  # effects, by run and key
+        rows = store._tx(lambda tx, r=run_after, k=key_after: tx.all(
+            "SELECT run_id, key, result, hash FROM pitstop_effects WHERE run_id > ? "
+            "OR (run_id = ? AND key > ?) ORDER BY run_id, key LIMIT ?",
+            (r, r, k, _BATCH),
+        ))
+        if not rows:
+            break
+        run_after, key_after = str(rows[-1][0]), str(rows[-1][1])
+        updates = []
+        for run_id, key, result, old_hash in rows:
+            new = _resealed(ring, target, bytes(result), bytes(old_hash),
+                            f"run {run_id!r}: effect {key!r}")
+            if new is not None:
+                updates.append((new[0], new[1], run_id, key, result, old_hash))
+        if updates:
+            store._tx(lambda tx, updates=updates: tx.many(
+                "UPDATE pitstop_effects SET result = ?, hash = ? "
+                "WHERE run_id = ? AND key = ? AND result = ? AND hash = ?", updates),
+                write=True)
+            resealed += len(updates)
+    after = ("",)
+    while True:  # writes attached to checkpoints, by checkpoint id
+        rows = store._tx(lambda tx, after=after: tx.all(
+            "SELECT id, run_id, writes FROM pitstop_checkpoints WHERE writes IS NOT NULL "
+            "AND id > ? ORDER BY id LIMIT ?", (after[0], _BATCH),
+        ))
+        if not rows:
+            break
+        after = (str(rows[-1][0]),)
+        updates = []
+        for checkpoint_id, run_id, writes in rows:
+            frames = []
+            changed = 0
+            for name, result, old_hash, replace in read_frames(
+                bytes(writes), run_id=run_id, checkpoint_id=checkpoint_id
+            ):
+                new = _resealed(ring, target, result, old_hash,
+                                f"run {run_id!r}: checkpoint {checkpoint_id}: write {name!r}")
+                if new is not None:
+                    changed += 1
+                frames.append((name, *(new or (result, old_hash)), replace))
+            if changed:
+                updates.append((frames_of(frames), run_id, checkpoint_id, writes))
+                resealed += changed
+        if updates:
+            store._tx(lambda tx, updates=updates: tx.many(
+                "UPDATE pitstop_checkpoints SET writes = ? "
+                "WHERE run_id = ? AND id = ? AND writes = ?", updates), write=True)
     return resealed
+
+
+def _resealed(ring: Encryption, target: Encryption, data: bytes, key: bytes, where: str
+              ) -> tuple[bytes, bytes] | None:
+    """``(sealed value, content key)`` of a record's value sealed under ``target``'s
+    current key (None: it is already). A sealed one keeps its key (the seal binds it); a
+    plain one (written before the store was sealed) gets a keyed one."""
+    if is_sealed(data):
+        if key_id_of(data) == target.current:
+            return None
+        plain = ring.open(key, data)
+        if plain is None:
+            raise StoreError(
+                f"rekey: {where}: its sealed value fails authentication (altered); "
+                "`pitstop verify` lists what is damaged"
+            )
+        return target.seal_small(key, plain), key
+    try:
+        fmt, raw = unframe(data)
+    except ValueError as exc:
+        raise StoreError(f"rekey: {where}: its value cannot be read ({exc})") from None
+    if digest(fmt, raw) != key:  # (sealing damage would hide it for good)
+        raise StoreError(f"rekey: {where}: its value fails its checksum (altered)")
+    address = target.address(fmt, raw)
+    return target.seal_small(address, data), address
 
 
 def _repoint(tx: Any, blobs: SealedBlobStore, todo: list[tuple[bytes, Slot | None, bytes]],

@@ -92,12 +92,12 @@ class RecordSpool(Collection[R]):
 
 def spool_rows(
     tx: Tx, table: Table, make: Callable[..., R], run_id: str, *, order: str,
-    page: int | None = None,
+    page: int | None = None, convert: Callable[[Sequence[Any]], Sequence[Any]] | None = None,
 ) -> RecordSpool[R]:
     """Every row of ``table`` for ``run_id`` ordered by ``order`` (a column unique within
     the run: an index after ``run_id`` keeps each page a range read), into a spool, read in
     keyset pages of ``page`` rows (default :data:`PAGE`): as the one ``ORDER BY`` statement
-    would return them."""
+    would return them; each row made ``convert(row)`` first if given."""
     page = PAGE if page is None else page
     key = table.columns.index(order)
     base = f"SELECT {table.column_list()} FROM {table.name} WHERE run_id = ?"
@@ -107,7 +107,7 @@ def spool_rows(
     rows = tx.all(first, (run_id,))
     while rows:
         for row in rows:
-            spool.add(row)
+            spool.add(row if convert is None else convert(row))
         if len(rows) < page:
             break
         rows = tx.all(rest, (run_id, rows[-1][key]))

@@ -12,14 +12,14 @@ them; :class:`RunTransfer` is the part of ``SqlStore`` that reads one from a sto
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import ConflictError, CorruptCheckpointError, RunExistsError, RunNotFoundError
 from ...model import Run, RunStatus
 from ..contract.base import Progress
-from ..encoding.attached import read_frames
+from ..encoding.attached import map_frames, read_frames
 from ..encoding.records import CheckpointRecord, NewBlob, stored_hashes
 from ..engine.backend import CHUNK, Tx
 from ..engine.rowcheck import (
@@ -41,6 +41,7 @@ from ..engine.schema import (
     EffectRecord,
     InputRecord,
     RunRecord,
+    Table,
     check_id,
 )
 from ..engine.spool import RecordSpool, spool_rows
@@ -260,6 +261,40 @@ _SELECT_EFFECTS = (
 )
 
 
+_RECORD_VALUES = {INPUTS.name: ("payload", "hash"), EFFECTS.name: ("result", "hash")}
+"""The value and content key columns of the tables of records (inputs, effects)."""
+_WRITES = CHECKPOINTS.columns.index("writes")
+
+Convert = Callable[[bytes, bytes], tuple[bytes, bytes]]
+
+
+def _converted(convert: Convert, table_name: str) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    """A row of ``table_name`` with each record value in it (an input's, an effect's, the
+    writes attached to a checkpoint) made ``convert(value, key)``: opened for an export of
+    a sealed store, sealed on import into one (see ``ValueCodec.plain_record``)."""
+    if table_name == CHECKPOINTS.name:
+        def checkpoint(row: Sequence[Any]) -> tuple[Any, ...]:
+            out = list(row)
+            if out[_WRITES] is not None:
+                out[_WRITES] = map_frames(bytes(out[_WRITES]), convert, run_id=str(out[1]),
+                                          checkpoint_id=str(out[0]))
+            return tuple(out)
+
+        return checkpoint
+    value, key = (_columns(table_name).index(c) for c in _RECORD_VALUES[table_name])
+
+    def record(row: Sequence[Any]) -> tuple[Any, ...]:
+        out = list(row)
+        out[value], out[key] = convert(bytes(out[value]), bytes(out[key]))
+        return tuple(out)
+
+    return record
+
+
+def _columns(table_name: str) -> tuple[str, ...]:
+    return INPUTS.columns if table_name == INPUTS.name else EFFECTS.columns
+
+
 def _values(record: Any, columns: tuple[str, ...], **override: Any) -> tuple[Any, ...]:
     """A record's values in the order of ``columns`` (some replaced)."""
     return tuple(override[c] if c in override else getattr(record, c) for c in columns)
@@ -328,6 +363,17 @@ class RunTransfer(StoredValues):
             }
             data.inputs = [InputRecord(*r) for r in tx.all(_SELECT_INPUTS, (run_id,))]
             data.effects = [EffectRecord(*r) for r in tx.all(_SELECT_EFFECTS, (run_id,))]
+            if self._value_codec.sealer is not None:  # records travel plain, as values do
+                opened = self._value_codec.plain_record
+                to_row = _converted(opened, CHECKPOINTS.name)
+                data.checkpoints = [CheckpointRecord(*to_row(c.row()))
+                                    for c in data.checkpoints]
+                to_row = _converted(opened, INPUTS.name)
+                data.inputs = [InputRecord(*to_row(_values(i, INPUTS.columns)))
+                               for i in data.inputs]
+                to_row = _converted(opened, EFFECTS.name)
+                data.effects = [EffectRecord(*to_row(_values(e, EFFECTS.columns)))
+                                for e in data.effects]
             return data
 
         # One read transaction: a snapshot, so a concurrent prune cannot tear the export.
@@ -340,7 +386,12 @@ class RunTransfer(StoredValues):
         references (chunks under nodes found by reading the nodes alone, never the chunks)
         that are present. Memory holds a page of rows and the values' keys."""
         run_id = data.run.run_id
-        data.checkpoints = spool_rows(tx, CHECKPOINTS, CheckpointRecord, run_id, order="id")
+        opened = self._value_codec.plain_record if self._value_codec.sealer else None
+        def plain(table: Table) -> Callable[[Sequence[Any]], Sequence[Any]] | None:
+            return None if opened is None else _converted(opened, table.name)
+
+        data.checkpoints = spool_rows(tx, CHECKPOINTS, CheckpointRecord, run_id, order="id",
+                                      convert=plain(CHECKPOINTS))
         keys: dict[bytes, None] = {}
         for record in data.checkpoints:
             try:
@@ -357,8 +408,10 @@ class RunTransfer(StoredValues):
             for key, (target, size) in self._prefix_rows(tx, present).items()
             if target in data.blobs
         }
-        data.inputs = spool_rows(tx, INPUTS, InputRecord, run_id, order="id")
-        data.effects = spool_rows(tx, EFFECTS, EffectRecord, run_id, order="key")
+        data.inputs = spool_rows(tx, INPUTS, InputRecord, run_id, order="id",
+                                 convert=plain(INPUTS))
+        data.effects = spool_rows(tx, EFFECTS, EffectRecord, run_id, order="key",
+                                  convert=plain(EFFECTS))
         return data
 
     def import_run(self, data: RunExport, *, progress: Progress | None = None) -> Run:
@@ -421,19 +474,24 @@ class RunTransfer(StoredValues):
                 "ON CONFLICT (run_id, hash) DO NOTHING",
                 [(run.run_id, h) for h in hashes],
             )
+            sealed = self._value_codec.sealed_record if self._value_codec.sealer else None
+            keep: Callable[[Sequence[Any]], Sequence[Any]] = tuple
             for batch in _batches(data.checkpoints, CHUNK):
-                tx.many(INSERT_CHECKPOINT, [c.row() for c in batch])
+                seal = keep if sealed is None else _converted(sealed, CHECKPOINTS.name)
+                tx.many(INSERT_CHECKPOINT, [seal(c.row()) for c in batch])
                 done += len(batch)
                 if progress:
                     progress(done, total)
             tx.run(_INSERT_IMPORTED_RUN, _values(run, EXPORTED_RUN_COLUMNS, status=status))
+            seal = keep if sealed is None else _converted(sealed, INPUTS.name)
             tx.many(
                 INPUTS.insert(),
-                [_values(i, INPUTS.columns, run_id=run.run_id) for i in data.inputs],
+                [seal(_values(i, INPUTS.columns, run_id=run.run_id)) for i in data.inputs],
             )
+            seal = keep if sealed is None else _converted(sealed, EFFECTS.name)
             tx.many(
                 EFFECTS.insert(),
-                [_values(e, EFFECTS.columns, run_id=run.run_id) for e in data.effects],
+                [seal(_values(e, EFFECTS.columns, run_id=run.run_id)) for e in data.effects],
             )
 
         self._tx(write, write=True)
