@@ -358,6 +358,58 @@ def test_stream_status_command(store: Store, client: Any, name: str) -> None:
     assert missing.code == 2 and "no stream job 'nope'" in missing.err
 
 
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_inspector_shows_the_job_partitions(store: Store, client: Any, name: str) -> None:
+    pytest.importorskip("fastapi", reason="the ui extra is not installed")
+    from fastapi.testclient import TestClient
+
+    from pitstop.ui import create_app
+
+    users = [f"u{i % 9}" for i in range(400)]
+    produce(client, name, users)
+    job = counter_job(name, every=50)
+    bad = next(u for u in users if stream.partition_of(u, 2) == 1)
+
+    @job.handler
+    def count(state: Any, record: stream.Record, emit: Any) -> None:
+        if record.value["user"] == bad and state.get(bad, 0) >= 3:
+            raise ValueError(f"no more {bad}")
+        state[record.value["user"]] = state.get(record.value["user"], 0) + 1
+
+    report = job.run(store, idle_exit=0.2)
+    assert set(report.failed) == {1}
+    produce(client, name, ["x"] * 5)  # behind the positions: lag
+    with TestClient(create_app(store)) as http:
+        found = http.get(f"/api/streams/{name}").json()
+        assert found["job"] == name
+        zero, one = found["partitions"]
+        assert (zero["partition"], zero["status"], one["status"]) == (0, "running", "failed")
+        assert zero["records"] == sum(1 for u in users if stream.partition_of(u, 2) == 0)
+        assert zero["checkpoint_age"] >= 0 and zero["outbox"] == 0
+        assert zero["records_per_second"] is not None
+        assert "ValueError: no more" in one["error"]
+        summary = found["summary"]
+        assert summary["partitions"] == 2 and summary["failed"] == 1
+        assert summary["records"] == zero["records"] + one["records"]
+        assert zero["lag"] == (5 if stream.partition_of("x", 2) == 0 else 0)
+        assert one["lag"] == client.xlen(f"{name}:1") - one["records"] > 0
+        assert summary["lag"] == zero["lag"] + one["lag"]
+        assert http.get(f"/api/streams/{name}", params={"lag": "false"}).json()[
+            "summary"]["lag"] is None
+        missing = http.get("/api/streams/nope")
+        assert missing.status_code == 404 and "no stream job 'nope'" in \
+            missing.json()["message"]
+        page = http.get(f"/runs/{name}%2F1")
+        assert page.status_code == 200
+        html = page.text
+        assert f"Stream job <code>{name}</code>" in html
+        assert 'class="current" data-partition="1"' in html
+        assert f"/runs/{name}%2F0" in html and "ValueError: no more" in html
+        assert "1 failed" in html
+        store.save("plain", {"n": 1})
+        assert "Stream job" not in http.get("/runs/plain").text
+
+
 def _windowed_job(items: list[tuple[str, dict[str, Any]]], windows: Any, late: str,
                   lateness: float = 0.0) -> tuple[stream.Job, list[Any]]:
     fired: list[Any] = []

@@ -72,6 +72,43 @@ def job_status(store: Store, job: str, *, lag: bool = True) -> list[PartitionSta
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class JobSummary:
+    """A stream job at a glance: its partitions' figures added up."""
+
+    partitions: int
+    running: int
+    failed: int
+    records: int
+    records_per_second: float | None
+    """The partitions' rates added up (None: no partition has two checkpoints yet)."""
+    lag: int | None
+    """Records behind, all partitions (None: unknown for every partition)."""
+    outbox: int
+    oldest_checkpoint_age: float | None
+    """The stalest partition's last checkpoint, in seconds."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def summarise(parts: list[PartitionStatus]) -> JobSummary:
+    """Add up ``parts`` (what :func:`job_status` returned)."""
+    rates = [p.records_per_second for p in parts if p.records_per_second is not None]
+    lags = [p.lag for p in parts if p.lag is not None]
+    ages = [p.checkpoint_age for p in parts if p.checkpoint_age is not None]
+    return JobSummary(
+        partitions=len(parts),
+        running=sum(p.status == "running" for p in parts),
+        failed=sum(p.status == "failed" for p in parts),
+        records=sum(p.records for p in parts),
+        records_per_second=sum(rates) if rates else None,
+        lag=sum(lags) if lags else None,
+        outbox=sum(p.outbox for p in parts),
+        oldest_checkpoint_age=max(ages) if ages else None,
+    )
+
+
 def _redis_lag(run_meta: Any, meta: dict[str, Any]) -> int | None:
     source = run_meta.get("redis") if hasattr(run_meta, "get") else None
     if not isinstance(source, dict) or "offset" not in meta:
@@ -90,4 +127,4 @@ def _redis_lag(run_meta: Any, meta: dict[str, Any]) -> int | None:
     return max(0, int(info.get("entries-added", 0)) - int(meta["offset"]))
 
 
-__all__ = ["PartitionStatus", "job_status"]
+__all__ = ["JobSummary", "PartitionStatus", "job_status", "summarise"]
