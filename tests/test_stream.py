@@ -333,6 +333,15 @@ def test_jetstream_counts_and_seeks_by_sequence(store: Store, name: str) -> None
         asyncio.run(publish(users[:5]))
         assert make().run(store, idle_exit=0.2).records == 5
         assert make().state(store) == Counter(users) + Counter(users[:5])
+        # `pitstop stream status`'s lag: the subject's messages after each position.
+        from pitstop.stream.status import job_status
+
+        behind = [f"v{i}" for i in range(9)]
+        asyncio.run(publish(behind))
+        parts = job_status(store, name)
+        assert [p.lag for p in parts] == [
+            sum(stream.partition_of(u, 2) == i for u in behind) for i in (0, 1)]
+        assert [p.lag for p in job_status(store, name, lag=False)] == [None, None]
     finally:
         asyncio.run(publish([], delete=True))
 

@@ -38,6 +38,7 @@ from ..errors import (
 from ..model import RunStatus
 from ..observe import metrics, tracing
 from ..store import RetentionPolicy, Store
+from .jetstream import JetStream
 from .keyed import ExpiringState, KeyedState, chain_ids, fold, needs_base
 from .records import Output, Position, Record
 from .sinks import Sink
@@ -320,6 +321,10 @@ class Job:
             if isinstance(self.source, RedisStream):  # what `pitstop stream status` asks
                 metadata["redis"] = {"url": _safe_url(self.source.url),
                                      "stream": self.source.stream_name(index)}
+            elif isinstance(self.source, JetStream):
+                metadata["jetstream"] = {"url": _safe_url(self.source.url),
+                                         "stream": self.source.stream_name,
+                                         "subject": self.source.subject(index)}
             store.create_run(self.run_id(index), workflow=self.workflow, exist_ok=True,
                              metadata=metadata)
         self._started = time.time()
