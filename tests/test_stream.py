@@ -420,11 +420,12 @@ def test_inspector_shows_the_job_partitions(store: Store, client: Any, name: str
 
 
 def _windowed_job(items: list[tuple[str, dict[str, Any]]], windows: Any, late: str,
-                  lateness: float = 0.0) -> tuple[stream.Job, list[Any]]:
+                  lateness: float = 0.0, idle: float | None = None
+                  ) -> tuple[stream.Job, list[Any]]:
     fired: list[Any] = []
     job = stream.Job("win", source=stream.Iterable(items), every=3, seconds=60)
     sums = stream.Windowed(job, windows, time=lambda r: r.value["t"], lateness=lateness,
-                           late=late)  # type: ignore[arg-type]
+                           late=late, idle=idle)  # type: ignore[arg-type]
 
     @sums.reduce
     def add(acc: Any, record: stream.Record) -> Any:
@@ -450,6 +451,28 @@ def test_tumbling_windows_fire_when_the_watermark_passes(store: Store) -> None:
     assert stream.watermark(state) == 23
     assert state["\x00late"] == 1
     assert job.state(store) == {}  # windows are the job's own entries
+
+
+def test_windows_fire_on_an_idle_partition_with_processing_time(store: Store) -> None:
+    items = [("a", {"t": 100.0, "n": 1}), ("b", {"t": 100.5, "n": 2})]
+    # Without idleness the watermark (100.5) stays below the window's end (101): no fire.
+    job, fired = _windowed_job(items, stream.Tumbling(1.0), "drop")
+    job.run(store, idle_exit=1.0)
+    assert fired == []
+    # With idle=0.3: after 0.3 s without a record the watermark moves on with the clock
+    # (100.5 + elapsed), passes 101 half a second after the last record, and both fire.
+    job, fired = _windowed_job(items, stream.Tumbling(1.0), "drop", idle=0.3)
+    job.name = "win-idle"
+    job.run(store, idle_exit=1.5)
+    assert sorted(fired) == [("a", 100.0, 1), ("b", 100.0, 2)]
+    # Fired by the clock, and committed: no window left, the watermark written past 101.
+    state = job.partition_state(store, 0)
+    assert not [k for k in state if k.startswith("\x00w|")]
+    assert (stream.watermark(state) or 0) >= 101.0
+    head = store.latest("win-idle/0")
+    assert head is not None and [o[1] for o in head.state["outbox"]] in ([], ["a", "b"])
+    with pytest.raises(ValueError, match="idle"):
+        _windowed_job(items, stream.Tumbling(1.0), "drop", idle=0)
 
 
 def test_windows_survive_a_restart_in_the_checkpoint(store: Store) -> None:

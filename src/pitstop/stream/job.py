@@ -47,6 +47,9 @@ from .sources import _SKIPPED, RedisStream, Source, _safe_url
 log = logging.getLogger("pitstop.stream")
 
 Handler = Callable[[KeyedState, Record, Callable[[Any, Any], None]], None]
+IdleHook = Callable[[KeyedState, int, Callable[[Any, Any], None], float], bool]
+"""``hook(state, partition, emit, now)``: a partition had no record in a read (windows'
+idleness); ``now`` is ``time.monotonic()``. True when it changed the state or emitted."""
 Start = Literal["beginning", "end"]
 OnTrimmed = Literal["fail", "skip"]
 
@@ -168,6 +171,7 @@ class Job:
         self._bucket_seconds = ttl / 8 if ttl is not None else 0.0
         self._migrations: dict[int, Callable[[dict[Any, Any]], dict[Any, Any]]] = {}
         self._handler: Handler | None = None
+        self._idle_hooks: list[IdleHook] = []
         self._stop = threading.Event()
         self._started = 0.0
         source_job = getattr(source, "_job", None)
@@ -181,6 +185,10 @@ class Job:
         partition. ``emit(key, value)`` sends an output to the sink, exactly once."""
         self._handler = fn
         return fn
+
+    def _on_idle(self, hook: IdleHook) -> None:
+        """Call ``hook`` for each owned partition that had no record in a read."""
+        self._idle_hooks.append(hook)
 
     def migration(
         self, *, from_version: int
@@ -447,6 +455,9 @@ class Job:
                 got = True
                 self._handle(store, reader, records, report, owned, refused)
             now = time.monotonic()
+            if self._idle_hooks:
+                for part in [p for p in owned.values() if not batches.get(p.index)]:
+                    self._idle(store, part, now, report, owned, refused)
             for part in list(owned.values()):
                 if part.pending and (part.pending >= self.every
                                      or now - part.last_checkpoint >= self.seconds):
@@ -578,6 +589,31 @@ class Job:
                         return
         except Exception as exc:
             self._fail(store, part, exc, report, owned, refused, record=record)
+
+    def _idle(
+        self, store: Store, part: _Partition, now: float, report: RunReport,
+        owned: dict[int, _Partition], refused: set[int],
+    ) -> None:
+        """Run the idle hooks on a partition that had no record; checkpoint what they
+        changed (windows fired by the clock) at once."""
+        outbox = part.outbox
+        seq = part.next_output
+
+        def emit(key: Any, value: Any) -> None:
+            nonlocal seq
+            outbox.append(Output(self.name, part.index, seq, key, value))
+            seq += 1
+
+        changed = False
+        try:
+            for hook in self._idle_hooks:
+                changed = hook(part.state, part.index, emit, now) or changed
+        except Exception as exc:
+            self._fail(store, part, exc, report, owned, refused)
+            return
+        part.next_output = seq
+        if changed:
+            self._checkpoint(store, part, report, owned)
 
     def _checkpoint(
         self, store: Store, part: _Partition, report: RunReport,
