@@ -177,7 +177,7 @@ def test_handler_error_stops_its_partition_at_its_last_checkpoint(
     bad = next(u for u in users[200:] if stream.partition_of(u, 2) == 1)
     produce(client, name, users)
     job = stream.Job(name, source=stream.RedisStream(REDIS_URL, name, partitions=2),
-                     every=50, seconds=1.0)
+                     every=50, seconds=1.0, retries=0)
 
     @job.handler
     def count(state: Any, record: stream.Record, emit: Any) -> None:
@@ -204,6 +204,53 @@ def test_handler_error_stops_its_partition_at_its_last_checkpoint(
 
         shown = pitstop_exe("show", f"{name}/1", store=store.url)
         assert "no budget" in shown.out, shown
+
+
+def test_handler_errors_are_retried_from_the_last_checkpoint(
+    store: Store, client: Any, name: str
+) -> None:
+    users = [f"u{i % 50}" for i in range(600)]
+    produce(client, name, users)
+    ones = [u for u in users if stream.partition_of(u, 2) == 1]
+    flaky_at, broken_at = 130, len(ones) - 60  # the partition's 131st and 60th-last records
+    job = stream.Job(name, source=stream.RedisStream(REDIS_URL, name, partitions=2),
+                     sink=stream.RedisStreamSink(REDIS_URL, f"{name}-out"), every=40,
+                     seconds=5.0, retries=2, retry_backoff=0.05)
+    seen: Counter[int] = Counter()
+
+    @job.handler
+    def count(state: Any, record: stream.Record, emit: Any) -> None:
+        user = record.value["user"]
+        state[user] = state.get(user, 0) + 1  # applied, then the raise: rolled back
+        emit(user, {"count": state[user]})
+        if record.partition == 1:
+            nth = ones_index[record.position]
+            seen[nth] += 1
+            if nth == flaky_at and seen[nth] <= 2:
+                raise ConnectionError("flaky service")
+            if nth == broken_at:
+                raise ValueError("always broken")
+
+    ids = [entry for entry, _ in client.xrange(f"{name}:1")]
+    ones_index = {i.decode(): n for n, i in enumerate(ids)}
+    report = job.run(store, idle_exit=0.5)
+    # The flaky record went through on its third attempt; the broken one failed three times
+    # (retries=2) and stopped its partition; partition 0 finished.
+    assert seen[flaky_at] == 3 and seen[broken_at] == 3
+    assert list(report.failed) == [1] and "after 3 attempts" in report.failed[1]
+    head = store.latest(f"{name}/1")
+    assert head is not None and head.metadata["error"]["attempt"] == 3
+    assert store.get_run(f"{name}/1").status is pitstop.RunStatus.FAILED
+    # State exact: nothing of a failed attempt stayed (it was rolled back to a checkpoint).
+    done = head.state["offset"]
+    assert flaky_at < done <= broken_at
+    assert job.partition_state(store, 1) == Counter(ones[:done])
+    zeros = [u for u in users if stream.partition_of(u, 2) == 0]
+    assert job.partition_state(store, 0) == Counter(zeros)
+    # The sink holds each committed output once, none of a rolled-back attempt.
+    out = client.xrange(f"{name}-out")
+    assert len(out) == len(zeros) + done
+    assert len({f[b"id"] for _, f in out}) == len(out)
 
 
 def test_changed_partition_count_is_refused(store: Store, client: Any, name: str) -> None:
@@ -376,7 +423,7 @@ def test_inspector_shows_the_job_partitions(store: Store, client: Any, name: str
 
     users = [f"u{i % 9}" for i in range(400)]
     produce(client, name, users)
-    job = counter_job(name, every=50)
+    job = counter_job(name, every=50, retries=0)
     bad = next(u for u in users if stream.partition_of(u, 2) == 1)
 
     @job.handler

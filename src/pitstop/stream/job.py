@@ -84,6 +84,8 @@ class _Partition:
     delivery_retry_at: float = 0.0
     swept: int = -1
     """The time bucket whose expired keys were last deleted (a job with a ttl)."""
+    retry_at: float = 0.0
+    """Rolled back after a handler error: not read before this (monotonic) time."""
 
 
 @dataclass(slots=True)
@@ -123,6 +125,13 @@ class Job:
     an older version is brought up to date on load by the :meth:`migration` functions (and
     written whole at once), state of a newer one refuses its partition.
 
+    A handler that raises is retried: the partition is rolled back to its last checkpoint
+    (state, position and outbox as committed, so nothing is half-applied) and reads the
+    records after it again, after ``retry_backoff`` seconds, doubling up to 30 s. When the
+    same record raises ``retries + 1`` times in a row, the partition stops at its last
+    checkpoint, failed, with the error; the other partitions go on. ``retries=0`` stops it
+    at the first error.
+
     A partition's checkpoints before its latest base (the last whole copy of its state)
     are no longer needed to restore it and are deleted when a new base is written, so a
     job's store stays the size of its state; ``keep_history=True`` keeps them all.
@@ -143,6 +152,8 @@ class Job:
         keep_history: bool = False,
         version: int = 0,
         ttl: float | None = None,
+        retries: int = 3,
+        retry_backoff: float = 0.5,
     ) -> None:
         if not name or "/" in name:
             raise ValueError(f"job name {name!r}: non-empty, without '/'")
@@ -166,6 +177,12 @@ class Job:
         if ttl is not None and ttl <= 0:
             raise ValueError("ttl must be above 0 seconds (or None: keys never expire)")
         self.ttl = ttl
+        if retries < 0 or retry_backoff < 0:
+            raise ValueError("retries and retry_backoff must be at least 0")
+        self.retries = retries
+        self.retry_backoff = retry_backoff
+        self._attempts: dict[int, tuple[Position | None, int]] = {}
+        """Partition: (where its handler last raised, failures there in a row)."""
         # Expiry is checked per time bucket, an eighth of the ttl: a key goes between ttl
         # and ttl + 1/8 after it was last set.
         self._bucket_seconds = ttl / 8 if ttl is not None else 0.0
@@ -336,6 +353,7 @@ class Job:
             store.create_run(self.run_id(index), workflow=self.workflow, exist_ok=True,
                              metadata=metadata)
         self._started = time.time()
+        self._attempts = {}
         report = RunReport()
         owned: dict[int, _Partition] = {}
         refused: set[int] = set()
@@ -432,10 +450,11 @@ class Job:
                     return
                 self._stop.wait(0.1)
                 continue
+            positions = {p.index: p.position for p in owned.values() if p.retry_at <= now}
             try:
-                batches = self.source.read(
-                    {p.index: p.position for p in owned.values()}, self.batch, 0.05
-                )
+                batches = self.source.read(positions, self.batch, 0.05) if positions else {}
+                if not positions:  # every partition waits to retry
+                    self._stop.wait(0.05)
                 backoff = 0.0
             except BrokerUnavailableError as exc:
                 backoff = min(30.0, max(0.5, backoff * 2))
@@ -464,7 +483,7 @@ class Job:
                     self._checkpoint(store, part, report, owned)
                 elif part.outbox and now >= part.delivery_retry_at:
                     self._deliver(part, report)
-            if got:
+            if got or any(p.retry_at > now for p in owned.values()):
                 last_activity = now
             elif idle_exit is not None and now - last_activity >= idle_exit:
                 for part in list(owned.values()):
@@ -588,7 +607,7 @@ class Job:
                     if part.index not in owned:
                         return
         except Exception as exc:
-            self._fail(store, part, exc, report, owned, refused, record=record)
+            self._retry_or_fail(store, part, exc, report, owned, refused, record=record)
 
     def _idle(
         self, store: Store, part: _Partition, now: float, report: RunReport,
@@ -609,7 +628,7 @@ class Job:
             for hook in self._idle_hooks:
                 changed = hook(part.state, part.index, emit, now) or changed
         except Exception as exc:
-            self._fail(store, part, exc, report, owned, refused)
+            self._retry_or_fail(store, part, exc, report, owned, refused)
             return
         part.next_output = seq
         if changed:
@@ -753,12 +772,43 @@ class Job:
         if report is not None:
             report.outputs += len(ready)
 
+    def _retry_or_fail(
+        self, store: Store, part: _Partition, exc: Exception, report: RunReport,
+        owned: dict[int, _Partition], refused: set[int], *, record: Record | None = None,
+    ) -> None:
+        """Roll the partition back to its last checkpoint and read on from there after a
+        backoff; or, once the same record failed ``retries + 1`` times, stop it there."""
+        at = record.position if record is not None else part.position
+        last_at, failures = self._attempts.get(part.index, (None, 0))
+        failures = failures + 1 if last_at == at else 1
+        if failures > self.retries:
+            self._attempts.pop(part.index, None)
+            self._fail(store, part, exc, report, owned, refused, record=record,
+                       attempts=failures)
+            return
+        self._attempts[part.index] = (at, failures)
+        delay = min(30.0, self.retry_backoff * 2 ** (failures - 1))
+        log.warning("stream job %r: partition %d: handler raised at position %s (%s: %s); "
+                    "attempt %d of %d, retrying from its last checkpoint in %.1f s",
+                    self.name, part.index, at, type(exc).__name__, exc, failures,
+                    self.retries + 1, delay)
+        try:
+            fresh = self._open(store, part.index, part.held)
+        except (StreamError, SchemaVersionError) as reopening:
+            self._fail(store, part, reopening, report, owned, refused)
+            return
+        fresh.retry_at = time.monotonic() + delay
+        owned[part.index] = fresh
+
     def _fail(
         self, store: Store, part: _Partition, exc: BaseException, report: RunReport,
         owned: dict[int, _Partition], refused: set[int], *, record: Record | None = None,
+        attempts: int = 1,
     ) -> None:
         """Stop the partition at its last checkpoint, with the error on its run."""
         where = f" at position {record.position}" if record is not None else ""
+        if attempts > 1:
+            where += f" (after {attempts} attempts)"
         message = f"{exc}"
         log.error("stream job %r: partition %d failed%s: %s: %s", self.name, part.index,
                   where, type(exc).__name__, message)
@@ -767,7 +817,7 @@ class Job:
             else f"{type(exc).__module__}.{type(exc).__name__}",
             "message": message + where,
             "step": "handler",
-            "attempt": 1,
+            "attempt": attempts,
             "traceback": "".join(traceback.format_exception(exc)),
             "at": time.time(),
         }
