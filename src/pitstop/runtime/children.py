@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import hashlib
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -36,6 +36,7 @@ from ..store.engine.children import child_input
 if TYPE_CHECKING:
     from .context import StepContext
     from .engine import RunResult
+    from .host import StepHost
     from .workflow import Workflow
 
 _SERVING: ContextVar[Mapping[str, Workflow] | None] = ContextVar("pitstop_serving", default=None)
@@ -105,10 +106,12 @@ class _Child:
 class ChildPlan:
     """One ``run_child``/``run_children`` call: its children, found or started."""
 
-    def __init__(self, ctx: StepContext, specs: Iterable[Any], *, single: bool) -> None:
+    def __init__(
+        self, ctx: StepContext, host: StepHost, specs: Iterable[Any], *, single: bool
+    ) -> None:
         self.ctx = ctx
-        x = ctx._execution
-        self.store = x.store
+        self.host = host
+        self.store = host.store
         self.serving = _SERVING.get()
         self.grace = _GRACE.get()
         self.started_now = False
@@ -123,9 +126,9 @@ class ChildPlan:
         for index, spec in enumerate(pairs):
             wf, value, run_id = self._unpack(spec, index, single)
             n = ctx._next_child()
-            child_id = run_id if run_id is not None else _default_id(x.run_id, x.branch,
-                                                                     x.position, n)
-            if child_id in seen or child_id == x.run_id:
+            child_id = run_id if run_id is not None else _default_id(
+                host.run_id, host.branch, host.position, n)
+            if child_id in seen or child_id == host.run_id:
                 raise self._error(f"child run id {child_id!r} given twice")
             seen.add(child_id)
             try:
@@ -175,9 +178,9 @@ class ChildPlan:
     def find(self) -> None:
         """Match the children to runs started before; refuse a ``run_id`` another run has.
         Writes nothing."""
-        x = self.ctx._execution
-        x.flush()  # the children name the step's checkpoint: it must be written first
-        mine = {run.id: run for run in self.store.children(x.run_id)}
+        host = self.host
+        host.flush()  # the children name the step's checkpoint: it must be written first
+        mine = {run.id: run for run in self.store.children(host.run_id)}
         for child in self.children:
             run = mine.get(child.run_id)
             if run is not None:
@@ -204,12 +207,13 @@ class ChildPlan:
     def start(self) -> None:
         """Queue the children not started yet: each run with its input as its first
         checkpoint, a hundred per transaction (see ``Store.start_children``)."""
-        x = self.ctx._execution
+        host = self.host
         saves = []
         for child in self.children:
             if child.run is not None:
                 continue
-            metadata = {"parent": {"run_id": x.run_id, "checkpoint_id": x.parent_id,
+            metadata = {"parent": {"run_id": host.run_id,
+                                   "checkpoint_id": host.parent_id,
                                    "step": self.ctx.step, "key": self._key(child)}}
             prepared = self.store.prepare(
                 child.run_id,
@@ -226,11 +230,11 @@ class ChildPlan:
         if not saves:
             return
         try:
-            self.store.start_children(x.run_id, saves, lease=x.lease)
+            self.store.start_children(host.run_id, saves, lease=host.lease)
         except RunExistsError as exc:  # taken between find() and here
             raise self._error(f"run {exc.run_id!r} already exists; give the child "
                               "another run_id") from None
-        x.children_started.extend(prepared.run_id for prepared, _ in saves)
+        host.note_children_started(prepared.run_id for prepared, _ in saves)
         self.started_now = True
 
     # -- running here -----------------------------------------------------------------------
@@ -275,7 +279,7 @@ class ChildPlan:
     def outcome(self) -> list[ChildResult]:
         """The children's results; raises WaitForChildren while some are unfinished, and
         ChildFailedError for the first that failed."""
-        x = self.ctx._execution
+        host = self.host
         pending = None
         unfinished: list[str] = []
         self._settle()
@@ -285,10 +289,10 @@ class ChildPlan:
                 unfinished.append(child_input(child.run_id))
                 continue
             if pending is None:
-                pending = self.store.inputs(x.run_id)
+                pending = self.store.inputs(host.run_id)
             delivered = pending.get(child_input(child.run_id))
             if delivered is not None:
-                x.consumed[delivered.name] = delivered.id
+                host.note_input_consumed(delivered.name, delivered.id)
         if unfinished:
             raise WaitForChildren(unfinished)
         results = [c.result for c in self.children if c.result is not None]
@@ -309,7 +313,7 @@ class ChildPlan:
         if all(c.result is not None or (c.run is not None and c.run.status.finished)
                for c in self.children):
             return
-        run_id = self.ctx._execution.run_id
+        run_id = self.host.run_id
         deadline = time.monotonic() + self.grace
         pause = 0.005
         while True:
@@ -363,8 +367,10 @@ def _default_id(run_id: str, branch: str, position: int, n: int) -> str:
     return child_id
 
 
-def run_children(ctx: StepContext, specs: Sequence[Any], *, single: bool) -> list[ChildResult]:
-    plan = ChildPlan(ctx, specs, single=single)
+def run_children(
+    ctx: StepContext, host: StepHost, specs: Iterable[Any], *, single: bool
+) -> list[ChildResult]:
+    plan = ChildPlan(ctx, host, specs, single=single)
     plan.find()
     plan.start()
     plan.run_here()
@@ -372,9 +378,9 @@ def run_children(ctx: StepContext, specs: Sequence[Any], *, single: bool) -> lis
 
 
 async def arun_children(
-    ctx: StepContext, specs: Sequence[Any], *, single: bool
+    ctx: StepContext, host: StepHost, specs: Iterable[Any], *, single: bool
 ) -> list[ChildResult]:
-    plan = ChildPlan(ctx, specs, single=single)
+    plan = ChildPlan(ctx, host, specs, single=single)
     await asyncio.to_thread(plan.find)
     await asyncio.to_thread(plan.start)
     await plan.arun_here()

@@ -375,8 +375,8 @@ class StepContext:
                 f"run {self.run_id!r}, step {self.step!r}: use `await ctx.amap(...)` in an "
                 "async step"
             )
-        plan = MapPlan(self, fn, items, concurrency=concurrency, name=name,
-                       return_exceptions=return_exceptions)
+        plan = MapPlan(self, self._execution, fn, items, concurrency=concurrency,
+                       name=name, return_exceptions=return_exceptions)
         return run_map(plan)
 
     async def amap(
@@ -393,8 +393,8 @@ class StepContext:
         sync ones in a pool of ``concurrency`` threads."""
         from .parallel import MapPlan, run_amap
 
-        plan = MapPlan(self, fn, items, concurrency=concurrency, name=name,
-                       return_exceptions=return_exceptions)
+        plan = MapPlan(self, self._execution, fn, items, concurrency=concurrency,
+                       name=name, return_exceptions=return_exceptions)
         return await run_amap(plan)
 
     def _map_name(self, name: str | None, fn: Callable[..., Any]) -> str:
@@ -452,12 +452,12 @@ class StepContext:
                 "`await ctx.arun_children(...)` in an async step"
             )
         if self._execution.tracer is None:
-            return run_children(self, children, single=_single)  # type: ignore[arg-type]
+            return run_children(self, self._execution, children, single=_single)
         from ..observe import tracing
 
         with tracing.span("pitstop.children", {"pitstop.run.id": self.run_id,
                                                "pitstop.step.name": self.step}):
-            return run_children(self, children, single=_single)  # type: ignore[arg-type]
+            return run_children(self, self._execution, children, single=_single)
 
     async def arun_child(
         self, workflow: Any, input: Any = None, *, run_id: str | None = None
@@ -466,13 +466,13 @@ class StepContext:
         specs = [(workflow, input, run_id)] if run_id is not None else [(workflow, input)]
         from .children import arun_children
 
-        return (await arun_children(self, specs, single=True))[0]
+        return (await arun_children(self, self._execution, specs, single=True))[0]
 
     async def arun_children(self, children: Iterable[Any], /) -> list[Any]:
         """:meth:`run_children` for async steps."""
         from .children import arun_children
 
-        return await arun_children(self, children, single=False)  # type: ignore[arg-type]
+        return await arun_children(self, self._execution, children, single=False)
 
     def _next_child(self) -> int:
         """The number of the next child this step execution starts (0, 1, ...)."""

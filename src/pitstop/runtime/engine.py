@@ -14,7 +14,7 @@ import os
 import threading
 import time
 import traceback
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -397,6 +397,14 @@ class Execution:
     def flush(self) -> None:
         if self.writer is not None:
             self.writer.flush(self.run_id)
+
+    # -- what a step's helpers tell the run (see runtime/host.py) ------------------------------
+
+    def note_children_started(self, run_ids: Iterable[str]) -> None:
+        self.children_started.extend(run_ids)
+
+    def note_input_consumed(self, name: str, input_id: str) -> None:
+        self.consumed[name] = input_id
 
     def force_checkpoint(self, step: str, *, tag: str | None) -> str:
         """``ctx.checkpoint()``: the step-start state, synchronously, run continues."""

@@ -31,6 +31,7 @@ from ..errors import MapItemError, SerializationError
 
 if TYPE_CHECKING:
     from .context import StepContext
+    from .host import StepHost
 
 
 REPEAT_SECONDS = 0.02
@@ -65,6 +66,7 @@ class MapPlan:
     def __init__(
         self,
         ctx: StepContext,
+        host: StepHost,
         fn: Callable[..., Any],
         items: Iterable[Any],
         *,
@@ -84,6 +86,7 @@ class MapPlan:
             raise ValueError(f"{where}: ctx.map concurrency must be an int >= 1, not "
                              f"{concurrency!r}")
         self.ctx = ctx
+        self.host = host
         self.fn = fn
         self.items = list(items)
         self.concurrency = concurrency
@@ -97,10 +100,10 @@ class MapPlan:
 
     def load(self) -> list[int]:
         """Read the results earlier executions recorded; return the indexes still to run."""
-        execution = self.ctx._execution
-        execution.flush()  # records name the step's checkpoint: it must be written first
+        host = self.host
+        host.flush()  # records name the step's checkpoint: it must be written first
         start = self.prefix + "["
-        for key, value in execution.store.effects(execution.run_id).items():
+        for key, value in host.store.effects(host.run_id).items():
             if key.startswith(start) and key.endswith("]"):
                 index = key[len(start) : -1]
                 if index.isdigit() and int(index) < len(self.items):
@@ -135,13 +138,13 @@ class MapPlan:
     def record(self, batch: dict[int, Any]) -> None:
         """Write a batch of results in one transaction; a value that cannot be serialised is
         left out (and becomes the map's error) while the others are kept."""
-        execution = self.ctx._execution
+        host = self.host
         while batch:
             try:
-                execution.store.record_effects(
-                    execution.run_id,
+                host.store.record_effects(
+                    host.run_id,
                     {self.key(i): value for i, value in batch.items()},
-                    checkpoint_id=execution.parent_id,
+                    checkpoint_id=host.parent_id,
                 )
             except SerializationError as exc:
                 index, nested = self._culprit(exc, batch)
@@ -175,7 +178,7 @@ class MapPlan:
         todo = iter(self.load())
         pending: dict[Future[Any], int] = {}
         fn = self.fn
-        if self.ctx._execution.tracer is not None:
+        if self.host.tracer is not None:
             from ..observe import tracing
 
             fn = tracing.map_item(fn, self.name, self.ctx.run_id)
