@@ -65,7 +65,8 @@ def _amcheck_schema(conn: psycopg.Connection[Any], notes: list[str]) -> str | No
         "WHERE e.extname = 'amcheck'"
     ).fetchone()
     if found is not None:
-        return str(found[0])
+        (schema,) = found
+        return str(schema)
     try:
         # In `public`, not the store's schema: the extension serves every store of the
         # database, and dropping one store's schema must not take it along.

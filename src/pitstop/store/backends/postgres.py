@@ -644,10 +644,10 @@ class PostgresStore(SqlStore, RunTransfer):
             )
             params += [
                 record.created_at,
-                [row[1] for row in plan.effects],
-                [row[2] for row in plan.effects],
-                [row[3] for row in plan.effects],
-                [row[4] for row in plan.effects],
+                [row.key for row in plan.effects],
+                [row.checkpoint_id for row in plan.effects],
+                [row.result for row in plan.effects],
+                [row.hash for row in plan.effects],
             ]
         for n, attachment in enumerate(plan.attach):
             # Records appended to an earlier checkpoint's row (Store.save's `attach`) if the
@@ -669,9 +669,9 @@ class PostgresStore(SqlStore, RunTransfer):
                 attachment.checkpoint_id,
                 attachment.checkpoint_id,
                 record.created_at,
-                [row[1] for row in attachment.rows],
-                [row[3] for row in attachment.rows],
-                [row[4] for row in attachment.rows],
+                [row.key for row in attachment.rows],
+                [row.result for row in attachment.rows],
+                [row.hash for row in attachment.rows],
             ]
         if record.writes is None:  # (see UNATTACHED_COLUMNS)
             statement = "WITH " + ", ".join(parts) + _INSERT_UNATTACHED_IF_MOVED

@@ -107,8 +107,8 @@ def free_space(store: Store) -> Space:
     if backend == "sqlite":
         path = str(getattr(store, "path"))  # noqa: B009 - SQLiteStore.path, checked above
         with _sqlite(path) as db:
-            pages = db.execute("PRAGMA freelist_count").fetchone()[0]
-            page_size = db.execute("PRAGMA page_size").fetchone()[0]
+            (pages,) = db.execute("PRAGMA freelist_count").fetchone()
+            (page_size,) = db.execute("PRAGMA page_size").fetchone()
         wal = os.path.getsize(path + "-wal") if os.path.exists(path + "-wal") else 0
         return Space("sqlite", _sqlite_size(path), int(pages) * int(page_size), wal=wal)
     if backend == "postgresql":

@@ -180,7 +180,7 @@ def checkpoints_with_prefix(store: Store, prefix: str, *, limit: int = 6) -> lis
     rows = run_in_transaction(lambda tx: tx.all(
         "SELECT id, run_id FROM pitstop_checkpoints WHERE id >= ? AND id < ? ORDER BY id "
         "LIMIT ?", (prefix, upper, limit)))
-    return [(str(row[0]), str(row[1])) for row in rows]
+    return [(str(checkpoint_id), str(run_id)) for checkpoint_id, run_id in rows]
 
 
 __all__ = [

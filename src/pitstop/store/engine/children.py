@@ -90,8 +90,11 @@ class Children(SqlBackend):
             + self.dialect.lock_row,
             (parent_id,),
         )
-        if row is None or RunStatus(row[0]).finished:
-            return  # the parent is gone or done (a cancelled parent cancels its children)
+        if row is None:
+            return  # the parent is gone
+        status_value, waiting_for = row
+        if RunStatus(status_value).finished:
+            return  # the parent is done (a cancelled parent cancels its children)
         name = child_input(child_id)
         pending = set(
             tx.column(
@@ -109,8 +112,8 @@ class Children(SqlBackend):
                 (new_id(), parent_id, name, blob.data, blob.hash, time.time()),
             )
             pending.add(name)
-        if row[0] == RunStatus.WAITING.value:
-            self._wake_if_delivered(tx, parent_id, row[1], pending)
+        if status_value == RunStatus.WAITING.value:
+            self._wake_if_delivered(tx, parent_id, waiting_for, pending)
 
     def _wake_if_delivered(
         self, tx: Tx, run_id: str, waiting_json: str | None, pending: set[str] | None = None

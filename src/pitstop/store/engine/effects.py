@@ -65,13 +65,28 @@ def append_attached_sql(dialect: Dialect) -> str:
     return sql
 
 
+class EffectRow(NamedTuple):
+    """A ``pitstop_effects`` row to insert, in :data:`EFFECTS` column order (a tuple, so it
+    is the INSERT's parameters as it stands; its fields name the columns for the readers)."""
+
+    run_id: str
+    key: str
+    checkpoint_id: str | None
+    result: bytes
+    hash: bytes
+    created_at: float
+
+
+assert EffectRow._fields == EFFECTS.columns
+
+
 class Attachment(NamedTuple):
     """Records to attach to one checkpoint in a write (see :meth:`Effects.attach`)."""
 
     checkpoint_id: str
     frames: bytes
     """The records framed for the checkpoint's row."""
-    rows: Sequence[tuple[Any, ...]]
+    rows: Sequence[EffectRow]
     """The same records as ``pitstop_effects`` rows: written if the row is not there."""
     replace: bool
 
@@ -135,13 +150,13 @@ class Effects(SqlBackend):
 
     def _effect_rows(
         self, run_id: str, results: Mapping[str, Any], checkpoint_id: str | None, now: float
-    ) -> list[tuple[Any, ...]]:
+    ) -> list[EffectRow]:
         """``pitstop_effects`` rows for ``results``, their values encoded like fields."""
         encode = self._value_codec.encode_value
         rows = []
         for key, value in results.items():
             blob = encode(value, run_id=run_id, path=f"effect[{key!r}]")
-            rows.append((run_id, key, checkpoint_id, blob.data, blob.hash, now))
+            rows.append(EffectRow(run_id, key, checkpoint_id, blob.data, blob.hash, now))
         return rows
 
     @staticmethod
@@ -170,7 +185,8 @@ class Effects(SqlBackend):
         replace: bool,
     ) -> Attachment:
         rows = self._effect_rows(run_id, records, checkpoint_id, now)
-        frames = frame_records(((row[1], row[3], row[4]) for row in rows), replace=replace)
+        frames = frame_records(((row.key, row.result, row.hash) for row in rows),
+                               replace=replace)
         return Attachment(checkpoint_id, frames, rows, replace)
 
     def _write_attachment(self, tx: Tx, run_id: str, attachment: Attachment) -> None:

@@ -29,7 +29,7 @@ from ..encoding.records import (
 )
 from .backend import CHUNK, Tx, placeholders
 from .rowcheck import run_problem
-from .schema import SELECT_CHECKPOINT, SELECT_RUN, RunRow
+from .schema import RUN_ID, SELECT_CHECKPOINT, SELECT_RUN, RunRow
 from .values import StoredValues, slot_of
 
 STATS_EXACT_UP_TO = 10_000
@@ -652,8 +652,9 @@ class Maintenance(StoredValues):
                 else:
                     problem = f"damaged run row: {problem}"
                 if problem is not None:
-                    problems.append(Problem("run", str(row[0]), problem, run_id=str(row[0])))
-            after = rows[-1][0]
+                    run_id = str(row[RUN_ID])
+                    problems.append(Problem("run", run_id, problem, run_id=run_id))
+            after = rows[-1][RUN_ID]
         for run_id, head, owner in self._query(
             "SELECT r.run_id, r.head_id, c.run_id FROM pitstop_runs r "
             "LEFT JOIN pitstop_checkpoints c ON c.id = r.head_id "

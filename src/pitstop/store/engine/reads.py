@@ -25,6 +25,7 @@ from .backend import Tx, placeholders
 from .schema import (
     CHECKPOINTS,
     RUN_COLUMN_COUNT,
+    RUN_ID,
     SELECT_CHECKPOINT,
     SELECT_RUN,
     SELECT_RUN_AND_HEAD,
@@ -142,12 +143,15 @@ class Reads(StoredValues):
     ) -> Checkpoint | None:
         def read(tx: Tx) -> tuple[str | None, CheckpointRecord | None, dict[bytes, Stored]]:
             row = tx.one(_SELECT_HEAD, (run_id,))
-            if row is None or row[0] is None:
+            if row is None:
                 return None, None, {}
-            head = CheckpointRecord(*row[1:])
+            head_id, *record = row  # the run's head_id, then the checkpoint's columns
+            if head_id is None:
+                return None, None, {}
+            head = CheckpointRecord(*record)
             if head.id is None:
-                return row[0], None, {}
-            return row[0], head, self._load_values(tx, head, partial=True)
+                return head_id, None, {}
+            return head_id, head, self._load_values(tx, head, partial=True)
 
         head_id, record, values = self._tx(read)
         return self._head(run_id, head_id, record, values, fallback, strict)
@@ -391,7 +395,8 @@ class Reads(StoredValues):
             try:
                 found.append(RunRow(*row).to_run())
             except CorruptCheckpointError as exc:  # one damaged row must not hide the others
-                found.damaged.append(Problem("run", str(row[0]), exc.detail, run_id=str(row[0])))
+                run_id = str(row[RUN_ID])
+                found.damaged.append(Problem("run", run_id, exc.detail, run_id=run_id))
         return found
 
     def count_runs(

@@ -459,6 +459,10 @@ CACHE = Table("pitstop_cache", _field_names(CacheRow))
 SCHEDULES = Table("pitstop_schedules", _field_names(ScheduleRow))
 TABLES = (RUNS, CHECKPOINTS, BLOBS, BLOB_REFS, INPUTS, EFFECTS, CACHE, SCHEDULES)
 
+RUN_ID = RUNS.columns.index("run_id")
+"""Where ``run_id`` is in a row of :data:`SELECT_RUN`: for a row too damaged to become a
+:class:`RunRow`, whose run must still be named."""
+
 EXPORTED_RUN_COLUMNS = _field_names(RunRecord)
 assert set(EXPORTED_RUN_COLUMNS) <= set(RUNS.columns)
 
@@ -524,6 +528,7 @@ __all__ = [
     "LATEST_SCHEMA",
     "MIGRATIONS",
     "RUNS",
+    "RUN_ID",
     "SCHEDULES",
     "SCHEMA_TABLE",
     "TABLES",

@@ -66,7 +66,7 @@ from ..encoding.records import (
 from .backend import Tx
 from .cache import ResultCache
 from .children import CHILD_INPUT, Children
-from .effects import Attachment
+from .effects import Attachment, EffectRow
 from .inputs import Inputs
 from .ownership import Leases
 from .reads import Reads
@@ -129,7 +129,7 @@ class WritePlan:
     """A waiting save for children: the write makes the run runnable if all delivered."""
     packed: Mapping[bytes, Slot] | None = None
     """Where the blob store packed the new values (written before the transaction)."""
-    effects: Sequence[tuple[Any, ...]] = ()
+    effects: Sequence[EffectRow] = ()
     """Effect records written in the same transaction (``pitstop_effects`` rows)."""
     attach: Sequence[Attachment] = ()
     """Records appended to earlier checkpoints' rows in the same transaction (those for the
@@ -717,7 +717,8 @@ class SqlStore(Reads, ResultCache, Schedules, Leases, Inputs, StepSaves, Childre
                 taken = tx.in_chunks("SELECT run_id FROM pitstop_runs WHERE run_id IN ({in})",
                                      ids)
                 if taken:
-                    raise RunExistsError(taken[0][0])
+                    (first_taken,) = taken[0]
+                    raise RunExistsError(first_taken)
                 # New runs, each born with its first checkpoint as head: nothing to check,
                 # so every statement is a batch (no round trip per child).
                 tx.many(
