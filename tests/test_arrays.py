@@ -108,6 +108,7 @@ def test_a_damaged_chunk_is_refused_naming_the_field(tmp_path: Path) -> None:
         assert [p.kind for p in store.verify()] == ["blob"]
 
 
+@pytest.mark.slow
 def test_state_dicts_of_a_model_and_optimizer(store: Store) -> None:
     torch = pytest.importorskip("torch", reason="torch not installed (pip install torch==2.13.0)")
     torch.manual_seed(0)
@@ -143,6 +144,7 @@ def test_pickle_stores_still_take_arrays(tmp_path: Path) -> None:
         same(state["model"], loaded.state["model"])
 
 
+@pytest.mark.slow
 def test_a_prepared_save_holds_its_own_copy(store: Store) -> None:
     """A save prepared now and committed later (the runtime's background writer) stores the
     arrays as they were when it was prepared, whatever happens to them in between."""
@@ -195,6 +197,7 @@ def test_sqlite_keeps_large_chunks_beside_the_file_by_default(tmp_path: Path) ->
     assert not (tmp_path / "in.db-blobs").exists()
 
 
+@pytest.mark.slow
 def test_sha256_chunk_keys_when_asked(shared_url: str) -> None:
     """chunk_hash="sha256": new chunks are keyed (and checked) with SHA-256; chunks written
     with xxh3 before still load and verify, and the switch rewrites only what changes."""

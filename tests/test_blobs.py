@@ -105,6 +105,7 @@ def test_damaged_or_missing_files_are_detected(opener: Callable[..., pitstop.Sto
 
 
 @pytest.mark.parametrize("durability", ["normal", "full"])
+@pytest.mark.slow
 def test_a_short_file_is_written_again_not_reused(
     opener: Callable[..., pitstop.Store], blob_dir: Path, durability: str
 ) -> None:

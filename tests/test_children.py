@@ -500,6 +500,7 @@ def test_sigkill_of_one_of_two_workers_completes_every_child_and_the_parent_once
 # -- the CLI --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cli_lists_children_by_parent_and_marks_where_they_started(tmp_path: Path) -> None:
     from clitools import pitstop_exe
 
@@ -562,6 +563,7 @@ def start_them(state, ctx):
 """
 
 
+@pytest.mark.slow
 def test_worker_child_grace_flag_decides_whether_the_parent_waits(tmp_path: Path) -> None:
     """``pitstop worker --child-grace``: 0 parks the parent as waiting at once (its step runs
     again when the last child wakes it); a long grace lets the step go on in place, with no
@@ -661,6 +663,7 @@ def test_a_child_finishing_locks_its_parent_before_itself(how: str) -> None:
         drop_pg_schema(schema)
 
 
+@pytest.mark.slow
 def test_cancelling_a_parent_while_its_children_complete_ends_consistent() -> None:
     """Twenty children completing on threads while their parent is cancelled: every child ends
     completed (before the cancel) or cancelled, none is left running or queued, the parent
@@ -752,6 +755,7 @@ def test_a_woken_parent_reads_its_childrens_final_states_together(tmp_path: Path
     assert len(reads) < 20, reads  # not one per child
 
 
+@pytest.mark.slow
 def test_an_exported_family_keeps_its_links_in_the_store_it_is_imported_into(
     tmp_path: Path,
 ) -> None:

@@ -134,6 +134,7 @@ def test_a_thousand_children_over_four_worker_processes_on_postgres(tmp_path: Pa
         drop_pg_schema(schema)
 
 
+@pytest.mark.slow
 def test_on_postgres_the_last_child_wakes_its_parent_by_notify(tmp_path: Path) -> None:
     """A worker that would look for work only every 60 s: the child it queued waits for an
     input, the parent for the child. An input sent from another connection wakes the worker

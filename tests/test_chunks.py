@@ -337,6 +337,7 @@ def test_list_edit_sequences_round_trip_and_share(seed: int, edits: list[Any]) -
     st.lists(st.tuples(st.integers(min_value=0, max_value=4000), st.text(max_size=400)),
              min_size=1, max_size=15),
 )
+@pytest.mark.slow
 def test_dict_edit_sequences_round_trip(seed: int, edits: list[tuple[int, str]]) -> None:
     rng = random.Random(seed)
     value = {f"k{i}": text(rng, 80) for i in range(2000)}
@@ -362,6 +363,7 @@ def test_dict_edit_sequences_round_trip(seed: int, edits: list[tuple[int, str]])
     st.lists(st.tuples(st.integers(min_value=0, max_value=3 * BUFFER_CHUNK), st.binary(
         min_size=1, max_size=5000)), min_size=1, max_size=6),
 )
+@pytest.mark.slow
 def test_array_region_edits_round_trip(seed: int, edits: list[tuple[int, bytes]]) -> None:
     array = np.random.default_rng(seed).integers(0, 255, 3 * BUFFER_CHUNK + 77, dtype=np.uint8)
     chunks: dict[bytes, bytes] = {}

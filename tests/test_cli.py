@@ -179,6 +179,7 @@ def test_every_command_has_help_with_an_example(pitstop_cli: Callable[..., Resul
 
 
 @pytest.mark.parametrize("url", CLI_BACKENDS, indirect=True)
+@pytest.mark.slow
 def test_operating_runs(url: str, store: Store, pitstop_cli: Callable[..., Result]) -> None:
     acme = start(store, "acme")
     globex = start(store, "globex", budget=5000)
@@ -373,6 +374,7 @@ def test_field_paths_and_diff() -> None:
 
 
 @pytest.mark.parametrize("url", CLI_BACKENDS, indirect=True)
+@pytest.mark.slow
 def test_prune_never_takes_a_head_or_a_referenced_value(
     url: str, store: Store, pitstop_cli: Callable[..., Result]
 ) -> None:
@@ -475,6 +477,7 @@ def vars_of(obj: Any) -> dict[str, Any]:
 
 
 @pytest.mark.postgres
+@pytest.mark.slow
 def test_export_import_round_trip_sqlite_postgres_sqlite(tmp_path: Path) -> None:
     if "postgres" not in BACKENDS:
         pytest.skip("no PostgreSQL backend")
@@ -530,6 +533,7 @@ def test_export_import_round_trip_sqlite_postgres_sqlite(tmp_path: Path) -> None
         drop_pg_schema(schema)
 
 
+@pytest.mark.slow
 def test_export_to_stdout_and_import_from_stdin(
     url: str, store: Store, tmp_path: Path, pitstop_cli: Callable[..., Result]
 ) -> None:
@@ -692,6 +696,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(
     assert not missing.exists()
 
 
+@pytest.mark.slow
 def test_errors_from_a_real_process_have_no_traceback(url: str, tmp_path: Path) -> None:
     (tmp_path / "broken_flow.py").write_text("def oops(:\n")
     for args, expected in (
@@ -708,6 +713,7 @@ def test_errors_from_a_real_process_have_no_traceback(url: str, tmp_path: Path) 
 
 
 @pytest.mark.parametrize("url", CLI_BACKENDS, indirect=True)
+@pytest.mark.slow
 def test_resume_and_fork_with_a_workflow_module(url: str, store: Store, tmp_path: Path) -> None:
     (tmp_path / "flows.py").write_text(FLOWS)
     acme = start(store, "acme")
@@ -742,6 +748,7 @@ def test_resume_and_fork_with_a_workflow_module(url: str, store: Store, tmp_path
     assert store.get_run(acme).status is RunStatus.WAITING
 
 
+@pytest.mark.slow
 def test_worker_command_executes_queued_and_released_runs(
     url: str, store: Store, tmp_path: Path
 ) -> None:
@@ -763,6 +770,7 @@ def test_worker_command_executes_queued_and_released_runs(
     assert bad.code == 2 and "--limit" in bad.err
 
 
+@pytest.mark.slow
 def test_a_failed_run_exits_1(url: str, store: Store, tmp_path: Path) -> None:
     (tmp_path / "failing.py").write_text(
         "import pitstop\nwf = pitstop.Workflow('failing')\n"
@@ -792,6 +800,7 @@ class Quote:
     amount: int
 
 
+@pytest.mark.slow
 def test_show_and_diff_states_of_classes_the_cli_does_not_know(url: str, store: Store) -> None:
     store.save("q", {"quote": Quote("acme", 100), "n": 1})
     store.save("q", {"quote": Quote("acme", 120), "n": 1})

@@ -40,6 +40,7 @@ def failed(tmp_path: Path) -> tuple[Path, str]:
     return tmp_path, url
 
 
+@pytest.mark.slow
 def test_show_names_the_failed_step_the_error_and_the_traceback(
     failed: tuple[Path, str]
 ) -> None:
@@ -60,6 +61,7 @@ def test_show_names_the_failed_step_the_error_and_the_traceback(
     assert error["checkpoint_id"] == doc["checkpoint"]["id"]
 
 
+@pytest.mark.slow
 def test_runs_and_history_show_the_first_line_of_the_error(failed: tuple[Path, str]) -> None:
     cwd, url = failed
     listing = pitstop_exe("runs", store=url, cwd=cwd)

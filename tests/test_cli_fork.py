@@ -50,6 +50,7 @@ def agent(tmp_path: Path) -> tuple[Path, str, str]:
     return tmp_path, url, "r1"
 
 
+@pytest.mark.slow
 def test_set_converts_json_to_the_registered_dataclass(agent: tuple[Path, str, str]) -> None:
     cwd, url, run = agent
     forked = pitstop_exe("fork", run, "--set", 'plan={"goal": "dogs", "steps": ["a"]}',
@@ -85,6 +86,7 @@ def test_a_bad_edit_is_one_line_exit_2_and_writes_nothing(
     assert sqlite_rows(url) == before
 
 
+@pytest.mark.slow
 def test_add_allows_a_new_field(agent: tuple[Path, str, str]) -> None:
     cwd, url, run = agent
     forked = pitstop_exe("fork", run, "--set", 'note="hi"', "--add", "--workflow", "agent:wf",

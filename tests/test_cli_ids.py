@@ -49,6 +49,7 @@ def history(cwd: Path, url: str, run: str) -> list[dict[str, object]]:
     return pitstop_exe("history", run, "--json", store=url, cwd=cwd).json["checkpoints"]
 
 
+@pytest.mark.slow
 def test_a_unique_start_of_a_run_id_works_in_every_command(store: tuple[Path, str]) -> None:
     cwd, url = store
     generated = next(r["id"] for r in pitstop_exe("runs", "--json", store=url, cwd=cwd).json[
@@ -73,6 +74,7 @@ def test_a_unique_start_of_a_run_id_works_in_every_command(store: tuple[Path, st
         generated
 
 
+@pytest.mark.slow
 def test_run_at_id_works_wherever_a_run_is_taken(store: tuple[Path, str]) -> None:
     cwd, url = store
     entries = history(cwd, url, "alpha-1")
@@ -94,6 +96,7 @@ def test_run_at_id_works_wherever_a_run_is_taken(store: tuple[Path, str]) -> Non
     assert forked.code == 0, forked
 
 
+@pytest.mark.slow
 def test_an_ambiguous_prefix_is_an_error_listing_the_candidates(store: tuple[Path, str]) -> None:
     cwd, url = store
     before = sqlite_rows(url)

@@ -47,6 +47,7 @@ def test_an_empty_sqlite_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(POSTGRES_SKIP is not None, reason=str(POSTGRES_SKIP))
+@pytest.mark.slow
 def test_a_postgresql_schema_that_holds_no_store() -> None:
     schema = f"typo_{uuid.uuid4().hex[:8]}"
     try:
@@ -84,6 +85,7 @@ def test_no_command_but_the_creating_ones_makes_a_store_file(
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_an_empty_file_is_left_as_it_was(tmp_path: Path) -> None:
     path = tmp_path / "empty.db"
     path.touch()

@@ -52,6 +52,7 @@ def test_show_shortens_long_values_with_a_marker(big: tuple[Path, str]) -> None:
     assert doc["state"]["text"].endswith("END") and len(doc["state"]["items"]) == 300
 
 
+@pytest.mark.slow
 def test_the_import_progress_bar_counts_mib(big: tuple[Path, str]) -> None:
     cwd, url = big
     assert pitstop_exe("export", "b", "-o", "b.pitstop", store=url, cwd=cwd).code == 0

@@ -55,6 +55,7 @@ def cwd(tmp_path: Path) -> Path:
     return tmp_path
 
 
+@pytest.mark.slow
 def test_start_runs_here_with_input_inline_from_a_file_or_stdin(cwd: Path) -> None:
     url = f"sqlite:///{cwd / 'new.db'}"  # no store yet: start creates it
     inline = pitstop_exe("start", "shop:orders", "--input",
@@ -77,6 +78,7 @@ def test_start_runs_here_with_input_inline_from_a_file_or_stdin(cwd: Path) -> No
     assert shown["value"] == 42
 
 
+@pytest.mark.slow
 def test_enqueue_queues_for_a_worker(cwd: Path) -> None:
     url = f"sqlite:///{cwd / 'q.db'}"
     queued = pitstop_exe("enqueue", "shop:plain", "--input", '{"n": 1}', "--run-id", "q1",
@@ -109,6 +111,7 @@ def test_bad_input_is_refused_before_anything_is_written(
     assert not (cwd / "none.db").exists()  # not even an empty store
 
 
+@pytest.mark.slow
 def test_an_existing_run_id_is_refused(cwd: Path) -> None:
     url = f"sqlite:///{cwd / 'dup.db'}"
     assert pitstop_exe("start", "shop:plain", "--run-id", "x", store=url, cwd=cwd).code == 0
@@ -123,6 +126,7 @@ def test_an_existing_run_id_is_refused(cwd: Path) -> None:
     assert again.code == 0 and "waiting for: go" in again.out
 
 
+@pytest.mark.slow
 def test_every_command_takes_the_logging_options(cwd: Path) -> None:
     from pitstop.cli.app import all_commands
 
@@ -133,6 +137,7 @@ def test_every_command_takes_the_logging_options(cwd: Path) -> None:
     assert PITSTOP is not None
 
 
+@pytest.mark.slow
 def test_worker_logs_are_key_value_lines_naming_run_step_and_attempt(cwd: Path) -> None:
     (cwd / "flaky.py").write_text('''
 import pitstop

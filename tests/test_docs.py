@@ -24,6 +24,7 @@ TROUBLESHOOTING = " ".join((DOCS / "troubleshooting.md").read_text().split())
 
 @pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None,
                     reason="mkdocs is not installed (pip install -e '.[docs]')")
+@pytest.mark.slow
 def test_the_site_builds_strictly(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
@@ -123,6 +124,7 @@ def test_every_error_class_has_a_section() -> None:
     assert not missing, f"add a section to docs/troubleshooting.md for: {missing}"
 
 
+@pytest.mark.slow
 def test_every_error_message_is_on_the_troubleshooting_page() -> None:
     missing = []
     for where, text in _messages():

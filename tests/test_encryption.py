@@ -82,6 +82,7 @@ def _raw_object(bucket: Any, path: str) -> bytes:
     return bytes(obstore.get(bucket._store, path).bytes())
 
 
+@pytest.mark.slow
 def test_values_are_sealed_and_read_back_on_every_backend(
     opener: Callable[..., pitstop.Store], blobs: str
 ) -> None:
@@ -256,6 +257,7 @@ def test_checkpointer_and_cli_rekey_on_a_sealed_store(
         rekey(pitstop.open_store(f"sqlite:///{db}"), "k2")  # no keys: refused
 
 
+@pytest.mark.slow
 def test_langgraph_saver_on_a_sealed_store_in_a_bucket(
     shared_url: str, s3_blobs: str
 ) -> None:

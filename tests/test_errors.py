@@ -22,6 +22,7 @@ def test_every_public_error_is_exported_from_pitstop() -> None:
     assert {"ArchiveError", "StepFailedError"} <= set(errors.__all__)
 
 
+@pytest.mark.slow
 def test_no_public_error_class_is_defined_elsewhere() -> None:
     """Framework integrations may refine an error for their own API (LangGraph's
     ``ThreadConflictError``); the library's own errors live in one place."""

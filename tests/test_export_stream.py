@@ -131,6 +131,7 @@ def test_a_streamed_export_matches_one_from_lists_and_imports_back(
         assert copy.verify() == []
 
 
+@pytest.mark.slow
 def test_export_memory_does_not_grow_with_the_records(
     source: str, target: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -73,6 +73,7 @@ def _payments(calls: list[str], proxy: FaultProxy, outage: float) -> pitstop.Wor
 
 
 @needs_postgres
+@pytest.mark.slow
 def test_an_effect_rides_out_a_store_that_is_briefly_away(
     proxy: FaultProxy, schema: str
 ) -> None:
@@ -89,6 +90,7 @@ def test_an_effect_rides_out_a_store_that_is_briefly_away(
 
 
 @needs_postgres
+@pytest.mark.slow
 def test_a_worker_outlives_a_store_that_goes_away(
     proxy: FaultProxy, schema: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -134,6 +136,7 @@ def test_a_worker_outlives_a_store_that_goes_away(
 
 @needs_postgres
 @pytest.mark.parametrize("deliver", [True, False], ids=["committed", "not-committed"])
+@pytest.mark.slow
 def test_a_start_whose_commit_is_cut_converges_on_one_run(
     proxy: FaultProxy, schema: str, deliver: bool
 ) -> None:
@@ -157,6 +160,7 @@ def test_a_start_whose_commit_is_cut_converges_on_one_run(
 
 @needs_postgres
 @pytest.mark.parametrize("deliver", [True, False], ids=["committed", "not-committed"])
+@pytest.mark.slow
 def test_an_enqueue_whose_commit_is_cut_converges_on_one_queued_run(
     proxy: FaultProxy, schema: str, deliver: bool
 ) -> None:
@@ -220,6 +224,7 @@ _QUICK = {"statement_timeout": "1", "connect_timeout": "1", "busy_timeout": "2"}
 
 @needs_postgres
 @pytest.mark.parametrize("size", [10, 20 << 20], ids=["small", "20MiB"])
+@pytest.mark.slow
 def test_a_write_into_a_silent_network_fails_instead_of_hanging(
     proxy: FaultProxy, schema: str, size: int
 ) -> None:
@@ -239,6 +244,7 @@ def test_a_write_into_a_silent_network_fails_instead_of_hanging(
 
 
 @needs_postgres
+@pytest.mark.slow
 def test_a_read_from_a_silent_network_fails_instead_of_hanging(
     proxy: FaultProxy, schema: str
 ) -> None:
@@ -252,6 +258,7 @@ def test_a_read_from_a_silent_network_fails_instead_of_hanging(
 
 
 @needs_postgres
+@pytest.mark.slow
 def test_a_start_whose_commit_stalls_converges_when_repeated(
     proxy: FaultProxy, schema: str
 ) -> None:
@@ -273,6 +280,7 @@ def test_a_start_whose_commit_stalls_converges_when_repeated(
 
 @needs_postgres
 @pytest.mark.parametrize("deliver", [True, False], ids=["committed", "not-committed"])
+@pytest.mark.slow
 def test_after_a_start_lost_in_its_commit_resume_says_what_happened(
     proxy: FaultProxy, schema: str, deliver: bool
 ) -> None:
@@ -358,6 +366,7 @@ RUNS = 20
 
 
 @needs_postgres
+@pytest.mark.slow
 def test_runs_cut_at_random_all_complete(proxy: FaultProxy, schema: str) -> None:
     """Twenty runs of six checkpoints and an effect each, while the proxy resets every
     connection at random moments (every 0.2-0.8 s): every run completes, with one input
@@ -453,6 +462,7 @@ def _full_disk(kind: str, tmp_path: Path) -> Iterator[tuple[Path, Callable[[], N
 
 
 @pytest.mark.parametrize("kind", ["tmpfs", "rlimit"])
+@pytest.mark.slow
 def test_a_full_disk_is_one_line_and_the_run_completes_once_space_is_freed(
     tmp_path: Path, kind: str
 ) -> None:
@@ -476,6 +486,7 @@ def test_a_full_disk_is_one_line_and_the_run_completes_once_space_is_freed(
 
 
 @pytest.mark.parametrize("what", ["file", "directory"])
+@pytest.mark.slow
 def test_a_read_only_store_is_one_line_and_the_run_completes_once_writable(
     tmp_path: Path, what: str
 ) -> None:

@@ -328,6 +328,7 @@ def test_export_import_carries_chunked_values(open_store: Any) -> None:
         target.close()
 
 
+@pytest.mark.slow
 def test_an_archive_carries_each_chunk_once(open_store: Any, tmp_path: Any) -> None:
     """A growing list's superseded last chunks (stored as prefixes of the chunks extending
     them) travel as prefixes, not as copies: the archive is about the list's size, and the
@@ -484,6 +485,7 @@ def test_postgres_grows_a_list_by_inserts_alone(open_store: Any) -> None:
 
 @pytest.mark.postgres
 @pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
+@pytest.mark.slow
 def test_gc_never_deletes_a_chunk_a_concurrent_save_references(open_store: Any) -> None:
     rng = random.Random(3)
     main = open_store()

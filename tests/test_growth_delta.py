@@ -10,6 +10,7 @@ import random
 import string
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -87,6 +88,7 @@ def test_list_deltas_match_a_full_computation(seed: int, steps: list[tuple[str, 
     st.integers(min_value=0, max_value=2**32),
     st.lists(st.tuples(st.integers(0, 3000), st.booleans()), min_size=1, max_size=20),
 )
+@pytest.mark.slow
 def test_dict_merges_match_a_full_computation(
     seed: int, steps: list[tuple[int, bool]]
 ) -> None:

@@ -23,6 +23,7 @@ def test_only_one_in_list_is_rewritten() -> None:
 
 
 @pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
+@pytest.mark.slow
 def test_a_value_of_more_chunks_than_an_in_list_round_trips(store: Store) -> None:
     rng = random.Random(5)
     msgs: list[dict[str, Any]] = []

@@ -195,6 +195,7 @@ def _vacuumed_thread(schema: str, steps: int) -> tuple[int, int, bool]:
 
 
 @pytest.mark.postgres
+@pytest.mark.slow
 def test_postgres_appends_pending_writes_without_index_entries(pg_schema: str) -> None:
     """A LangGraph thread of 300 steps, VACUUMed every 50 (as autovacuum would be, now and
     then): every step appends the previous step's writes to its checkpoint's row, and each

@@ -270,6 +270,7 @@ def test_a_known_layout_restores_from_its_leaves_alone_in_one_query(
 
 
 @pytest.mark.parametrize("store_url", ["sqlite", "postgres"], indirect=True)
+@pytest.mark.slow
 def test_a_damaged_node_is_found_by_a_fresh_process_and_verify(
     open_store: Callable[..., Store],
 ) -> None:

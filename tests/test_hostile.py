@@ -213,6 +213,7 @@ def _zstd_bomb(path: Path, header: Mapping[str, Any], length: int) -> None:
     ids=["undeclared", "declared-honestly", "declared-small"],
 )
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="measures through /proc")
+@pytest.mark.slow
 def test_an_archive_inflating_to_2_gib_is_refused_in_little_memory(
     tmp_path: Path, sizes: Mapping[str, int] | None
 ) -> None:
@@ -250,6 +251,7 @@ def test_an_archive_inflating_to_2_gib_is_refused_in_little_memory(
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="measures through /proc")
+@pytest.mark.slow
 def test_export_streams_a_run_larger_than_its_memory_bound(tmp_path: Path, cli: Cli) -> None:
     """``pitstop export`` of a run of 96 MiB of values (24 checkpoints, a new random 4 MiB
     value each) in a fresh process: the values are read one at a time, so neither the
@@ -349,6 +351,7 @@ def test_an_export_declares_its_sizes_and_a_bad_value_is_refused_as_read(
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="measures through /proc")
+@pytest.mark.slow
 def test_import_memory_does_not_grow_with_the_archive(tmp_path: Path) -> None:
     import subprocess
     import sys

@@ -117,6 +117,7 @@ with pitstop.open_store(url) as store:
 
 
 @pytest.mark.parametrize("store_url", SHARED, indirect=True)
+@pytest.mark.slow
 def test_interrupt_then_resume_in_another_process(store_url: str, store: Store) -> None:
     first = run_python(STEP, store_url, "t-approval", "start")
     assert first.returncode == 0, first.stderr
@@ -301,6 +302,7 @@ def loop_graph(saver: PitstopSaver, steps: int, big: Any) -> Any:
 
 
 @pytest.mark.parametrize("kind", ["str", "list"])
+@pytest.mark.slow
 def test_unchanged_big_channel_is_stored_once(store: Store, kind: str) -> None:
     # Random base64 text: compression cannot make it small (it keeps ~3/4 of its size).
     text = __import__("base64").b64encode(os.urandom(MiB * 3 // 4)).decode()

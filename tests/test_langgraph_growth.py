@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, TypedDict
 
+import pytest
+
 from pitstop import Store
 
 
@@ -45,6 +47,7 @@ def test_langgraph_messages_channel_stores_only_new_messages(store: Store) -> No
     assert store.verify() == []
 
 
+@pytest.mark.slow
 def test_langgraph_delta_channel_keeps_working(store: Store) -> None:
     from langgraph.channels import DeltaChannel
 

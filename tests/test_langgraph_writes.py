@@ -104,6 +104,7 @@ def _checkpoints(store: Store, run_id: str) -> list[str]:
 
 @pytest.mark.parametrize("store_url", SHARED, indirect=True)
 @pytest.mark.parametrize("api", ["invoke", "ainvoke"])
+@pytest.mark.slow
 async def test_async_durability_keeps_a_steps_writes_in_its_checkpoints_row(
     store: Store, api: str
 ) -> None:
@@ -179,6 +180,7 @@ def test_an_interrupt_beside_a_finished_task_without_waiting_for_puts(
     assert ran == ["draft"] * 5
 
 
+@pytest.mark.slow
 def test_a_read_leaves_writes_on_a_checkpoint_not_written_yet_to_its_put(store: Store) -> None:
     saver = PitstopSaver(store, writes_delay=600)
     root = _put(saver, "t-ahead", None, "input")
@@ -306,6 +308,7 @@ def test_closing_the_store_under_a_saver_commits_its_held_writes(
 
 
 @pytest.mark.parametrize("store_url", SHARED, indirect=True)
+@pytest.mark.slow
 def test_held_writes_commit_when_the_process_exits(store_url: str, store: Store) -> None:
     code = f"""
 import pitstop

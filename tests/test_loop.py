@@ -141,6 +141,7 @@ def test_async_snapshot_of_torch_state() -> None:
 
 # -- runs of loops are ordinary runs -----------------------------------------------------------
 
+@pytest.mark.slow
 def test_history_fork_retention_verify_and_cli(url: str) -> None:
     with Checkpointer(url, "train", retention=RetentionPolicy(keep_last=2)) as ckpt:
         for step in range(5):

@@ -226,6 +226,7 @@ def test_an_unreachable_or_missing_bucket_is_one_line_at_open(
     assert "\n" not in text and SECRET_KEY not in text
 
 
+@pytest.mark.slow
 def test_the_cli_works_on_a_store_whose_values_are_in_a_bucket(
     tmp_path: Path, s3_blobs: str
 ) -> None:

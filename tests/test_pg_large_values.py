@@ -125,12 +125,14 @@ BUSY = [(1, "record_effect"), (20, "send"), (64, "save-text"), (200, "save-bytes
 
 
 @pytest.mark.parametrize(("mib", "op"), DIRECT)
+@pytest.mark.slow
 def test_a_large_value_is_stored_whole(schema: str, op: str, mib: int) -> None:
     with pitstop.open_store(pg_schema_url(schema)) as store:
         _bounded(lambda: OPERATIONS[op](store, mib * MiB))
 
 
 @pytest.mark.parametrize(("mib", "op"), BUSY)
+@pytest.mark.slow
 def test_a_large_value_is_stored_whole_with_the_cpu_busy(
     schema: str, op: str, mib: int, busy_cpu: None
 ) -> None:
@@ -151,6 +153,7 @@ def test_a_large_value_crosses_a_slow_link(schema: str, op: str) -> None:
         proxy.close()
 
 
+@pytest.mark.slow
 def test_a_workflow_with_large_values_completes(schema: str) -> None:
     """A step's state, an effect's result and an input, each 20 MiB, in one run."""
     blob = _value("bytes", 20 * MiB)

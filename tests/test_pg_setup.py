@@ -32,6 +32,7 @@ def pytest_run(url: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.skipif(POSTGRES_SKIP is not None, reason=str(POSTGRES_SKIP))
+@pytest.mark.slow
 def test_a_missing_test_database_is_created() -> None:
     import psycopg
 

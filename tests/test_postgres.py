@@ -81,6 +81,7 @@ with pitstop.open_store(sys.argv[1]) as store:
 """
 
 
+@pytest.mark.slow
 def test_processes_opening_a_new_schema_at_once_all_succeed(url: str, schema: str) -> None:
     outputs = _run_at_once([(OPEN, [url])] * 4)
     assert [int(out) for out in outputs] == [store_schema.LATEST_SCHEMA] * 4
@@ -237,6 +238,7 @@ def test_a_down_server_fails_fast_with_one_line_naming_it() -> None:
         assert info.value.__suppress_context__
 
 
+@pytest.mark.slow
 def test_a_server_that_never_answers_times_out() -> None:
     with socket.socket() as silent:  # accepts TCP connections, never says a word
         silent.bind(("127.0.0.1", 0))
@@ -324,6 +326,7 @@ def test_lost_connections_are_replaced_and_the_work_retried(
         assert [c.id for c in store.history("r")] == [second.id, first.id]  # written once
 
 
+@pytest.mark.slow
 def test_a_server_going_down_under_an_open_store_fails_within_connect_timeout(
     proxied: tuple[_Proxy, str],
 ) -> None:
@@ -400,6 +403,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_conditional_saves_from_two_processes_exactly_one_wins(url: str) -> None:
     with PostgresStore(url) as store:
         base = store.save("shared", {"who": "parent"})
@@ -463,6 +467,7 @@ print(deleted)
 """
 
 
+@pytest.mark.slow
 def test_prune_and_delete_racing_saves_never_lose_a_shared_value(url: str) -> None:
     seconds = "3"
     saver_a, saver_b, collector = _run_at_once(

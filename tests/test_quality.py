@@ -24,6 +24,7 @@ def test_ruff() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.slow  # ~40 s from a cold cache; `scripts/check mypy` runs it alone
 def test_mypy_strict() -> None:
     done = subprocess.run([sys.executable, "-m", "mypy", "src/pitstop"], cwd=ROOT,
                           capture_output=True, text=True, check=False)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import ROOT
 
 
@@ -26,6 +28,7 @@ def test_readme_opens_with_the_demo_and_the_test_command() -> None:
     assert tests in (ROOT / ".ci" / "run").read_text()
 
 
+@pytest.mark.slow
 def test_the_demo_runs_end_to_end(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PITSTOP_STORE"}
     done = subprocess.run(

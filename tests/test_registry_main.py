@@ -59,6 +59,7 @@ def python(*args: str, cwd: Path) -> list[str]:
     return done.stdout.split()
 
 
+@pytest.mark.slow
 def test_a_script_and_the_cli_agree_on_the_name(tmp_path: Path) -> None:
     (tmp_path / "agent.py").write_text(AGENT)
     url = f"sqlite:///{tmp_path / 'runs.db'}"
@@ -72,6 +73,7 @@ def test_a_script_and_the_cli_agree_on_the_name(tmp_path: Path) -> None:
     assert resumed.json["status"] == "completed"
 
 
+@pytest.mark.slow
 def test_the_name_follows_the_package_and_python_m(tmp_path: Path) -> None:
     package = tmp_path / "pkg"
     package.mkdir()
@@ -84,6 +86,7 @@ def test_the_name_follows_the_package_and_python_m(tmp_path: Path) -> None:
     assert python("loose/agent.py", cwd=tmp_path) == ["agent.Plan"]  # not a package
 
 
+@pytest.mark.slow
 def test_a_script_that_imports_itself_registers_both_copies(tmp_path: Path) -> None:
     (tmp_path / "agent.py").write_text(AGENT.replace(
         'if __name__ == "__main__":',
@@ -92,6 +95,7 @@ def test_a_script_that_imports_itself_registers_both_copies(tmp_path: Path) -> N
     assert python("agent.py", cwd=tmp_path) == ["agent.Plan", "agent.Plan"]
 
 
+@pytest.mark.slow
 def test_values_stored_as_main_names_still_load(tmp_path: Path) -> None:
     """A store written before the fix holds ``__main__.Plan``: it loads as ``agent.Plan``."""
     (tmp_path / "agent.py").write_text(AGENT)

@@ -452,12 +452,14 @@ FAST = settings(
 
 @FAST
 @given(values)
+@pytest.mark.slow
 def test_roundtrip_keeps_exact_types(value: Any) -> None:
     roundtrip(value)
 
 
 @FAST
 @given(values)
+@pytest.mark.slow
 def test_slow_path_writes_the_same_bytes_as_the_fast_path(value: Any) -> None:
     # Content addressing relies on one value having one encoding, whichever path wrote it.
     assert SER._dumps_slowly(value) == SER.dumps(value)
@@ -1051,6 +1053,7 @@ extremes = st.recursive(extreme_leaves, _containers, max_leaves=6)
 
 @FAST
 @given(extremes)
+@pytest.mark.slow
 def test_extreme_values_round_trip_or_are_refused_at_save(value: Any) -> None:
     """A value either saves and then loads back the same, or is refused at save time with a
     SerializationError: never a checkpoint that cannot be loaded again."""
@@ -1339,6 +1342,7 @@ class BadRepr:
 
 @FAST
 @given(values)
+@pytest.mark.slow
 def test_to_jsonable_is_always_json(value: Any) -> None:
     json.dumps(to_jsonable(value), allow_nan=False)
 

@@ -6,6 +6,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 import pitstop
 from conftest import run_python
 from pitstop.store.backends.sqlite import SQLiteStore
@@ -94,6 +96,7 @@ store.close()
 """
 
 
+@pytest.mark.slow
 def test_a_forked_child_checkpoints_on_a_thread_of_its_own(tmp_path: Path) -> None:
     done = run_python(_CHILD_CHECKPOINTS, str(tmp_path / "runs.db"), timeout=300)
     assert done.returncode == 0, done.stderr
@@ -119,6 +122,7 @@ print(codes)
 """
 
 
+@pytest.mark.slow
 def test_fork_while_the_thread_checkpoints_never_hangs_the_child(tmp_path: Path) -> None:
     # A fork while the thread held one of SQLite's mutexes left the child blocked forever in
     # its first connect; fork() now waits until the thread is outside SQLite. Each fork

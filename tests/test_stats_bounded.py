@@ -86,6 +86,7 @@ def test_large_counts_are_estimated_and_say_so(big_pg: tuple[str, str],
         assert analyzed.runs_by_status["queued"] == 40
 
 
+@pytest.mark.slow
 def test_the_cli_marks_estimates_and_counts_exactly_when_asked(
     big_pg: tuple[str, str],
 ) -> None:

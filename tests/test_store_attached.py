@@ -78,6 +78,7 @@ def test_save_attaches_in_its_transaction(store: Store) -> None:
     assert store.verify() == []
 
 
+@pytest.mark.slow
 def test_stores_before_schema_8_keep_their_effect_records(store: Store) -> None:
     # Pending writes as integrations recorded them before: effect records naming the
     # checkpoint. Read with what is attached since.

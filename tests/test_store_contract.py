@@ -97,6 +97,7 @@ def test_history_is_paginated_newest_first_without_state(store: Store) -> None:
         store.history("missing")
 
 
+@pytest.mark.slow
 def test_summaries_reads_many_records_by_id_skipping_unknown_ones(store: Store) -> None:
     a = store.save("a", {"i": 1}, metadata={"step_name": "one"})
     b = store.save("b", {"i": 2})
@@ -109,6 +110,7 @@ def test_summaries_reads_many_records_by_id_skipping_unknown_ones(store: Store) 
     assert store.summaries([]) == {}
 
 
+@pytest.mark.slow
 def test_get_many_reads_many_checkpoints_by_id_as_get_does(store: Store) -> None:
     import numpy as np
 
@@ -267,6 +269,7 @@ def test_start_run_writes_the_run_and_its_first_checkpoint_together(store: Store
 # -- forks ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_fork_shares_values_and_leaves_source_untouched(store: Store) -> None:
     big = "y" * MiB
     store.save("src", {"doc": big, "n": 1}, workflow="wf")
@@ -365,6 +368,7 @@ def test_update_run_merges_metadata(store: Store) -> None:
         store.update_run("nope", status=RunStatus.FAILED)
 
 
+@pytest.mark.slow
 def test_delete_run_frees_only_unshared_values(store: Store) -> None:
     shared = "s" * 10_000
     store.save("keep", {"v": shared, "k": 1})
@@ -383,6 +387,7 @@ def test_delete_run_frees_only_unshared_values(store: Store) -> None:
 # -- retention ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_prune_keep_last_keeps_head_and_milestones(store: Store) -> None:
     ids = []
     for i in range(10):

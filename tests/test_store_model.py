@@ -189,6 +189,7 @@ class StoreModel(RuleBasedStateMachine):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.slow
 def test_store_behaves_like_its_model(backend: str, tmp_path: Any) -> None:
     examples = 12 if backend == "postgres" else 40
 

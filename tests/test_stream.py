@@ -305,6 +305,7 @@ def test_undecodable_records_fail_or_go_to_the_dead_letter_stream(
 
 
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.slow
 def test_unreachable_broker_is_one_line_and_retried(
     store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -394,6 +395,7 @@ def test_jetstream_counts_and_seeks_by_sequence(store: Store, name: str) -> None
 
 
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.slow
 def test_stream_status_command(store: Store, client: Any, name: str) -> None:
     from clitools import pitstop_exe
 
@@ -574,6 +576,7 @@ def test_late_records_to_the_side_output(store: Store) -> None:
 
 
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.slow
 def test_partitions_in_pitstop_runs_and_show(store: Store) -> None:
     from clitools import pitstop_exe
 
@@ -611,6 +614,7 @@ def test_state_schema_version_is_migrated_on_load(store: Store) -> None:
 
 
 @pytest.mark.parametrize("store_url", ["sqlite", "postgres"], indirect=True)
+@pytest.mark.slow
 def test_a_partition_leased_elsewhere_is_taken_over_when_the_lease_expires(
     store: Store
 ) -> None:
@@ -630,6 +634,7 @@ def test_a_partition_leased_elsewhere_is_taken_over_when_the_lease_expires(
 
 
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.slow
 def test_keys_expire_after_the_ttl_through_a_restart(store: Store) -> None:
     import time
 
@@ -723,6 +728,7 @@ def test_jetstream_start_at_end_and_undecodable_dead_letter(store: Store, name: 
     assert letters[0].headers["partition"] == "0"
 
 
+@pytest.mark.slow
 def test_a_lost_commit_and_a_store_outage_keep_exactly_once(client: Any, name: str) -> None:
     import threading
 

@@ -110,6 +110,7 @@ def make_model_and_optimizer() -> tuple[Any, Any]:
     return model, opt
 
 
+@pytest.mark.slow
 def test_state_dicts_of_model_and_optimizer(tmp_path: Path) -> None:
     model, opt = make_model_and_optimizer()
     state = {"model": model.state_dict(), "optim": opt.state_dict(), "step": 2}

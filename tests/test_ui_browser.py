@@ -81,6 +81,7 @@ def _live(page: Any) -> None:
     page.wait_for_selector("body[data-live=on]")
 
 
+@pytest.mark.slow
 def test_runs_page_lists_filters_and_updates_live(world: dict[str, Any], page: Any) -> None:
     base = world["main"]
     page.goto(base + "/")
@@ -106,6 +107,7 @@ def test_runs_page_lists_filters_and_updates_live(world: dict[str, Any], page: A
     assert page.locator("a.tab.t-queued .n").inner_text() == "3"
 
 
+@pytest.mark.slow
 def test_run_page_tree_state_and_diff(world: dict[str, Any], page: Any) -> None:
     store: Store = world["store"]
     run_id = world["ids"]["branched"]
@@ -144,6 +146,7 @@ def test_run_page_tree_state_and_diff(world: dict[str, Any], page: Any) -> None:
     assert page.locator("table.diff tr.op-added").count() >= 2  # risk and summary appeared
 
 
+@pytest.mark.slow
 def test_approve_from_the_inbox_and_see_the_run_move_on(world: dict[str, Any],
                                                         page: Any) -> None:
     store: Store = world["store"]
@@ -164,6 +167,7 @@ def test_approve_from_the_inbox_and_see_the_run_move_on(world: dict[str, Any],
     assert "input approval by local" in page.locator(".audit").inner_text().replace("\n", " ")
 
 
+@pytest.mark.slow
 def test_the_json_editor_checks_before_anything_is_sent(world: dict[str, Any],
                                                         page: Any) -> None:
     page.goto(world["main"] + "/runs/inv-1011-hooli")
@@ -182,6 +186,7 @@ def test_the_json_editor_checks_before_anything_is_sent(world: dict[str, Any],
     form.locator(".result.bad", has_text="not consumed").wait_for()
 
 
+@pytest.mark.slow
 def test_fork_with_an_edit(world: dict[str, Any], page: Any) -> None:
     store: Store = world["store"]
     review = next(h for h in store.history("inv-1012-soylent", limit=None)
@@ -219,6 +224,7 @@ def test_fork_with_an_edit(world: dict[str, Any], page: Any) -> None:
     form.locator(".result.ok", has_text="forked run").wait_for()
 
 
+@pytest.mark.slow
 def test_cancel_from_the_run_page(world: dict[str, Any], page: Any) -> None:
     page.goto(world["main"] + "/runs/etl-2026-12-02")
     _live(page)
@@ -228,6 +234,7 @@ def test_cancel_from_the_run_page(world: dict[str, Any], page: Any) -> None:
     assert world["store"].get_run("etl-2026-12-02").status is RunStatus.CANCELLED
 
 
+@pytest.mark.slow
 def test_read_only_hides_every_action(world: dict[str, Any], page: Any) -> None:
     base = world["read_only"]
     for path in ("/inbox", "/runs/inv-1003-umbrella", "/runs/etl-2026-11-30"):
@@ -240,6 +247,7 @@ def test_read_only_hides_every_action(world: dict[str, Any], page: Any) -> None:
     assert status == 403
 
 
+@pytest.mark.slow
 def test_token_login(world: dict[str, Any], page: Any) -> None:
     base = world["token"]
     response = page.goto(base + "/runs/inv-1003-umbrella")
@@ -262,6 +270,7 @@ def test_token_login(world: dict[str, Any], page: Any) -> None:
     assert page.goto(base + "/").status == 401
 
 
+@pytest.mark.slow
 def test_hostile_state_is_shown_as_text(world: dict[str, Any], page: Any) -> None:
     for path in ("/", f"/runs/{quote(XSS_RUN, safe='')}"):
         page.goto(world["main"] + path)
@@ -289,6 +298,7 @@ def test_langgraph_thread_reads_as_a_conversation(world: dict[str, Any], page: A
     assert "no node left to run" in (badge.get_attribute("title") or "")
 
 
+@pytest.mark.slow
 def test_failed_run_shows_its_traceback(world: dict[str, Any], page: Any) -> None:
     page.goto(world["main"] + "/runs/etl-2026-11-30")
     failure = page.locator(".failure")
@@ -296,6 +306,7 @@ def test_failed_run_shows_its_traceback(world: dict[str, Any], page: Any) -> Non
     assert "Traceback (most recent call last)" in failure.locator("pre").inner_text()
 
 
+@pytest.mark.slow
 def test_screenshots(world: dict[str, Any], page: Any, tmp_path: Path) -> None:
     """The pictures in docs/ and the README: PITSTOP_UI_SCREENSHOTS=docs/images refreshes them
     (so does ``python tests/ui_browser.py``)."""

@@ -278,6 +278,7 @@ def free_port() -> int:
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "192.0.2.7", "example.com", "::"])
+@pytest.mark.slow
 def test_non_loopback_without_a_token_refuses_to_start(
     populated: tuple[Store, Any, Path], host: str
 ) -> None:
@@ -302,6 +303,7 @@ def _wait_up(proc: subprocess.Popen[str], url: str, **kw: Any) -> httpx.Response
             time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_loopback_server_checks_the_host_header(populated: tuple[Store, Any, Path]) -> None:
     port = free_port()
     proc = _ui("--store", f"sqlite:///{populated[2]}", "--port", str(port))
@@ -316,6 +318,7 @@ def test_loopback_server_checks_the_host_header(populated: tuple[Store, Any, Pat
         proc.communicate(timeout=30)
 
 
+@pytest.mark.slow
 def test_token_from_the_environment(populated: tuple[Store, Any, Path]) -> None:
     port = free_port()
     proc = _ui("--store", f"sqlite:///{populated[2]}", "--port", str(port), "--host",

@@ -97,6 +97,7 @@ def test_prune_vacuum_does_both(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(POSTGRES_SKIP is not None, reason=str(POSTGRES_SKIP))
+@pytest.mark.slow
 def test_postgresql_vacuum_says_what_it_returns() -> None:
     schema = f"t_vac_{uuid.uuid4().hex[:8]}"
     url = pg_schema_url(schema)

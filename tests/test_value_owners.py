@@ -78,6 +78,7 @@ def test_a_run_owns_what_it_stores_and_a_fork_references_it(
 
 
 @BACKENDS
+@pytest.mark.slow
 def test_a_prune_from_another_handle_walks_the_trees(open_store: Callable[..., Store]) -> None:
     """The pruning handle has none of the writer's layouts: it reads every node it needs."""
     writer, pruner = open_store(), open_store()
@@ -141,6 +142,7 @@ def test_a_store_from_before_owners_is_upgraded_and_collects_its_old_values(
 
 @pytest.mark.postgres
 @pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
+@pytest.mark.slow
 def test_runs_saving_the_same_values_while_others_are_deleted(
     open_store: Callable[..., Store],
 ) -> None:

@@ -129,6 +129,7 @@ def test_worker_limits_per_workflow(tmp_path: Path) -> None:
         assert peak == 1
 
 
+@pytest.mark.slow
 def test_four_worker_processes_run_200_runs_exactly_once(shared_url: str, tmp_path: Path) -> None:
     import workflows
 
@@ -148,6 +149,7 @@ def test_four_worker_processes_run_200_runs_exactly_once(shared_url: str, tmp_pa
         assert store.verify() == []
 
 
+@pytest.mark.slow
 def test_killed_worker_runs_are_taken_over_after_the_lease(shared_url: str,
                                                             tmp_path: Path) -> None:
     import workflows
@@ -187,6 +189,7 @@ def test_killed_worker_runs_are_taken_over_after_the_lease(shared_url: str,
         _assert_exclusive_and_complete(store, runs, log, expect_once=False)
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_the_step_releases_and_exits_0(shared_url: str, tmp_path: Path) -> None:
     import workflows
 
@@ -303,6 +306,7 @@ def test_retry_failed_gives_up_after_its_attempts(tmp_path: Path) -> None:
         assert store.latest("r").metadata["error"]["message"] == "blip 3"  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 def test_stop_ends_an_idle_worker_at_once_whatever_its_poll_interval(
     shared_url: str,
 ) -> None:

@@ -66,6 +66,7 @@ def kill_in_step(cwd: Path, url: str, run_id: str) -> None:
         proc.wait()
 
 
+@pytest.mark.slow
 def test_a_worker_takes_over_a_dead_owners_run_at_once(cwd: Path) -> None:
     url = f"sqlite:///{cwd / 'runs.db'}"
     kill_in_step(cwd, url, "orphan")
@@ -100,6 +101,7 @@ def _started_at(worker_log: str) -> float:
     return time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S")) + int(millis) / 1000
 
 
+@pytest.mark.slow
 def test_until_idle_waits_for_a_lease_held_elsewhere_then_takes_the_run(cwd: Path) -> None:
     url = f"sqlite:///{cwd / 'runs.db'}"
     assert pitstop_exe("enqueue", "slow:wf", "--run-id", "busy", store=url, cwd=cwd).code == 0
@@ -148,6 +150,7 @@ def test_until_idle_does_not_wait_for_a_live_owner_on_this_host(cwd: Path) -> No
     assert worker.json["executed"] == 0
 
 
+@pytest.mark.slow
 def test_a_claimed_run_never_shows_as_queued(cwd: Path) -> None:
     url = f"sqlite:///{cwd / 'runs.db'}"
     marker = cwd / "claimed.marker"
