@@ -135,6 +135,7 @@ def test_key_callable_and_goto_route_are_kept(store: Store) -> None:
     assert result.state["picked"] == 3 and "skipped" not in result.state
 
 
+@pytest.mark.slow
 def test_ttl_expires_and_prune_and_clear_manage_the_cache(store: Store) -> None:
     calls: list[Any] = []
     wf = counting_workflow("expiring", calls, ttl=0.3)
@@ -260,6 +261,7 @@ def test_ctx_cached_sync_and_async(store: Store) -> None:
     assert rendered == ["x", "async:ab"]
 
 
+@pytest.mark.slow
 def test_single_flight_in_threads(store: Store) -> None:
     """Runs of several threads needing one key at once: the function runs once."""
     calls: list[int] = []
@@ -306,6 +308,7 @@ def test_a_dead_claim_is_taken_over(store: Store) -> None:
     assert hit is not None and hit.values == {"value": 1}
 
 
+@pytest.mark.slow
 def test_cli_history_show_and_cache_commands(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/cli.db"
     calls: list[Any] = []
@@ -450,6 +453,7 @@ def summarize(state):
 '''
 
 
+@pytest.mark.slow
 def test_cli_rerun_cache_ls_clear_and_stats(tmp_path: Path) -> None:
     (tmp_path / "flows.py").write_text(REPORT_FLOW)
     url = f"sqlite:///{tmp_path}/cli.db"
@@ -486,6 +490,7 @@ def test_cli_rerun_cache_ls_clear_and_stats(tmp_path: Path) -> None:
     assert pitstop_exe("stats", "--json", store=url).json["cache_entries"] == 0
 
 
+@pytest.mark.slow
 def test_inspector_run_page_shows_cached(tmp_path: Path) -> None:
     from fastapi.testclient import TestClient
 

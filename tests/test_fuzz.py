@@ -47,6 +47,7 @@ def test_every_target_has_a_corpus() -> None:
 
 
 @pytest.mark.parametrize("name", NAMES)
+@pytest.mark.slow
 def test_random_bytes_end_in_a_value_or_a_pitstop_error(name: str) -> None:
     @FAST
     @given(st.binary(max_size=2048))
@@ -57,6 +58,7 @@ def test_random_bytes_end_in_a_value_or_a_pitstop_error(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", NAMES)
+@pytest.mark.slow
 def test_flipped_corpus_inputs_end_in_a_value_or_a_pitstop_error(name: str) -> None:
     seeds = CORPUS[name]
 

@@ -76,6 +76,7 @@ def _chunked_run(store: pitstop.Store) -> tuple[str, list[bytes]]:
 
 
 @pytest.mark.parametrize("shape", ["self", "pair"])
+@pytest.mark.slow
 def test_an_alias_cycle_is_corruption_naming_run_checkpoint_and_field(
     url: str, shape: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -253,6 +254,7 @@ with pitstop.open_store(url) as store:
 """
 
 
+@pytest.mark.slow
 def test_an_unreadable_blob_directory_is_a_store_error(tmp_path: Path) -> None:
     """``latest()`` raised a raw ``PermissionError`` when the blob directory could not be
     read. Root reads any file, so as root the reader runs without the capabilities that

@@ -46,6 +46,7 @@ def _env() -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 def test_worker_metrics_port_serves_counts_histograms_and_store_gauges(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'm.db'}"
     log = str(tmp_path / "log.txt")
@@ -86,6 +87,7 @@ def test_worker_metrics_port_serves_counts_histograms_and_store_gauges(tmp_path:
     assert not any("job-" in value for _, labels in samples for _, value in labels)
 
 
+@pytest.mark.slow
 def test_a_metrics_port_in_use_is_one_error_line(tmp_path: Path) -> None:
     pitstop.open_store(f"sqlite:///{tmp_path / 'p.db'}").close()
     with socket.socket() as taken:
@@ -100,6 +102,7 @@ def test_a_metrics_port_in_use_is_one_error_line(tmp_path: Path) -> None:
     assert f"--metrics-port {port}" in line and "in use" in line
 
 
+@pytest.mark.slow
 def test_inspector_serves_metrics_behind_its_token(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'ui.db'}"
     store = pitstop.open_store(url)

@@ -155,6 +155,7 @@ def test_checkpointer_iterate_progress_and_save_durations(tmp_path: Path) -> Non
         store.close()
 
 
+@pytest.mark.slow
 def test_cli_history_durations_and_show_timeline(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     store = pitstop.open_store(url)

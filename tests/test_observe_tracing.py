@@ -136,6 +136,7 @@ async def test_async_steps_are_traced_too(store: Store, spans: InMemorySpanExpor
     assert inside.parent.span_id == stepped.context.span_id
 
 
+@pytest.mark.slow
 def test_without_opentelemetry_imported_a_run_imports_none_of_it(tmp_path: Path) -> None:
     code = textwrap.dedent(f"""
         import sys
@@ -158,6 +159,7 @@ def test_without_opentelemetry_imported_a_run_imports_none_of_it(tmp_path: Path)
     assert run_python(code).stdout.strip() == "clean"
 
 
+@pytest.mark.slow
 def test_an_application_provider_turns_tracing_on_by_itself(tmp_path: Path) -> None:
     code = textwrap.dedent(f"""
         import pitstop

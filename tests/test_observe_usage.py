@@ -75,6 +75,7 @@ def test_stats_count_every_kind_of_record(store: Store) -> None:
     assert bounded.effects == st.effects  # small tables are counted exactly either way
 
 
+@pytest.mark.slow
 def test_du_cli(tmp_path: Any) -> None:
     url = f"sqlite:///{tmp_path / 'du.db'}"
     store = pitstop.open_store(url)
@@ -99,6 +100,7 @@ def test_du_cli(tmp_path: Any) -> None:
     assert stats["effects"] >= 5 and stats["all_bytes"] > stats["bytes"]
 
 
+@pytest.mark.slow
 def test_size_warning_logs_counts_and_marks_the_run(store: Store, caplog: Any) -> None:
     import logging
 
@@ -150,6 +152,7 @@ def test_size_warning_logs_counts_and_marks_the_run(store: Store, caplog: Any) -
         assert "size warning:" not in client.get(f"/runs/{unmarked}").text
 
 
+@pytest.mark.slow
 def test_prune_reports_the_effects_and_inputs_it_removes(store: Store) -> None:
     big, forked = _fill(store)
     effects_before = store.stats().effects

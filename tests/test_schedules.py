@@ -197,6 +197,7 @@ def test_one_run_per_tick_with_workers_sigkilled(shared_url: str, tmp_path: Path
     assert runs == expected
 
 
+@pytest.mark.slow
 def test_cli_schedule_add_ls_pause_rm(tmp_path: Path) -> None:
     (tmp_path / "flows.py").write_text(FLOW)
     url = f"sqlite:///{tmp_path}/cli.db"

@@ -84,6 +84,7 @@ def _input(size: int) -> bytes:
     return b'{"name": "approval", "payload": "' + b"x" * size + b'"}'
 
 
+@pytest.mark.slow
 def test_a_body_over_the_limit_is_413_even_declared_or_chunked(server: Server) -> None:
     url = f"{server.url}/api/runs/r/inputs"
     json_type = {"content-type": "application/json"}
@@ -121,6 +122,7 @@ def test_the_body_limit_is_configurable(server: Server) -> None:
 
 
 @pytest.mark.parametrize("server", [("--token", f"alice:{SECRET}")], indirect=True)
+@pytest.mark.slow
 def test_failed_logins_are_throttled_with_retry_after(server: Server) -> None:
     with httpx.Client(base_url=server.url) as client:
         for _ in range(5):  # the first few wrong logins are answered at once
