@@ -243,7 +243,7 @@ class ResultCache(Maintenance):
             # A row is there: take it over if it is an expired result, or a claim that is
             # ours or whose owner stopped renewing it. The WHERE decides under the row lock.
             stale = tx.all(
-                "SELECT fields IS NOT NULL FROM pitstop_cache WHERE key = ? AND ("
+                "SELECT fields IS NOT NULL AS has_result FROM pitstop_cache WHERE key = ? AND ("
                 "(fields IS NOT NULL AND expires_at IS NOT NULL AND expires_at <= ?) OR "
                 "(fields IS NULL AND (claim_owner = ? OR claim_expires <= ?)))"
                 + self.dialect.lock_row,
@@ -251,7 +251,8 @@ class ResultCache(Maintenance):
             )
             if not stale:
                 return "busy"
-            if stale[0][0]:
+            ((has_result,),) = stale  # the key is the primary key: one row
+            if has_result:
                 self._release_entry_values(tx, key)
             taken = tx.run(
                 "UPDATE pitstop_cache SET name = ?, run_id = NULL, checkpoint_id = NULL, "
