@@ -177,7 +177,7 @@ def test_handler_error_stops_its_partition_at_its_last_checkpoint(
     bad = next(u for u in users[200:] if stream.partition_of(u, 2) == 1)
     produce(client, name, users)
     job = stream.Job(name, source=stream.RedisStream(REDIS_URL, name, partitions=2),
-                     every=50, seconds=1.0)
+                     every=50, seconds=1.0, retries=0)
 
     @job.handler
     def count(state: Any, record: stream.Record, emit: Any) -> None:
@@ -204,6 +204,53 @@ def test_handler_error_stops_its_partition_at_its_last_checkpoint(
 
         shown = pitstop_exe("show", f"{name}/1", store=store.url)
         assert "no budget" in shown.out, shown
+
+
+def test_handler_errors_are_retried_from_the_last_checkpoint(
+    store: Store, client: Any, name: str
+) -> None:
+    users = [f"u{i % 50}" for i in range(600)]
+    produce(client, name, users)
+    ones = [u for u in users if stream.partition_of(u, 2) == 1]
+    flaky_at, broken_at = 130, len(ones) - 60  # the partition's 131st and 60th-last records
+    job = stream.Job(name, source=stream.RedisStream(REDIS_URL, name, partitions=2),
+                     sink=stream.RedisStreamSink(REDIS_URL, f"{name}-out"), every=40,
+                     seconds=5.0, retries=2, retry_backoff=0.05)
+    seen: Counter[int] = Counter()
+
+    @job.handler
+    def count(state: Any, record: stream.Record, emit: Any) -> None:
+        user = record.value["user"]
+        state[user] = state.get(user, 0) + 1  # applied, then the raise: rolled back
+        emit(user, {"count": state[user]})
+        if record.partition == 1:
+            nth = ones_index[record.position]
+            seen[nth] += 1
+            if nth == flaky_at and seen[nth] <= 2:
+                raise ConnectionError("flaky service")
+            if nth == broken_at:
+                raise ValueError("always broken")
+
+    ids = [entry for entry, _ in client.xrange(f"{name}:1")]
+    ones_index = {i.decode(): n for n, i in enumerate(ids)}
+    report = job.run(store, idle_exit=0.5)
+    # The flaky record went through on its third attempt; the broken one failed three times
+    # (retries=2) and stopped its partition; partition 0 finished.
+    assert seen[flaky_at] == 3 and seen[broken_at] == 3
+    assert list(report.failed) == [1] and "after 3 attempts" in report.failed[1]
+    head = store.latest(f"{name}/1")
+    assert head is not None and head.metadata["error"]["attempt"] == 3
+    assert store.get_run(f"{name}/1").status is pitstop.RunStatus.FAILED
+    # State exact: nothing of a failed attempt stayed (it was rolled back to a checkpoint).
+    done = head.state["offset"]
+    assert flaky_at < done <= broken_at
+    assert job.partition_state(store, 1) == Counter(ones[:done])
+    zeros = [u for u in users if stream.partition_of(u, 2) == 0]
+    assert job.partition_state(store, 0) == Counter(zeros)
+    # The sink holds each committed output once, none of a rolled-back attempt.
+    out = client.xrange(f"{name}-out")
+    assert len(out) == len(zeros) + done
+    assert len({f[b"id"] for _, f in out}) == len(out)
 
 
 def test_changed_partition_count_is_refused(store: Store, client: Any, name: str) -> None:
@@ -333,6 +380,15 @@ def test_jetstream_counts_and_seeks_by_sequence(store: Store, name: str) -> None
         asyncio.run(publish(users[:5]))
         assert make().run(store, idle_exit=0.2).records == 5
         assert make().state(store) == Counter(users) + Counter(users[:5])
+        # `pitstop stream status`'s lag: the subject's messages after each position.
+        from pitstop.stream.status import job_status
+
+        behind = [f"v{i}" for i in range(9)]
+        asyncio.run(publish(behind))
+        parts = job_status(store, name)
+        assert [p.lag for p in parts] == [
+            sum(stream.partition_of(u, 2) == i for u in behind) for i in (0, 1)]
+        assert [p.lag for p in job_status(store, name, lag=False)] == [None, None]
     finally:
         asyncio.run(publish([], delete=True))
 
@@ -358,12 +414,65 @@ def test_stream_status_command(store: Store, client: Any, name: str) -> None:
     assert missing.code == 2 and "no stream job 'nope'" in missing.err
 
 
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_inspector_shows_the_job_partitions(store: Store, client: Any, name: str) -> None:
+    pytest.importorskip("fastapi", reason="the ui extra is not installed")
+    from fastapi.testclient import TestClient
+
+    from pitstop.ui import create_app
+
+    users = [f"u{i % 9}" for i in range(400)]
+    produce(client, name, users)
+    job = counter_job(name, every=50, retries=0)
+    bad = next(u for u in users if stream.partition_of(u, 2) == 1)
+
+    @job.handler
+    def count(state: Any, record: stream.Record, emit: Any) -> None:
+        if record.value["user"] == bad and state.get(bad, 0) >= 3:
+            raise ValueError(f"no more {bad}")
+        state[record.value["user"]] = state.get(record.value["user"], 0) + 1
+
+    report = job.run(store, idle_exit=0.2)
+    assert set(report.failed) == {1}
+    produce(client, name, ["x"] * 5)  # behind the positions: lag
+    with TestClient(create_app(store)) as http:
+        found = http.get(f"/api/streams/{name}").json()
+        assert found["job"] == name
+        zero, one = found["partitions"]
+        assert (zero["partition"], zero["status"], one["status"]) == (0, "running", "failed")
+        assert zero["records"] == sum(1 for u in users if stream.partition_of(u, 2) == 0)
+        assert zero["checkpoint_age"] >= 0 and zero["outbox"] == 0
+        assert zero["records_per_second"] is not None
+        assert "ValueError: no more" in one["error"]
+        summary = found["summary"]
+        assert summary["partitions"] == 2 and summary["failed"] == 1
+        assert summary["records"] == zero["records"] + one["records"]
+        assert zero["lag"] == (5 if stream.partition_of("x", 2) == 0 else 0)
+        assert one["lag"] == client.xlen(f"{name}:1") - one["records"] > 0
+        assert summary["lag"] == zero["lag"] + one["lag"]
+        assert http.get(f"/api/streams/{name}", params={"lag": "false"}).json()[
+            "summary"]["lag"] is None
+        missing = http.get("/api/streams/nope")
+        assert missing.status_code == 404 and "no stream job 'nope'" in \
+            missing.json()["message"]
+        page = http.get(f"/runs/{name}%2F1")
+        assert page.status_code == 200
+        html = page.text
+        assert f"Stream job <code>{name}</code>" in html
+        assert 'class="current" data-partition="1"' in html
+        assert f"/runs/{name}%2F0" in html and "ValueError: no more" in html
+        assert "1 failed" in html
+        store.save("plain", {"n": 1})
+        assert "Stream job" not in http.get("/runs/plain").text
+
+
 def _windowed_job(items: list[tuple[str, dict[str, Any]]], windows: Any, late: str,
-                  lateness: float = 0.0) -> tuple[stream.Job, list[Any]]:
+                  lateness: float = 0.0, idle: float | None = None
+                  ) -> tuple[stream.Job, list[Any]]:
     fired: list[Any] = []
     job = stream.Job("win", source=stream.Iterable(items), every=3, seconds=60)
     sums = stream.Windowed(job, windows, time=lambda r: r.value["t"], lateness=lateness,
-                           late=late)  # type: ignore[arg-type]
+                           late=late, idle=idle)  # type: ignore[arg-type]
 
     @sums.reduce
     def add(acc: Any, record: stream.Record) -> Any:
@@ -389,6 +498,28 @@ def test_tumbling_windows_fire_when_the_watermark_passes(store: Store) -> None:
     assert stream.watermark(state) == 23
     assert state["\x00late"] == 1
     assert job.state(store) == {}  # windows are the job's own entries
+
+
+def test_windows_fire_on_an_idle_partition_with_processing_time(store: Store) -> None:
+    items = [("a", {"t": 100.0, "n": 1}), ("b", {"t": 100.5, "n": 2})]
+    # Without idleness the watermark (100.5) stays below the window's end (101): no fire.
+    job, fired = _windowed_job(items, stream.Tumbling(1.0), "drop")
+    job.run(store, idle_exit=1.0)
+    assert fired == []
+    # With idle=0.3: after 0.3 s without a record the watermark moves on with the clock
+    # (100.5 + elapsed), passes 101 half a second after the last record, and both fire.
+    job, fired = _windowed_job(items, stream.Tumbling(1.0), "drop", idle=0.3)
+    job.name = "win-idle"
+    job.run(store, idle_exit=1.5)
+    assert sorted(fired) == [("a", 100.0, 1), ("b", 100.0, 2)]
+    # Fired by the clock, and committed: no window left, the watermark written past 101.
+    state = job.partition_state(store, 0)
+    assert not [k for k in state if k.startswith("\x00w|")]
+    assert (stream.watermark(state) or 0) >= 101.0
+    head = store.latest("win-idle/0")
+    assert head is not None and [o[1] for o in head.state["outbox"]] in ([], ["a", "b"])
+    with pytest.raises(ValueError, match="idle"):
+        _windowed_job(items, stream.Tumbling(1.0), "drop", idle=0)
 
 
 def test_windows_survive_a_restart_in_the_checkpoint(store: Store) -> None:

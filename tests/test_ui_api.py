@@ -640,3 +640,24 @@ def test_live_updates_wake_on_postgres_notify(tmp_path: Path) -> None:
     finally:
         store.close()
         drop_pg_schema(schema)
+
+
+def test_run_ids_with_a_slash_are_reachable(tmp_path: Path) -> None:
+    # Stream partitions are runs "JOB/0", "JOB/1": links quote the "/" as %2F, which the
+    # server decodes before routing.
+    store = pitstop.open_store(f"sqlite:///{tmp_path / 'slash.db'}")
+    store.save("clicks/0", {"n": 1})
+    store.save("clicks/0/forks", {"n": 2})
+    try:
+        with TestClient(create_app(store)) as http:
+            assert http.get("/api/runs/clicks%2F0").json()["id"] == "clicks/0"
+            assert http.get("/api/runs/clicks/0").json()["id"] == "clicks/0"
+            assert http.get("/api/runs/clicks%2F0/history").json()["run_id"] == "clicks/0"
+            assert http.get("/api/runs/clicks%2F0/forks").json() == {"runs": []}
+            assert http.post("/api/runs/clicks%2F0/cancel", headers=JSON).json()[
+                "run_id"] == "clicks/0"
+            page = http.get("/runs/clicks%2F0")
+            assert page.status_code == 200 and "clicks/0" in page.text
+            assert http.get("/api/runs/nope%2F1").status_code == 404
+    finally:
+        store.close()

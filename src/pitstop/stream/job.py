@@ -38,6 +38,7 @@ from ..errors import (
 from ..model import RunStatus
 from ..observe import metrics, tracing
 from ..store import RetentionPolicy, Store
+from .jetstream import JetStream
 from .keyed import ExpiringState, KeyedState, chain_ids, fold, needs_base
 from .records import Output, Position, Record
 from .sinks import Sink
@@ -46,6 +47,9 @@ from .sources import _SKIPPED, RedisStream, Source, _safe_url
 log = logging.getLogger("pitstop.stream")
 
 Handler = Callable[[KeyedState, Record, Callable[[Any, Any], None]], None]
+IdleHook = Callable[[KeyedState, int, Callable[[Any, Any], None], float], bool]
+"""``hook(state, partition, emit, now)``: a partition had no record in a read (windows'
+idleness); ``now`` is ``time.monotonic()``. True when it changed the state or emitted."""
 Start = Literal["beginning", "end"]
 OnTrimmed = Literal["fail", "skip"]
 
@@ -80,6 +84,8 @@ class _Partition:
     delivery_retry_at: float = 0.0
     swept: int = -1
     """The time bucket whose expired keys were last deleted (a job with a ttl)."""
+    retry_at: float = 0.0
+    """Rolled back after a handler error: not read before this (monotonic) time."""
 
 
 @dataclass(slots=True)
@@ -119,6 +125,13 @@ class Job:
     an older version is brought up to date on load by the :meth:`migration` functions (and
     written whole at once), state of a newer one refuses its partition.
 
+    A handler that raises is retried: the partition is rolled back to its last checkpoint
+    (state, position and outbox as committed, so nothing is half-applied) and reads the
+    records after it again, after ``retry_backoff`` seconds, doubling up to 30 s. When the
+    same record raises ``retries + 1`` times in a row, the partition stops at its last
+    checkpoint, failed, with the error; the other partitions go on. ``retries=0`` stops it
+    at the first error.
+
     A partition's checkpoints before its latest base (the last whole copy of its state)
     are no longer needed to restore it and are deleted when a new base is written, so a
     job's store stays the size of its state; ``keep_history=True`` keeps them all.
@@ -139,6 +152,8 @@ class Job:
         keep_history: bool = False,
         version: int = 0,
         ttl: float | None = None,
+        retries: int = 3,
+        retry_backoff: float = 0.5,
     ) -> None:
         if not name or "/" in name:
             raise ValueError(f"job name {name!r}: non-empty, without '/'")
@@ -162,11 +177,18 @@ class Job:
         if ttl is not None and ttl <= 0:
             raise ValueError("ttl must be above 0 seconds (or None: keys never expire)")
         self.ttl = ttl
+        if retries < 0 or retry_backoff < 0:
+            raise ValueError("retries and retry_backoff must be at least 0")
+        self.retries = retries
+        self.retry_backoff = retry_backoff
+        self._attempts: dict[int, tuple[Position | None, int]] = {}
+        """Partition: (where its handler last raised, failures there in a row)."""
         # Expiry is checked per time bucket, an eighth of the ttl: a key goes between ttl
         # and ttl + 1/8 after it was last set.
         self._bucket_seconds = ttl / 8 if ttl is not None else 0.0
         self._migrations: dict[int, Callable[[dict[Any, Any]], dict[Any, Any]]] = {}
         self._handler: Handler | None = None
+        self._idle_hooks: list[IdleHook] = []
         self._stop = threading.Event()
         self._started = 0.0
         source_job = getattr(source, "_job", None)
@@ -180,6 +202,10 @@ class Job:
         partition. ``emit(key, value)`` sends an output to the sink, exactly once."""
         self._handler = fn
         return fn
+
+    def _on_idle(self, hook: IdleHook) -> None:
+        """Call ``hook`` for each owned partition that had no record in a read."""
+        self._idle_hooks.append(hook)
 
     def migration(
         self, *, from_version: int
@@ -320,9 +346,14 @@ class Job:
             if isinstance(self.source, RedisStream):  # what `pitstop stream status` asks
                 metadata["redis"] = {"url": _safe_url(self.source.url),
                                      "stream": self.source.stream_name(index)}
+            elif isinstance(self.source, JetStream):
+                metadata["jetstream"] = {"url": _safe_url(self.source.url),
+                                         "stream": self.source.stream_name,
+                                         "subject": self.source.subject(index)}
             store.create_run(self.run_id(index), workflow=self.workflow, exist_ok=True,
                              metadata=metadata)
         self._started = time.time()
+        self._attempts = {}
         report = RunReport()
         owned: dict[int, _Partition] = {}
         refused: set[int] = set()
@@ -419,10 +450,11 @@ class Job:
                     return
                 self._stop.wait(0.1)
                 continue
+            positions = {p.index: p.position for p in owned.values() if p.retry_at <= now}
             try:
-                batches = self.source.read(
-                    {p.index: p.position for p in owned.values()}, self.batch, 0.05
-                )
+                batches = self.source.read(positions, self.batch, 0.05) if positions else {}
+                if not positions:  # every partition waits to retry
+                    self._stop.wait(0.05)
                 backoff = 0.0
             except BrokerUnavailableError as exc:
                 backoff = min(30.0, max(0.5, backoff * 2))
@@ -442,13 +474,16 @@ class Job:
                 got = True
                 self._handle(store, reader, records, report, owned, refused)
             now = time.monotonic()
+            if self._idle_hooks:
+                for part in [p for p in owned.values() if not batches.get(p.index)]:
+                    self._idle(store, part, now, report, owned, refused)
             for part in list(owned.values()):
                 if part.pending and (part.pending >= self.every
                                      or now - part.last_checkpoint >= self.seconds):
                     self._checkpoint(store, part, report, owned)
                 elif part.outbox and now >= part.delivery_retry_at:
                     self._deliver(part, report)
-            if got:
+            if got or any(p.retry_at > now for p in owned.values()):
                 last_activity = now
             elif idle_exit is not None and now - last_activity >= idle_exit:
                 for part in list(owned.values()):
@@ -572,7 +607,32 @@ class Job:
                     if part.index not in owned:
                         return
         except Exception as exc:
-            self._fail(store, part, exc, report, owned, refused, record=record)
+            self._retry_or_fail(store, part, exc, report, owned, refused, record=record)
+
+    def _idle(
+        self, store: Store, part: _Partition, now: float, report: RunReport,
+        owned: dict[int, _Partition], refused: set[int],
+    ) -> None:
+        """Run the idle hooks on a partition that had no record; checkpoint what they
+        changed (windows fired by the clock) at once."""
+        outbox = part.outbox
+        seq = part.next_output
+
+        def emit(key: Any, value: Any) -> None:
+            nonlocal seq
+            outbox.append(Output(self.name, part.index, seq, key, value))
+            seq += 1
+
+        changed = False
+        try:
+            for hook in self._idle_hooks:
+                changed = hook(part.state, part.index, emit, now) or changed
+        except Exception as exc:
+            self._retry_or_fail(store, part, exc, report, owned, refused)
+            return
+        part.next_output = seq
+        if changed:
+            self._checkpoint(store, part, report, owned)
 
     def _checkpoint(
         self, store: Store, part: _Partition, report: RunReport,
@@ -712,12 +772,43 @@ class Job:
         if report is not None:
             report.outputs += len(ready)
 
+    def _retry_or_fail(
+        self, store: Store, part: _Partition, exc: Exception, report: RunReport,
+        owned: dict[int, _Partition], refused: set[int], *, record: Record | None = None,
+    ) -> None:
+        """Roll the partition back to its last checkpoint and read on from there after a
+        backoff; or, once the same record failed ``retries + 1`` times, stop it there."""
+        at = record.position if record is not None else part.position
+        last_at, failures = self._attempts.get(part.index, (None, 0))
+        failures = failures + 1 if last_at == at else 1
+        if failures > self.retries:
+            self._attempts.pop(part.index, None)
+            self._fail(store, part, exc, report, owned, refused, record=record,
+                       attempts=failures)
+            return
+        self._attempts[part.index] = (at, failures)
+        delay = min(30.0, self.retry_backoff * 2 ** (failures - 1))
+        log.warning("stream job %r: partition %d: handler raised at position %s (%s: %s); "
+                    "attempt %d of %d, retrying from its last checkpoint in %.1f s",
+                    self.name, part.index, at, type(exc).__name__, exc, failures,
+                    self.retries + 1, delay)
+        try:
+            fresh = self._open(store, part.index, part.held)
+        except (StreamError, SchemaVersionError) as reopening:
+            self._fail(store, part, reopening, report, owned, refused)
+            return
+        fresh.retry_at = time.monotonic() + delay
+        owned[part.index] = fresh
+
     def _fail(
         self, store: Store, part: _Partition, exc: BaseException, report: RunReport,
         owned: dict[int, _Partition], refused: set[int], *, record: Record | None = None,
+        attempts: int = 1,
     ) -> None:
         """Stop the partition at its last checkpoint, with the error on its run."""
         where = f" at position {record.position}" if record is not None else ""
+        if attempts > 1:
+            where += f" (after {attempts} attempts)"
         message = f"{exc}"
         log.error("stream job %r: partition %d failed%s: %s: %s", self.name, part.index,
                   where, type(exc).__name__, message)
@@ -726,7 +817,7 @@ class Job:
             else f"{type(exc).__module__}.{type(exc).__name__}",
             "message": message + where,
             "step": "handler",
-            "attempt": 1,
+            "attempt": attempts,
             "traceback": "".join(traceback.format_exception(exc)),
             "at": time.time(),
         }

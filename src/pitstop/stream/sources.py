@@ -245,28 +245,50 @@ class RedisStream:
             block=int(block * 1000) if block > 0 else None,
         )
         out: dict[int, list[Record]] = {}
-        key_field_text = self.key_field
+        key_field = self.key_field
         # RESP3 answers a map of streams, RESP2 a list of [stream, entries] pairs.
         pairs = replies.items() if isinstance(replies, dict) else (replies or ())
         decode = bytes.decode
+        new = tuple.__new__
         for stream, entries in pairs:
             partition = int(stream.rsplit(b":", 1)[1])
-            records: list[Record] = []
-            append = records.append
-            for entry_id, flat in entries:
-                try:
-                    texts = iter(list(map(decode, flat)))
-                    value = dict(zip(texts, texts, strict=True))
-                except UnicodeDecodeError as exc:
-                    position = entry_id.decode()
-                    fields = dict(zip(flat[::2], flat[1::2], strict=True))
-                    self._undecodable(client, partition, position, fields, exc)
-                    append(Record(partition, position, None, _SKIPPED))
-                    continue
-                key = value.get(key_field_text)
-                append(Record(partition, decode(entry_id), key, value))
-            out[partition] = records
+            try:
+                # The per-record hot path, in one comprehension: an entry's fields
+                # [f1, v1, f2, v2, ...] decoded by one map walked in pairs, and the Record
+                # built by tuple.__new__ (a named tuple's own __new__ is Python code).
+                out[partition] = [
+                    new(Record, (
+                        partition, decode(entry_id),
+                        (value := dict(zip(texts := map(decode, flat), texts, strict=True)))
+                        .get(key_field),
+                        value,
+                    ))
+                    for entry_id, flat in entries
+                ]
+            except UnicodeDecodeError:  # some entry is not UTF-8: entry by entry
+                out[partition] = self._decode_each(client, partition, entries)
         return out
+
+    def _decode_each(self, client: Any, partition: int, entries: Any) -> list[Record]:
+        """The entries of a reply one by one, those that are not UTF-8 handled as
+        ``undecodable`` says."""
+        decode = bytes.decode
+        key_field_text = self.key_field
+        records: list[Record] = []
+        append = records.append
+        for entry_id, flat in entries:
+            try:
+                texts = iter(list(map(decode, flat)))
+                value = dict(zip(texts, texts, strict=True))
+            except UnicodeDecodeError as exc:
+                position = entry_id.decode()
+                fields = dict(zip(flat[::2], flat[1::2], strict=True))
+                self._undecodable(client, partition, position, fields, exc)
+                append(Record(partition, position, None, _SKIPPED))
+                continue
+            key = value.get(key_field_text)
+            append(Record(partition, decode(entry_id), key, value))
+        return records
 
     def _undecodable(
         self, client: Any, partition: int, position: str, fields: Mapping[bytes, bytes],

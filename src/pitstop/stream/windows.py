@@ -12,12 +12,20 @@ Windows, the watermark and the late count are entries of the keyed state (keys s
 with ``"\\x00"``, which :meth:`Job.state <pitstop.stream.Job.state>` leaves out), so they are
 in every checkpoint, written only when they change; pending timers are the open windows,
 rebuilt from the state when a partition is opened.
+
+An idle partition would hold its windows open forever: the watermark moves only with
+records. With ``idle=seconds`` (like Flink's idleness), once a partition has had no record
+for that long, its watermark moves on with processing time: the watermark at its last
+record plus the (processing) time since, so windows fire as if event time kept pace with
+the clock. A record that comes later with an older event time is late for the windows that
+fired (the ``late`` policy applies).
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+import time as clock
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -87,9 +95,16 @@ class Windowed:
         lateness: float = 0.0,
         late: LatePolicy = "drop",
         key: Callable[[Record], Any] | None = None,
+        idle: float | None = None,
     ) -> None:
         if late not in ("drop", "side", "update"):
             raise ValueError('late must be "drop", "side" or "update"')
+        if idle is not None and idle <= 0:
+            raise ValueError("idle must be above 0 seconds (or None: the watermark moves "
+                             "only with records)")
+        self.idle = idle
+        # partition: (its state, processing time of its last record, watermark then)
+        self._seen: dict[int, tuple[KeyedState, float, float]] = {}
         self.windows = windows
         self.time = time
         self.lateness = lateness
@@ -99,6 +114,8 @@ class Windowed:
         self._fire: Callable[[Any, Window, Any, Emit], None] | None = None
         self._timers: dict[int, tuple[KeyedState, list[tuple[float, str]]]] = {}
         job.handler(self._handle)
+        if idle is not None:
+            job._on_idle(self._advance_idle)
 
     def reduce(self, fn: Callable[[Any, Record], Any]) -> Callable[[Any, Record], Any]:
         self._reduce = fn
@@ -153,11 +170,41 @@ class Windowed:
         new_mark = max(watermark, t - self.lateness)
         if new_mark != watermark:
             state[_WATERMARK] = new_mark
-        while heap and heap[0][0] <= new_mark:
+        if self.idle is not None:
+            self._seen[record.partition] = (state, clock.monotonic(), new_mark)
+        self._fire_until(heap, state, new_mark, emit)
+
+    def _fire_until(self, heap: list[tuple[float, str]], state: KeyedState, mark: float,
+                    emit: Emit) -> None:
+        assert self._fire is not None
+        while heap and heap[0][0] <= mark:
             _, slot = heapq.heappop(heap)
             if slot in state:
                 window, slot_key = self._parse(slot)
                 self._fire(slot_key, window, state.pop(slot), emit)
+
+    def _advance_idle(self, state: KeyedState, partition: int, emit: Emit, now: float
+                      ) -> bool:
+        """Called by the job for a partition that had no record in a read: past ``idle``
+        seconds since its last record, move its watermark on with processing time. True
+        when windows fired."""
+        assert self.idle is not None
+        seen = self._seen.get(partition)
+        if seen is None or seen[0] is not state:  # (re)opened: idle from now
+            mark = state.get(_WATERMARK)
+            if mark is not None:
+                self._seen[partition] = (state, now, float(mark))
+            return False
+        _, since, mark = seen
+        if now - since < self.idle or self._fire is None:
+            return False
+        new_mark = mark + (now - since)
+        heap = self._heap(partition, state)
+        if not heap or heap[0][0] > new_mark:
+            return False  # nothing to fire: the watermark is written when something is
+        state[_WATERMARK] = max(new_mark, state.get(_WATERMARK, -math.inf))
+        self._fire_until(heap, state, new_mark, emit)
+        return True
 
 
 def watermark(state: KeyedState) -> float | None:

@@ -311,6 +311,39 @@ def _state_answer(content: dict[str, Any]) -> Response:
     return EscapingJSONResponse(jsonable_encoder(content))
 
 
+class StreamPartition(BaseModel):
+    run_id: str
+    partition: int
+    status: Status
+    owner: str | None
+    position: str | None = Field(description="The source position of the last checkpoint.")
+    records: int = Field(description="Records handled up to the last checkpoint.")
+    outbox: int = Field(description="Outputs in the last checkpoint not yet known delivered.")
+    checkpoint_age: float | None = Field(description="Seconds since the last checkpoint.")
+    records_per_second: float | None = Field(
+        description="Between the partition's last two checkpoints.")
+    lag: int | None = Field(description="Records in the source after the position "
+                                        "(None: unknown, or not asked).")
+    error: str | None
+
+
+class StreamSummary(BaseModel):
+    partitions: int
+    running: int
+    failed: int
+    records: int
+    records_per_second: float | None
+    lag: int | None
+    outbox: int
+    oldest_checkpoint_age: float | None
+
+
+class StreamJob(BaseModel):
+    job: str
+    summary: StreamSummary
+    partitions: list[StreamPartition]
+
+
 router = APIRouter(prefix="/api", tags=["api"])
 
 
@@ -344,15 +377,6 @@ def inbox(ui: Annotated[UI, Depends(ui_of)]) -> dict[str, Any]:
     for row in found["runs"]:
         row["shown"] = to_jsonable(row["shown"])
     return found
-
-
-@router.get("/runs/{run_id}", response_model=RunDetail, responses=_errors(404))
-def get_run(ui: Annotated[UI, Depends(ui_of)], run_id: Id) -> dict[str, Any]:
-    """One run: status, position, what it waits for, its failure, where it was forked from."""
-    detail = views.run_detail(ui.store, run_id)
-    detail.pop("forks")
-    detail["resuming"] = run_id in ui.actions.resuming
-    return detail
 
 
 class Forks(BaseModel):
@@ -393,7 +417,7 @@ class Timeline(BaseModel):
     progress: list[LoopProgress]
 
 
-@router.get("/runs/{run_id}/timeline", response_model=Timeline, responses=_errors(404))
+@router.get("/runs/{run_id:path}/timeline", response_model=Timeline, responses=_errors(404))
 def get_timeline(ui: Annotated[UI, Depends(ui_of)], run_id: Id) -> dict[str, Any]:
     """The run's timeline (steps with durations, retries, waits, children, maps; its newest
     checkpoints), its events and its loops' progress."""
@@ -402,13 +426,13 @@ def get_timeline(ui: Annotated[UI, Depends(ui_of)], run_id: Id) -> dict[str, Any
             "progress": found["progress"]}
 
 
-@router.get("/runs/{run_id}/forks", response_model=Forks, responses=_errors(404))
+@router.get("/runs/{run_id:path}/forks", response_model=Forks, responses=_errors(404))
 def get_forks(ui: Annotated[UI, Depends(ui_of)], run_id: Id) -> dict[str, Any]:
     """The runs forked from this one (reads every run's metadata: asked for on demand)."""
     return {"runs": views.forks_of(ui.store, run_id)}
 
 
-@router.get("/runs/{run_id}/history", response_model=History, responses=_errors(404, 422))
+@router.get("/runs/{run_id:path}/history", response_model=History, responses=_errors(404, 422))
 def get_history(
     ui: Annotated[UI, Depends(ui_of)],
     run_id: Id,
@@ -419,6 +443,21 @@ def get_history(
     run = ui.store.get_run(run_id)
     found = views.history(ui.store, run, before=before, limit=limit)
     found.pop("graph")
+    return found
+
+
+@router.get("/streams/{job}", response_model=StreamJob, responses=_errors(404))
+def get_stream(
+    ui: Annotated[UI, Depends(ui_of)],
+    job: Annotated[str, Path(min_length=1, max_length=512)],
+    lag: Annotated[bool, Query(description="Ask the broker for each partition's lag.")] = True,
+) -> dict[str, Any]:
+    """A stream job (runs ``JOB/0`` …): each partition's position, lag, records/s, last
+    checkpoint age and outbox, and the job summed up (what ``pitstop stream status`` shows)."""
+    found = views.stream_job(ui.store, job, lag=lag)
+    if found is None:
+        raise ActionError(404, f"no stream job {job!r} in this store (its partitions are the "
+                               f"runs {job}/0, {job}/1, …)")
     return found
 
 
@@ -468,7 +507,7 @@ def get_diff(
     })
 
 
-@router.post("/runs/{run_id}/inputs", response_model=Sent, status_code=201,
+@router.post("/runs/{run_id:path}/inputs", response_model=Sent, status_code=201,
              responses=_errors(403, 404, 409, 422))
 def send_input(
     ui: Annotated[UI, Depends(ui_of)],
@@ -481,7 +520,7 @@ def send_input(
     return ui.actions.send(run_id, body.name, body.payload, identity)
 
 
-@router.post("/runs/{run_id}/cancel", response_model=Cancelled,
+@router.post("/runs/{run_id:path}/cancel", response_model=Cancelled,
              responses=_errors(403, 404, 409))
 def cancel_run(
     ui: Annotated[UI, Depends(ui_of)],
@@ -493,7 +532,7 @@ def cancel_run(
     return ui.actions.cancel(run_id, identity)
 
 
-@router.post("/runs/{run_id}/resume", response_model=Resumed, status_code=202,
+@router.post("/runs/{run_id:path}/resume", response_model=Resumed, status_code=202,
              responses=_errors(403, 404, 409))
 def resume_run(
     ui: Annotated[UI, Depends(ui_of)],
@@ -524,7 +563,7 @@ def fork_checkpoint(
     return found
 
 
-@router.post("/runs/{run_id}/rerun", response_model=Rerun, status_code=201,
+@router.post("/runs/{run_id:path}/rerun", response_model=Rerun, status_code=201,
              responses=_errors(403, 404, 409, 422))
 def rerun_run(
     ui: Annotated[UI, Depends(ui_of)],
@@ -542,6 +581,17 @@ def rerun_run(
     base = request.scope.get("root_path", "")
     response.headers["Location"] = f"{base}/api/runs/{quote(found['run_id'], safe='')}"
     return found
+
+
+# Last of the /runs/ routes: a run id may hold "/" (stream partitions "JOB/0"), so
+# "/runs/{run_id:path}" would also match (or answer OPTIONS for) "/runs/X/history".
+@router.get("/runs/{run_id:path}", response_model=RunDetail, responses=_errors(404))
+def get_run(ui: Annotated[UI, Depends(ui_of)], run_id: Id) -> dict[str, Any]:
+    """One run: status, position, what it waits for, its failure, where it was forked from."""
+    detail = views.run_detail(ui.store, run_id)
+    detail.pop("forks")
+    detail["resuming"] = run_id in ui.actions.resuming
+    return detail
 
 
 __all__ = ["router"]

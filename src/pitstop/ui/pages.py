@@ -209,7 +209,7 @@ def schedules_page(request: Request, ui: Annotated[UI, Depends(ui_of)]) -> Respo
 # -- one run ---------------------------------------------------------------------------------------
 
 
-@router.get("/runs/{run_id}", response_class=HTMLResponse)
+@router.get("/runs/{run_id:path}", response_class=HTMLResponse)
 def run_page(
     request: Request,
     ui: Annotated[UI, Depends(ui_of)],
@@ -230,6 +230,9 @@ def run_page(
         "inbox_count": _inbox_count(ui),
         "timeline": views.run_timeline(store, run_id),
     }
+    job = views.stream_of(run)
+    if job is not None:  # a stream partition: its job's partitions, side by side
+        context["stream"] = views.stream_job(store, job)
     selected = checkpoint or run.head_id
     context["selected"] = selected
     part = request.query_params.get("fragment")

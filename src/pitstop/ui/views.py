@@ -475,6 +475,24 @@ def family(store: Store, run: Run) -> tuple[dict[str, Any] | None, dict[str, Any
     }
 
 
+def stream_job(store: Store, job: str, *, lag: bool = True) -> dict[str, Any] | None:
+    """A stream job's partitions and their sum (``pitstop stream status``'s data), or None
+    when the store holds no partition of ``job``."""
+    from ..stream.status import job_status, summarise
+
+    parts = job_status(store, job, lag=lag)
+    if not parts:
+        return None
+    return {"job": job, "summary": summarise(parts).to_json(),
+            "partitions": [p.to_json() for p in parts]}
+
+
+def stream_of(run: Run) -> str | None:
+    """The stream job a partition run (workflow ``stream:JOB``) belongs to."""
+    workflow = run.workflow or ""
+    return workflow[len("stream:"):] if workflow.startswith("stream:") else None
+
+
 def forks_of(store: Store, run_id: str, *, limit: int = 50) -> list[dict[str, Any]]:
     """The runs forked from this one. Nothing indexes metadata, so this reads every run's:
     the run page asks for it on demand, not on every load."""
