@@ -1,13 +1,16 @@
-"""A bounded soak on PostgreSQL: mixed workflows, LangGraph threads and training-style loops,
-with a worker or a loop process killed (SIGKILL) every few seconds and retention on.
+"""A bounded soak on PostgreSQL: mixed workflows, LangGraph threads, training-style loops and
+stream jobs, with a worker, a loop or a stream process killed (SIGKILL) every few seconds and
+retention on.
 
     python bench/soak.py --minutes 30          # the default: half an hour
     python bench/soak.py --minutes 5 --json    # a short one, figures as JSON
 
 Processes: one long-lived worker (never killed: its RSS is sampled), two workers killed at
 random and restarted, loop processes (a ``pitstop.Checkpointer`` loop of 40 iterations,
-killed too and restarted until they finish), and this driver, which queues runs, runs
-LangGraph threads on the same store (a small StateGraph through ``PitstopSaver``), checks
+killed too and restarted until they finish), two stream job processes (a count per user over
+a Redis stream of 4 partitions, every fifth count emitted to a ``RedisStreamSink``; killed
+and restarted like the workers) fed by the driver all along, and this driver, which queues
+runs, runs LangGraph threads on the same store (a small StateGraph through ``PitstopSaver``), checks
 every run as it completes and deletes finished runs older than 20 s (retention), as a
 service keeping a bounded history would.
 
@@ -19,6 +22,8 @@ What it counts:
   that does not load, or ``verify`` problems at the end;
 * repeated: an effect whose function ran again after its result was recorded (the journal
   every process appends to), or a step whose effect ran in two step executions;
+* the stream job: its state against the counts of what was produced, and the sink's
+  duplicates (an output id twice) and gaps (an output expected and not there);
 * the long-lived worker's RSS after warm-up (the first fifth) and at the end;
 * the store's size (its tables and indexes, dead rows included until autovacuum reclaims
   them) sampled every 10 s: flat under retention (workflow runs: ``keep_last=2``, then
@@ -57,7 +62,11 @@ class GraphState(TypedDict):
 
 
 PG = os.environ.get("PITSTOP_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+REDIS = os.environ.get("PITSTOP_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 LOOP_ITERS = 40
+STREAM_PARTITIONS = 4
+EMIT_EVERY = 5
+"""A user's count emits an output at every multiple of this."""
 
 
 # -- the workflows (imported by the worker processes) -----------------------------------------
@@ -99,6 +108,28 @@ def workflows(journal: str) -> list[pitstop.Workflow]:
 def worker_main(url: str, journal: str) -> None:
     with pitstop.open_store(url) as store:
         pitstop.Worker(store, workflows(journal), concurrency=3, poll_interval=0.2).run()
+
+
+def stream_job(name: str) -> Any:
+    from pitstop import stream
+
+    job = stream.Job(name, source=stream.RedisStream(REDIS, name, partitions=STREAM_PARTITIONS),
+                     sink=stream.RedisStreamSink(REDIS, f"{name}-out"),
+                     every=200, seconds=1.0, lease_ttl=3.0)
+
+    @job.handler
+    def count(state: Any, record: Any, emit: Any) -> None:
+        user = record.value["user"]
+        state[user] = state.get(user, 0) + 1
+        if state[user] % EMIT_EVERY == 0:
+            emit(user, state[user])
+
+    return job
+
+
+def stream_main(url: str, name: str) -> None:
+    with pitstop.open_store(url) as store:
+        stream_job(name).run(store)
 
 
 def loop_main(url: str, run_id: str) -> None:
@@ -190,10 +221,17 @@ class Soak:
         self.threads_started = 0
         self.torn: list[str] = []
         self.kills = 0
+        self.stream_kills = 0
         self.rss: list[tuple[float, int]] = []
         self.sizes: list[tuple[float, int]] = []
         self.stop = threading.Event()
         self.lock = threading.Lock()
+        self.stream_name = f"soak{uuid.uuid4().hex[:8]}"
+        self.produced: dict[str, int] = defaultdict(int)
+        self.last_ids: dict[int, str] = {}
+        import redis
+
+        self.redis = redis.Redis.from_url(REDIS)
 
     def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
         env = {**os.environ, "PYTHONPATH": str(HERE.parent / "src")}
@@ -204,9 +242,62 @@ class Soak:
     def start_workers(self) -> None:
         for name in ("steady", "w2", "w3"):
             self.procs[name] = self.spawn(name, "worker", self.url, self.journal)
+        for name in ("s1", "s2"):
+            self.procs[name] = self.spawn_stream(name)
+
+    def spawn_stream(self, name: str) -> subprocess.Popen[bytes]:
+        return self.spawn(name, "stream", self.url, self.stream_name)
+
+    def produce(self, count: int) -> None:
+        """``count`` events to the stream job's partitions (users at random)."""
+        from pitstop.stream import partition_of
+
+        users = [f"user{random.randrange(500)}" for _ in range(count)]
+        with self.redis.pipeline(transaction=False) as pipe:
+            for user in users:
+                pipe.xadd(f"{self.stream_name}:{partition_of(user, STREAM_PARTITIONS)}",
+                          {"user": user, "key": user})
+            ids = pipe.execute()
+        for user, entry in zip(users, ids, strict=True):
+            self.produced[user] += 1
+            self.last_ids[partition_of(user, STREAM_PARTITIONS)] = entry.decode()
+
+    def stream_caught_up(self) -> bool:
+        for partition, last in self.last_ids.items():
+            head = self.store.latest(f"{self.stream_name}/{partition}")
+            if head is None or head.state.get("position") != last:
+                return False
+        return True
+
+    def stream_result(self) -> dict[str, Any]:
+        """The stream job's state against what was produced; the sink's duplicates and gaps
+        (after one more uninterrupted run delivers any outbox left)."""
+        from collections import Counter
+
+        job = stream_job(self.stream_name)
+        job.run(self.store, idle_exit=0.5)
+        state = job.state(self.store)
+        found = self.redis.xrange(f"{self.stream_name}-out")
+        ids = Counter(fields[b"id"] for _, fields in found)
+        pairs = Counter((fields[b"key"].decode(), json.loads(fields[b"value"]))
+                        for _, fields in found)
+        wanted = Counter((user, n) for user, total in self.produced.items()
+                         for n in range(EMIT_EVERY, total + 1, EMIT_EVERY))
+        names = [f"{self.stream_name}:{p}" for p in range(STREAM_PARTITIONS)]
+        names += [f"{self.stream_name}-out"]
+        names += [k.decode() for k in self.redis.scan_iter(f"{self.stream_name}-out:delivered:*")]
+        self.redis.delete(*names)
+        return {
+            "stream_events": sum(self.produced.values()),
+            "stream_state_exact": state == dict(self.produced),
+            "stream_outputs": len(found),
+            "stream_duplicates": sum(n - 1 for n in ids.values() if n > 1),
+            "stream_gaps": sum((wanted - pairs).values()),
+            "stream_unexpected": sum((pairs - wanted).values()),
+        }
 
     def kill_one(self) -> None:
-        victims = ["w2", "w3", *(r for r, p in self.loops.items() if p)]
+        victims = ["w2", "w3", "s1", "s2", *(r for r, p in self.loops.items() if p)]
         name = random.choice(victims)
         proc = self.procs.get(name) if name in self.procs else self.loops[name]
         if proc is None:
@@ -214,7 +305,10 @@ class Soak:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         self.kills += 1
-        if name in self.procs:
+        if name in ("s1", "s2"):
+            self.stream_kills += 1
+            self.procs[name] = self.spawn_stream(name)
+        elif name in self.procs:
             self.procs[name] = self.spawn(name, "worker", self.url, self.journal)
         else:
             self.loops[name] = self.spawn(name, "loop", self.url, name)
@@ -318,6 +412,7 @@ class Soak:
                     self.enqueue()
             if sum(1 for p in self.loops.values() if p is not None) < 2:
                 self.start_loop()
+            self.produce(20)  # ~100 events a second
             if now >= next_kill:
                 self.kill_one()
                 next_kill = now + random.uniform(0.5, 1.5) * self.kill_every
@@ -340,7 +435,8 @@ class Soak:
         while time.monotonic() < drain_until:
             self.check_completed()
             self.tend_loops()
-            if self.checked >= self.queued and not any(self.loops.values()):
+            if self.checked >= self.queued and not any(self.loops.values()) \
+                    and self.stream_caught_up():
                 break
             time.sleep(0.5)
         self.check_completed()
@@ -350,6 +446,7 @@ class Soak:
             proc.terminate()
         for proc in self.procs.values():
             proc.wait(timeout=30)
+        streamed = self.stream_result()
         warm = [kib for t, kib in self.rss if t >= self.seconds / 5] or [0]
         sizes = [size for _, size in self.sizes]
         third = max(1, len(sizes) // 3)
@@ -358,6 +455,7 @@ class Soak:
             "server_autovacuum": self.autovacuum,
             "vacuum_every_s": self.vacuum_every,
             "kills": self.kills,
+            "stream_kills": self.stream_kills,
             "runs_queued": len(self.queued),
             "runs_completed_and_checked": len(self.checked & self.queued),
             "langgraph_threads": self.threads_done,
@@ -370,6 +468,7 @@ class Soak:
             "torn": len(self.torn) + len(problems),
             "torn_examples": self.torn[:5] + [str(p) for p in problems[:5]],
             "repeated": len(self.repeated()),
+            **streamed,
             "steady_rss_kib_after_warmup": warm[0],
             "steady_rss_kib_end": warm[-1],
             "steady_rss_growth": round(warm[-1] / warm[0] - 1, 3) if warm[0] else None,
@@ -390,6 +489,9 @@ class Soak:
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "worker":
         worker_main(sys.argv[2], sys.argv[3])
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "stream":
+        stream_main(sys.argv[2], sys.argv[3])
         return
     if len(sys.argv) > 1 and sys.argv[1] == "loop":
         loop_main(sys.argv[2], sys.argv[3])

@@ -47,6 +47,9 @@ class Host:
     netns: str
     index: int
     port: int = 0
+    """Where the host reaches the first upstream (PostgreSQL)."""
+    ports: dict[int, int] = field(default_factory=dict)
+    """Upstream port -> the forwarder's port for this host (every upstream)."""
     delay: float = 0.0
     """Seconds the forwarder holds each chunk to and from this host."""
     faults: list[str] = field(default_factory=list)
@@ -99,11 +102,14 @@ class Host:
 
 
 class Network:
-    """Three (or ``count``) hosts and the forwarder that lets them reach ``upstream``."""
+    """Three (or ``count``) hosts and the forwarders that let them reach ``upstream`` and
+    each of ``also`` (e.g. Redis, which listens on loopback only too)."""
 
-    def __init__(self, count: int = 3, upstream: tuple[str, int] = ("127.0.0.1", 5432)) -> None:
+    def __init__(self, count: int = 3, upstream: tuple[str, int] = ("127.0.0.1", 5432),
+                 also: tuple[tuple[str, int], ...] = ()) -> None:
         self.tag = uuid.uuid4().hex[:6]
         self.upstream = upstream
+        self.upstreams = (upstream, *also)
         self.hosts = [Host(f"h{i + 1}", f"pst{self.tag}h{i + 1}", 0) for i in range(count)]
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
@@ -126,8 +132,10 @@ class Network:
                 _sh(*host.exec_prefix(), "ip", "link", "set", "lo", "up")
             self._thread.start()
             for host in self.hosts:
-                future = asyncio.run_coroutine_threadsafe(self._listen(host), self._loop)
-                future.result(timeout=10)
+                for target in self.upstreams:
+                    future = asyncio.run_coroutine_threadsafe(self._listen(host, target),
+                                                              self._loop)
+                    future.result(timeout=10)
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -151,7 +159,7 @@ class Network:
                            check=False)
             subprocess.run(["ip", "netns", "del", host.netns], capture_output=True, check=False)
 
-    async def _listen(self, host: Host) -> None:
+    async def _listen(self, host: Host, upstream: tuple[str, int]) -> None:
         async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
                 while data := await reader.read(65536):
@@ -166,12 +174,15 @@ class Network:
 
         async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
-                up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+                up_reader, up_writer = await asyncio.open_connection(*upstream)
             except OSError:
                 writer.close()
                 return
             await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
 
         server = await asyncio.start_server(accept, host.gateway, 0)
-        host.port = server.sockets[0].getsockname()[1]
+        port = server.sockets[0].getsockname()[1]
+        host.ports[upstream[1]] = port
+        if upstream == self.upstream:
+            host.port = port
         self._servers.append(server)

@@ -216,6 +216,68 @@ def test_a_run_id_no_backend_can_keep_is_refused_alike_everywhere(url: str, run_
         assert store.latest("plain-é") is not None
 
 
+@pytest.mark.parametrize("bad", ["a\x00b", "\x00", "a\ud800b"])
+def test_a_workflow_name_no_backend_can_keep_is_refused_alike_everywhere(
+    store_url: str, bad: str
+) -> None:
+    """SQLite stored a workflow name holding NUL, PostgreSQL refused it (a StoreError), a
+    lone surrogate failed as a raw UnicodeEncodeError: one check for every backend, a
+    ValueError naming the field, nothing written."""
+    with pitstop.open_store(store_url) as store:
+        with pytest.raises(ValueError, match="workflow") as info:
+            store.create_run("r1", workflow=bad)
+        assert not isinstance(info.value, pitstop.StoreError)
+        with pytest.raises(ValueError, match="workflow"):
+            store.save("r2", {"n": 1}, workflow=bad)
+        head = store.save("r3", {"n": 1}, workflow="fine")
+        with pytest.raises(ValueError, match="workflow"):
+            store.save("r3", {"n": 2}, workflow=bad)
+        wf = pitstop.Workflow(bad)
+        wf.step(name="one")(lambda state, ctx: {"done": True})
+        with pytest.raises(ValueError, match="workflow"):
+            wf.start(store, {"n": 1}, run_id="r4")
+        with pytest.raises(ValueError, match="workflow"):
+            wf.enqueue(store, {"n": 1}, run_id="r5")
+        assert [run.id for run in store.runs()] == ["r3"]
+        assert store.latest("r3").id == head.id  # type: ignore[union-attr]
+        assert store.verify() == []
+        store.save("r6", {"n": 1}, workflow="flux-é")  # non-ASCII text is fine
+        assert store.get_run("r6").workflow == "flux-é"
+
+
+@pytest.mark.parametrize(("metadata", "field"), [
+    ({"note": "a\x00b"}, "metadata.note"),
+    ({"note": "a\ud800b"}, "metadata.note"),
+    ({"deep": {"list": [1, "\x00"]}}, "metadata.deep.list[1]"),
+    ({"k\x00": 1}, "the key"),
+    ({"\ud800": 1}, "the key"),
+])
+def test_metadata_no_backend_can_keep_is_refused_alike_everywhere(
+    store_url: str, metadata: dict[str, Any], field: str
+) -> None:
+    """Metadata holding NUL was stored by SQLite and by PostgreSQL as JSON text that its
+    jsonb (metadata filters) refuses; a lone surrogate failed as a raw UnicodeEncodeError.
+    Now one check for every backend: a SerializationError naming run and field."""
+    with pitstop.open_store(store_url) as store:
+        with pytest.raises(pitstop.SerializationError, match=r"NUL|surrogate") as info:
+            store.create_run("r1", metadata=metadata)
+        assert field in str(info.value) and "'r1'" in str(info.value)
+        head = store.save("r2", {"n": 1})
+        with pytest.raises(pitstop.SerializationError, match=r"NUL|surrogate") as info:
+            store.save("r2", {"n": 2}, metadata=metadata)
+        assert field in str(info.value)
+        with pytest.raises(pitstop.SerializationError, match=r"NUL|surrogate"):
+            store.save("r2", {"n": 2}, changed=["n"], metadata=metadata)
+        assert [run.id for run in store.runs()] == ["r2"]
+        assert store.latest("r2").id == head.id  # type: ignore[union-attr]
+        fine = {"note": "café \\u0000 (a backslash, not a NUL)", "n": None}
+        store.save("r2", {"n": 3}, metadata=fine)
+        assert store.latest("r2").metadata == fine  # type: ignore[union-attr]
+        store.create_run("r3", metadata=fine)
+        assert [run.id for run in store.runs(metadata={"note": fine["note"]})] == ["r3"]
+        assert store.verify() == []
+
+
 # -- raw Python exceptions that escaped ---------------------------------------------------------
 
 

@@ -342,12 +342,14 @@ def encode_metadata(metadata: Mapping[str, Any] | None, run_id: str) -> str:
     try:
         fast = orjson.dumps(metadata, option=_ORJSON_OPTIONS)
     except TypeError:
-        pass
+        pass  # (a lone surrogate too: orjson refuses it)
     else:
+        if b"\\u0000" in fast:
+            _refuse_untextual(metadata, run_id, "metadata")
         if b"null" not in fast:  # else maybe a NaN: let json judge
             return fast.decode()
     try:
-        return _JSON.encode(metadata)
+        text = _JSON.encode(metadata)
     except (TypeError, ValueError) as exc:
         for key, value in metadata.items():
             try:
@@ -360,6 +362,53 @@ def encode_metadata(metadata: Mapping[str, Any] | None, run_id: str) -> str:
                     type_name=type(value).__name__,
                 ) from None
         raise SerializationError(f"metadata must be JSON ({exc})", run_id=run_id) from None
+    if "\\u0000" in text or (not text.isascii() and not _is_utf8(text)):
+        _refuse_untextual(metadata, run_id, "metadata")
+    return text
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_text(kind: str, value: str) -> None:
+    """Refuse text no backend keeps alike (one check, before any SQL): a NUL, which
+    PostgreSQL refuses in TEXT and in ``jsonb`` (where metadata filters read it) while
+    SQLite stores it, and a lone surrogate, which no UTF-8 holds."""
+    if "\x00" in value:
+        raise ValueError(f"{kind} {value!r} holds a NUL character, which a store cannot keep")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"{kind} {value!r} holds a lone surrogate, which is not text a "
+                             "store can keep") from None
+
+
+def _refuse_untextual(value: Any, run_id: str, path: str) -> None:
+    """Refuse a NUL or a lone surrogate in a key or string of ``value``, naming where: one
+    check for every backend (PostgreSQL's ``jsonb``, which metadata filters read, refuses
+    NUL; SQLite kept it; no UTF-8 holds a lone surrogate)."""
+    if isinstance(value, str):
+        try:
+            check_text("the text", value)
+        except ValueError as exc:
+            raise SerializationError(str(exc), run_id=run_id, path=path,
+                                     type_name="str") from None
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            where = f"{path}.{key}" if isinstance(key, str) and key.isprintable() \
+                else f"{path}[{key!r}]"
+            if isinstance(key, str):
+                _refuse_untextual(key, run_id, f"{where} (the key)")
+            _refuse_untextual(item, run_id, where)
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            _refuse_untextual(item, run_id, f"{path}[{index}]")
 
 
 class TextInBlobColumn(bytes):

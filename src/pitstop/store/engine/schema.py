@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 
 from ...errors import CorruptCheckpointError
 from ...model import CheckpointSummary, Run, RunStatus, utc
-from ..encoding.records import CheckpointRecord
+from ..encoding.records import CheckpointRecord, check_text
 from .rowcheck import run_problem
 
 # --------------------------------------------------------------------------------------------
@@ -272,14 +272,8 @@ def check_id(kind: str, value: str) -> None:
     surrogate; SQLite took a NUL, which ``verify`` then reported as a damaged row."""
     if not isinstance(value, str) or not value or len(value) > 512:
         raise ValueError(f"{kind} must be a non-empty string of at most 512 characters")
-    if "\x00" in value:
-        raise ValueError(f"{kind} {value!r} holds a NUL character, which a store cannot keep")
-    if not value.isascii():
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError(f"{kind} {value!r} holds a lone surrogate, which is not text a "
-                             "store can keep") from None
+    check_text(kind, value)
+
 
 
 # --------------------------------------------------------------------------------------------

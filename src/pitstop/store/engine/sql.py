@@ -59,6 +59,7 @@ from ..encoding.records import (
     FieldMap,
     NewBlob,
     Parent,
+    check_text,
     encode_field_map,
     encode_metadata,
     stored_hashes,
@@ -271,6 +272,8 @@ class SqlStore(Reads, ResultCache, Schedules, Leases, Inputs, StepSaves, Childre
         if type(run_id) is not str or not 0 < len(run_id) <= 512 or not run_id.isascii() \
                 or "\x00" in run_id:
             check_id("run_id", run_id)
+        if workflow is not None:
+            check_text("workflow", workflow)
         follow_head = parent_id is None
         if follow_head:
             parent_id = self._heads.get(run_id)
@@ -645,6 +648,8 @@ class SqlStore(Reads, ResultCache, Schedules, Leases, Inputs, StepSaves, Childre
         parent_run: str | None = None,
     ) -> Run:
         check_id("run_id", run_id)
+        if workflow is not None:
+            check_text("workflow", workflow)
         meta_json = encode_metadata(metadata, run_id)
         now = time.time()
 

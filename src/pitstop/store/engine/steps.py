@@ -38,6 +38,7 @@ from ..encoding.records import (
     FieldMap,
     FieldRef,
     Parent,
+    check_text,
     encode_field_map,
     encode_metadata,
 )
@@ -147,6 +148,8 @@ class StepSaves(Effects):
             fields[name] = ref
             size += ref.size
         check_id("checkpoint_id", checkpoint_id)
+        if workflow is not None:
+            check_text("workflow", workflow)
         now = time.time()
         meta = encode_metadata(metadata, run_id) if metadata else "{}"
         packed_fields = encode_field_map(fields)
