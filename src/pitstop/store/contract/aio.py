@@ -79,6 +79,7 @@ class AsyncStore:
     inputs = _offload(Store.inputs)
     get_effect = _offload(Store.get_effect)
     record_effect = _offload(Store.record_effect)
+    record_effect_first = _offload(Store.record_effect_first)
     record_effects = _offload(Store.record_effects)
     effects = _offload(Store.effects)
     attach = _offload(Store.attach)
