@@ -128,12 +128,21 @@ def test_an_existing_run_id_is_refused(cwd: Path) -> None:
 
 @pytest.mark.slow
 def test_every_command_takes_the_logging_options(cwd: Path) -> None:
+    import click
+
     from pitstop.cli.app import all_commands
 
-    for name in all_commands():
-        text = pitstop_exe(name, "--help").out
+    # A command group (`pitstop cache`, `schedule`, `stream`) takes them on each subcommand.
+    invocations = []
+    for name, command in all_commands().items():
+        if isinstance(command, click.Group):
+            invocations += [(name, sub) for sub in command.commands]
+        else:
+            invocations.append((name,))
+    for words in invocations:
+        text = pitstop_exe(*words, "--help").out
         for option in ("--log-level", "-v, --verbose", "-q, --quiet"):
-            assert option in text, (name, option)
+            assert option in text, (words, option)
     assert PITSTOP is not None
 
 
