@@ -10,7 +10,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..errors import StoreError, StoreSchemaError, UnsupportedStoreError
+from ..errors import LeaseLostError, StoreError, StoreSchemaError, UnsupportedStoreError
+from ..logfmt import kv
 from .cache import Renewal, Waiting, call_key, claim_owner
 from .iteration import Position, Resumable
 from .policies import Retry
@@ -121,8 +122,10 @@ class StepContext:
         If this step runs again (after a crash, a retry or a resume), the recorded result is
         returned and ``fn`` is not called. ``fn`` receives ``idempotency_key=`` if it takes
         such a parameter. The one window where ``fn`` can run twice: it returned, and the
-        process died before its result was recorded; pass the idempotency key on to the
-        external system to close it.
+        process died before its result was recorded, or its worker was cut off and lost the
+        run's lease while ``fn`` ran (``fn`` is never started once the lease may have lapsed:
+        :class:`~pitstop.LeaseLostError`); pass the idempotency key on to the external system
+        to close it.
         """
         key = self._claim(name)
         run_id = self._execution.run_id
@@ -147,6 +150,7 @@ class StepContext:
                 replayed.append(True)
             self._count_effect("replayed")
             return value
+        self._check_lease(name)
         if _takes_key(fn):
             kwargs["idempotency_key"] = key
         result = fn(*args, **kwargs)
@@ -169,6 +173,7 @@ class StepContext:
         if found:
             self._count_effect("replayed")
             return value
+        self._check_lease(name)
         if _takes_key(fn):
             kwargs["idempotency_key"] = key
         result = fn(*args, **kwargs)
@@ -196,6 +201,20 @@ class StepContext:
         delay = STORE_RETRY.delay(attempt)
         self.log.warning("effect %r: %s; trying the store again in %.2fs", name, exc, delay)
         return delay
+
+    def _check_lease(self, name: str) -> None:
+        """Refuse to start an effect's function once this process cannot be sure it still
+        holds the run (cut off from the store past the lease's TTL): another worker may have
+        taken the run and be running the same effect. The function could still outlive the
+        lease once started; the idempotency key closes that."""
+        execution = self._execution
+        held = getattr(execution, "held", None)
+        if held is not None and held.expired():
+            log.warning(kv(event="lease-expired", run=execution.run_id, step=self.step,
+                           effect=name),
+                        extra={"run_id": execution.run_id, "step": self.step})
+            raise LeaseLostError(execution.run_id, owner=execution.lease.owner,
+                                 token=execution.lease.token, current_token=None)
 
     def _patiently(self, name: str, call: Callable[[], T]) -> T:
         attempt = 1

@@ -582,6 +582,8 @@ class Execution:
                 return (yield from self._wait_children(spec, children.names))
             except CacheKeyError:
                 raise  # a key that cannot be made: the caller's error, not the step's
+            except LeaseLostError:
+                raise  # the run is another worker's now: no retry, no failure written
             except Exception as exc:
                 if self.metrics is not None:
                     self.metrics.errors.inc()

@@ -54,6 +54,21 @@ class Held:
     ttl: float
     lost: bool = False
     renewed_at: float = field(default_factory=time.monotonic)
+    valid_until: float = 0.0
+    """This process's own (monotonic) bound on the lease: the start of the last renewal that
+    succeeded plus the TTL. The server counts the TTL from when it served that renewal, later
+    than its start, so no other owner can have taken the run before this moment. Before the
+    first renewal: two thirds of the TTL from tracking (the acquisition's round trip is not
+    known here)."""
+
+    def __post_init__(self) -> None:
+        if not self.valid_until:
+            self.valid_until = self.renewed_at + self.ttl * 2 / 3
+
+    def expired(self) -> bool:
+        """Whether this process can no longer be sure it holds the run: the lease was lost,
+        or no renewal succeeded within its TTL (a network partition, a stalled store)."""
+        return self.lost or time.monotonic() >= self.valid_until
 
 
 class LeaseKeeper:
@@ -92,9 +107,11 @@ class LeaseKeeper:
                 due = [h for h in self._held if now - h.renewed_at >= h.ttl / 3]
                 wait = min((h.ttl / 3 - (now - h.renewed_at) for h in self._held), default=5.0)
             for held in due:
+                started = time.monotonic()
                 try:
                     held.lease = held.store.renew(held.lease, ttl=held.ttl)
                     held.renewed_at = time.monotonic()
+                    held.valid_until = started + held.ttl
                 except LeaseLostError:
                     held.lost = True
                     self.untrack(held)
