@@ -661,3 +661,26 @@ def test_run_ids_with_a_slash_are_reachable(tmp_path: Path) -> None:
             assert http.get("/api/runs/nope%2F1").status_code == 404
     finally:
         store.close()
+
+
+def test_the_run_tree_names_the_step_a_waiting_checkpoint_stopped_in(tmp_path: Path) -> None:
+    """As `pitstop history` does: the checkpoint a run waits at is listed under the step it
+    waits in, not the step that ran before it."""
+    wf = pitstop.Workflow("label")
+
+    @wf.step
+    def review(state: dict[str, Any]) -> dict[str, Any]:
+        return {"reviewed": True}
+
+    @wf.step(wait_for="decision")
+    def approve(state: dict[str, Any], decision: Any) -> dict[str, Any]:
+        return {"approved": decision}
+
+    with pitstop.open_store(f"sqlite:///{tmp_path / 'label.db'}") as store:
+        run = wf.start(store, {}, run_id="label-1")
+        assert run.status is pitstop.RunStatus.WAITING
+        with TestClient(create_app(store)) as c:
+            page = c.get("/runs/label-1")
+        assert page.status_code == 200
+        assert '<td class="name">approve</td>' in page.text
+        assert '<td class="name">review</td>' not in page.text

@@ -5,12 +5,12 @@ states compared field by field.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from pitstop.display.graph import ends_here, fork_origin
+from pitstop.display.runs import step_label
 from pitstop.display.text import age, duration, human_bytes, short
 from pitstop.failures import failure_in
 from pitstop.model import CheckpointSummary, Run, RunStatus
@@ -257,13 +257,6 @@ def _note(entry: CheckpointSummary, head_id: str | None, branch_point: bool) -> 
     return ", ".join(notes)
 
 
-def _step_label(meta: Mapping[str, Any]) -> str:
-    """The step a checkpoint belongs to: the one that ran before it, or for a checkpoint that
-    stopped a run in a step (waiting for its input or timer, failed) that step."""
-    if meta.get("status") in ("waiting", "failed") and meta.get("next"):
-        return str(meta["next"])
-    return str(meta.get("step_name") or "-")
-
 
 @command("history", examples=["pitstop history 7f3a9c", "pitstop history 7f3a9c --limit 0 --json"])
 @click.argument("run_id", metavar="RUN")
@@ -311,7 +304,7 @@ def history(s: Session, run_id: str, limit: int) -> None:
             styled(row.prefix, "magenta"),
             styled(shown[entry.id], "bold green" if entry.id == run.head_id else "bold"),
             str(entry.step),
-            _step_label(meta),
+            step_label(meta),
             entry.source or "-",
             status_cell(meta.get("status")),
             local_time(entry.created_at),

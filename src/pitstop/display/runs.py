@@ -1,7 +1,9 @@
-"""A run as JSON: the fields of its row, for ``pitstop runs --json`` and the inspector's API."""
+"""A run as JSON: the fields of its row, for ``pitstop runs --json`` and the inspector's API;
+and the step a checkpoint is listed under in both histories."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ..model import Run
@@ -33,4 +35,13 @@ def run_json(run: Run) -> dict[str, Any]:
     }
 
 
-__all__ = ["run_json"]
+def step_label(metadata: Mapping[str, Any]) -> str:
+    """The step a checkpoint belongs to in a history: the one that ran before it, or, for a
+    checkpoint that stopped a run in a step (waiting for its input or timer, failed), that
+    step."""
+    if metadata.get("status") in ("waiting", "failed") and metadata.get("next"):
+        return str(metadata["next"])
+    return str(metadata.get("step_name") or "-")
+
+
+__all__ = ["run_json", "step_label"]

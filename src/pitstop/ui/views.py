@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..display.graph import ends_here, fork_origin
-from ..display.runs import run_json
+from ..display.runs import run_json, step_label
 from ..errors import PitstopError
 from ..failures import failure_in
 from ..model import Checkpoint, CheckpointSummary, Run, RunStatus
@@ -353,6 +353,7 @@ def checkpoint_row(entry: CheckpointSummary, *, head_id: str | None) -> dict[str
         "parent_id": entry.parent_id,
         "step": entry.step,
         "step_name": text_or_none(meta.get("step_name")),
+        "step_label": step_label(meta),  # the step it stopped in, for a waiting checkpoint
         "next_step": text_or_none(meta.get("next")),
         "source": text_or_none(entry.source),
         "status": text_or_none(meta.get("status")),
