@@ -450,11 +450,7 @@ class Workflow:
     ) -> tuple[Execution | None, RunResult | None, RunStatus]:
         run: Run | None = None
         if lease is None:
-            from ..store.contract.lookup import find_run
-
-            # The run's id, or a unique start of it, as the CLI takes (`pitstop resume t3`).
-            run = self._own(find_run(store, run_id))
-            run_id = run.id
+            run = self._own(store.get_run(run_id))
             lease = acquire(store, run_id, owner_id(), self.lease_ttl)
         try:
             if from_checkpoint is not None:
