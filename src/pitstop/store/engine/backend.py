@@ -36,9 +36,10 @@ Optional (a working default here, right for a database with one writer at a time
     One statement as its own transaction (default: a transaction around it); a backend that
     can send a lone statement without ``BEGIN``/``COMMIT`` saves round trips here.
 ``_write_prepared(prepared)``
-    A specialised commit of a prepared save (default, in ``sql.py``: the shared path, one
-    transaction that moves the head and inserts). PostgreSQL writes the common save as one
-    statement and hands everything else to ``super()._write_prepared``.
+    A specialised commit of a prepared save's ``WritePlan`` (default, in ``sql.py``: one
+    transaction running ``write.write_checkpoint``). PostgreSQL writes the common save as one
+    statement built from the same plan and hands everything else to
+    ``super()._write_prepared``.
 ``_claim_write(sql, params)``
     The claim statement (default: ``_autocommit_write``); PostgreSQL keeps its plan from
     depending on the runs table's statistics.
