@@ -25,7 +25,8 @@ Counted by the runtime (in this process):
 ``pitstop_stream_lag``                 gauge       stream, partition (records behind)
 =====================================  ==========  ===============================
 
-Read from the store at each scrape (one grouped query and two MIN queries):
+Read from the watched stores at each scrape or collection (one grouped query and two MIN
+queries):
 
 =====================================  ==========  ===============================
 ``pitstop_runs``                       gauge       workflow, status

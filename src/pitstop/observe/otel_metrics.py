@@ -70,6 +70,7 @@ class OtelMetrics:
         self._observation = Observation
         meter = provider.get_meter("pitstop", _release())
         self.instruments: dict[str, Any] = {}
+        self.histograms: set[str] = set()
         self.gauges: dict[str, dict[tuple[str, ...], Any]] = {}
         for attr, name, kind, description, _labels, unit in specs:
             if kind == "counter":
@@ -78,6 +79,7 @@ class OtelMetrics:
             elif kind == "histogram":
                 self.instruments[attr] = _histogram(meter, name, unit, description,
                                                     bounds[attr])
+                self.histograms.add(attr)
             else:
                 values = self.gauges[attr] = {}
                 meter.create_observable_gauge(name, [self._observer(values)], unit=unit,
@@ -104,9 +106,8 @@ class OtelMetrics:
         gauge = self.gauges.get(attr)
         if gauge is not None:
             return _Last(gauge, attributes)
-        instrument = self.instruments[attr]
-        return (_Record if attr in ("checkpoint_seconds", "checkpoint_bytes") else _Add)(
-            instrument, attributes)
+        kind = _Record if attr in self.histograms else _Add
+        return kind(self.instruments[attr], attributes)
 
     def _observer(self, values: dict[tuple[str, ...], Any]) -> Any:
         def observe(options: Any) -> list[Any]:
