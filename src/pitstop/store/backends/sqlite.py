@@ -200,9 +200,10 @@ class _WalCheckpointer:
                 # Busy, or the file went away: the next poke tries again.
                 with self._busy, contextlib.suppress(sqlite3.Error):
                     commits = self.commits
-                    done = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-                    if done is not None and not done[0]:
-                        self._pace(int(done[1]), commits)
+                    done = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    for busy, frames, _ in done:  # (busy, WAL frames, frames copied)
+                        if not busy:
+                            self._pace(int(frames), commits)
                 self.runs += 1
         finally:
             with self._busy:
