@@ -121,3 +121,27 @@ def test_merge_patches_are_rewritten_whole_once_they_outgrow_the_dict(shared_url
     assert got == expected and list(got) == list(expected)
     assert store.verify() == []
     store.close()
+
+
+def test_a_resumed_checkpointer_saves_a_merge_without_reading_the_state(
+    tmp_path: Any,
+) -> None:
+    """Checkpointer.save in a new process (a new store handle) that did not restore: a
+    Merge on the big dict reads nothing back; with the default retention pruning the older
+    checkpoints, the patched dict still restores whole and verify finds nothing."""
+    url = f"sqlite:///{tmp_path / 'loop.db'}"
+    expected = {f"u{i:05d}": 0 for i in range(20_000)}
+    with pitstop.Checkpointer(url, "c") as ckpt:
+        ckpt.save({"seen": dict(expected), "step": 0}, force=True)
+    for step in range(1, 6):
+        with pitstop.Checkpointer(url, "c") as ckpt:
+            reads = _counting_gets(ckpt.store)
+            ckpt.save({"seen": pitstop.Merge({f"u{step:05d}": step, f"n{step}": step}),
+                       "step": step}, force=True)
+            assert reads == []
+        expected.update({f"u{step:05d}": step, f"n{step}": step})
+    with pitstop.Checkpointer(url, "c") as ckpt:
+        state = ckpt.restore()
+        assert state["step"] == 5 and state["seen"] == expected
+        assert list(state["seen"]) == list(expected)
+        assert ckpt.store.verify() == []
