@@ -47,6 +47,19 @@ def test_a_merge_on_another_handles_parent_reads_it(store: Store) -> None:
     assert store.latest("m").state["counts"] == {"a": 1, "b": 2, "c": 3}  # type: ignore[union-attr]
 
 
+def _counting_value_reads(store: Store) -> list[int]:
+    """Record how many values each read of stored values alone asks for."""
+    seen: list[int] = []
+    real = store._read_values_alone  # type: ignore[attr-defined]
+
+    def read(keys: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(len(keys))
+        return real(keys, *args, **kwargs)
+
+    store._read_values_alone = read  # type: ignore[attr-defined]
+    return seen
+
+
 def _value_rows(store: Store) -> int:
     count: int = store._tx(  # type: ignore[attr-defined]
         lambda tx: tx.scalar("SELECT count(*) FROM pitstop_blobs"))
@@ -71,8 +84,10 @@ def test_a_merge_on_a_parent_no_handle_here_read_costs_the_change(shared_url: st
             expected.update(update)
             store = pitstop.open_store(shared_url)
             gets = _counting_gets(store)
+            nodes_read = _counting_value_reads(store)
             before = _value_rows(store)
             saved = store.save(run, {"counts": pitstop.Merge(update)})
+            assert nodes_read == []  # (the head's values are the run's: no walk of its tree)
             added.append(saved.added or 0)
             rows.append(_value_rows(store) - before)
             reads += gets

@@ -344,13 +344,16 @@ class SqlStore(Reads, ResultCache, Schedules, Leases, Inputs, StepSaves, Childre
         if (
             parent is not None
             and parent.run_id == run_id
-            and (expected_head == parent_id or self._heads.get(run_id) == parent_id)
+            and (follow_head or expected_head == parent_id
+                 or self._heads.get(run_id) == parent_id)
         ):
             # Continuing from the run's head (one this process wrote, or one the write
-            # will check): the run already references the parent's values (a head is never
-            # pruned), so only new ones need a reference. Any other parent (a branch point,
-            # a stale cache) may have lost its values to a prune: reference them all, and
-            # the write checks that they still exist.
+            # will check: a save that follows the head, read just now by a handle that had
+            # not seen it, writes only if it is still the head): the run already references
+            # the parent's values (a head is never pruned), so only new ones need a
+            # reference. Any other parent (a branch point, a stale cache) may have lost its
+            # values to a prune: reference them all, and the write checks that they still
+            # exist.
             refs = list(set(new).difference(stored_hashes(parent.fields))) if new else []
         else:
             refs = list(self._value_codec.referenced(fields, self._read_values_alone))
