@@ -391,7 +391,7 @@ def main() -> None:
         return
     rounds = 3 if args.quick else 7
     rerun = rerun_side_by_side(rounds, args.prefect_python)
-    prefect = rerun["prefect"]
+    prefect = rerun.pop("prefect")
     ran = "prefect_s" in prefect
     rows = [["rerun of 100 cached steps to the first uncached step, from opening the store "
              "(Prefect: from calling the flow, which starts its API server)",
