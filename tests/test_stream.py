@@ -633,6 +633,73 @@ def test_a_partition_leased_elsewhere_is_taken_over_when_the_lease_expires(
     assert job.state(store) == {"a": 1, "b": 1}
 
 
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
+def test_a_partition_whose_row_lock_is_held_is_claimed_once_it_is_released(
+    store_url: str, open_store: Any, caplog: Any,
+) -> None:
+    """An owner cut off in the middle of a transaction keeps its partition's run row locked
+    until the server notices; meanwhile the other processes' claims of it wait, then hit
+    ``statement_timeout``. That is "not available now", not an error that ends the job."""
+    import threading
+    import time
+
+    import psycopg
+
+    from conftest import PG_URL
+
+    store = open_store(statement_timeout=0.5)
+    items = [(f"k{i % 40}", 1) for i in range(400)]
+
+    def make(upto: int) -> stream.Job:
+        job = stream.Job("locked", source=stream.Iterable(items[:upto], partitions=2),
+                         every=50, seconds=0.2)
+
+        @job.handler
+        def count(state: Any, record: stream.Record, emit: Any) -> None:
+            state[record.key] = state.get(record.key, 0) + record.value
+
+        return job
+
+    make(200).run(store, idle_exit=0.1)  # the partitions' runs exist, half the items read
+    schema = store_url.rsplit("schema=", 1)[1]
+    with psycopg.connect(PG_URL) as holder:  # (a transaction until rollback)
+        holder.execute(f'SELECT 1 FROM "{schema}".pitstop_runs WHERE run_id = %s FOR UPDATE',
+                       ("locked/0",))
+        job = make(400)
+        done: list[stream.RunReport] = []
+        failed: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                done.append(job.run(store))
+            except BaseException as exc:  # (the bug: run() ended on it)
+                failed.append(exc)
+
+        thread = threading.Thread(target=run, daemon=True)
+        with caplog.at_level("WARNING", logger="pitstop.stream"):
+            thread.start()
+            deadline = time.monotonic() + 30
+            while not caplog.text.count("partition 0 not claimed") >= 2:
+                assert time.monotonic() < deadline and not failed, (failed, caplog.text)
+                time.sleep(0.05)
+        # Two claims of partition 0 timed out; the job goes on with partition 1.
+        assert thread.is_alive() and not failed
+        while job.partition_state(store, 1) != Counter(
+                k for k, _ in items if stream.partition_of(k, 2) == 1):
+            assert time.monotonic() < deadline, job.partition_state(store, 1)
+            time.sleep(0.05)
+        assert store.get_run("locked/0").owner is None
+        holder.rollback()
+    deadline = time.monotonic() + 60  # (the backoff doubles up to 30 s: 2 s after 3 waits)
+    while job.state(store) != Counter(k for k, _ in items):
+        assert time.monotonic() < deadline and not failed, (failed, job.state(store))
+        time.sleep(0.05)
+    assert store.get_run("locked/0").owner is not None
+    job.stop()
+    thread.join(30)
+    assert not failed and done and not done[0].failed
+
+
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 @pytest.mark.slow
 def test_keys_expire_after_the_ttl_through_a_restart(store: Store) -> None:
