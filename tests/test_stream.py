@@ -418,6 +418,56 @@ def test_stream_status_command(store: Store, client: Any, name: str) -> None:
 
 
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.slow
+def test_partition_position_lag_and_rate_in_runs_and_show(
+    store: Store, client: Any, name: str
+) -> None:
+    from clitools import pitstop_exe
+    from pitstop.stream.status import RATE_CHECKPOINTS
+
+    users = [f"u{i % 9}" for i in range(600)]
+    produce(client, name, users)
+    counter_job(name, sink=False, every=25).run(store, idle_exit=0.1)
+    late = ["x1", "x2", "x3", "x4", "x5", "x6", "x7"]
+    produce(client, name, late)  # in the streams, not read yet: the lag
+    behind = {p: sum(stream.partition_of(u, 2) == p for u in late) for p in (0, 1)}
+
+    listed = pitstop_exe("runs", "--json", store=store.url)
+    assert listed.code == 0, listed
+    parts = {r["id"]: r for r in listed.json["runs"]}
+    for p in (0, 1):
+        run = parts[f"{name}/{p}"]
+        head = store.history(f"{name}/{p}", limit=RATE_CHECKPOINTS)
+        figures = [h.metadata["stream"] for h in head]
+        seconds = (head[0].created_at - head[-1].created_at).total_seconds()
+        assert len(head) == RATE_CHECKPOINTS  # (a rate over several checkpoints)
+        assert run["stream"]["position"] == figures[0]["position"]
+        assert run["stream"]["records"] == figures[0]["records"]
+        assert run["stream"]["lag"] == behind[p]
+        assert run["stream"]["records_per_second"] == pytest.approx(
+            (figures[0]["records"] - figures[-1]["records"]) / seconds)
+        assert run["progress"] == f"{figures[0]['records']:,} records · at " \
+            f"{figures[0]['position']} · lag {behind[p]} · " \
+            f"{run['stream']['records_per_second']:,.0f}/s"
+    text = pitstop_exe("runs", store=store.url)
+    assert text.code == 0 and f"· lag {behind[0]} ·" in text.out, text.out
+    assert f"pitstop stream status {name}" in text.out  # (the line fits, its hint too)
+    unasked = pitstop_exe("runs", "--json", "--no-lag", store=store.url)
+    assert {r["stream"]["lag"] for r in unasked.json["runs"]} == {None}
+
+    shown = pitstop_exe("show", f"{name}/1", "--json", store=store.url)
+    assert shown.code == 0, shown
+    assert shown.json["stream"]["lag"] == behind[1]
+    assert shown.json["stream"]["records_per_second"] > 0
+    text = pitstop_exe("show", f"{name}/1", store=store.url)
+    assert f"{behind[1]} records behind" in text.out and "records/s" in text.out
+    assert shown.json["stream"]["position"] in text.out
+    # Not a partition: no stream figures, and nothing asked of a broker.
+    other = pitstop_exe("runs", "--json", "--workflow", "none", store=store.url)
+    assert other.code == 0 and other.json["runs"] == []
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 def test_inspector_shows_the_job_partitions(store: Store, client: Any, name: str) -> None:
     pytest.importorskip("fastapi", reason="the ui extra is not installed")
     from fastapi.testclient import TestClient
