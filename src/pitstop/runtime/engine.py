@@ -244,6 +244,7 @@ class Execution:
         # them (redoing one after a crash is one lookup), so a rerun of cached steps writes
         # one checkpoint where the first step that runs is, not one per cached step.
         self.served_since = 0
+        self.served = False  # the current step was served from the cache (it did not run)
 
     # -- checkpoints -----------------------------------------------------------------------------
 
@@ -302,7 +303,8 @@ class Execution:
         started = time.monotonic()
         # The save's span is made once it is known, with a start time (one attribute pass,
         # no updates of a live span: an SDK span costs tens of microseconds).
-        span_start = None if self.run_span is None else time.time_ns()
+        span_start = None if self.run_span is None or not self.run_span.traced \
+            else time.time_ns()
         prepared = self.store.prepare(
             self.run_id,
             fields,
@@ -552,15 +554,21 @@ class Execution:
             self.step_start_fields = self.fields
             self.step_start_changed = self.changed
             self.step_start_deltas = self.deltas
-            invoke = spec.invoke if self.run_span is None else tracing.traced_step(
-                self.tracer, self.run_span.context, spec.invoke,
-                {"pitstop.run.id": self.run_id, "pitstop.step.name": spec.name,
-                 "pitstop.step.position": self.position, "pitstop.step.attempt": attempt},
-                (Suspend, WaitForChildren))
+            if self.run_span is None:
+                invoke = spec.invoke
+            elif self.run_span.traced:
+                invoke = tracing.traced_step(
+                    self.tracer, self.run_span.context, spec.invoke,
+                    {"pitstop.run.id": self.run_id, "pitstop.step.name": spec.name,
+                     "pitstop.step.position": self.position, "pitstop.step.attempt": attempt},
+                    (Suspend, WaitForChildren))
+            else:  # sampled out: the run's context only (user spans stay unsampled)
+                invoke = tracing.in_context(self.run_span.context, spec.invoke)
             began = time.time()
             if self.work_started is None:
                 self.work_started = began
             self.claim = None
+            self.served = False
             try:
                 try:
                     if spec.options.cache is None:
@@ -609,7 +617,10 @@ class Execution:
 
             if self.metrics is not None:
                 self.metrics.ok.inc()
-            updates = wf.adapter.changes(view, self.fields)
+            # A step served from the cache did not run: nothing was assigned on its view and
+            # its cached result is all it changes. (Comparing the whole state field by field
+            # after each of a rerun's served steps was ~12% of the rerun's instructions.)
+            updates = {} if self.served else wf.adapter.changes(view, self.fields)
             route: str | None
             output_kind: list[Any]
             if isinstance(output, Goto):
@@ -671,7 +682,7 @@ class Execution:
     def _trace_wait(self, spec: StepSpec, *, inputs: list[str] | None = None,
                     wake_at: float | None = None, children: list[str] | None = None) -> None:
         """A ``pitstop.wait`` span (no duration: the wait itself holds no process)."""
-        if self.run_span is None:
+        if self.run_span is None or not self.run_span.traced:
             return
         attributes: dict[str, Any] = {"pitstop.run.id": self.run_id,
                                       "pitstop.step.name": spec.name}
@@ -701,6 +712,7 @@ class Execution:
             if hit is not None:
                 self.cached_from.append({"step": spec.name, "run": hit.entry.run_id})
                 self.served_since += 1
+                self.served = True
                 if log.isEnabledFor(logging.INFO):
                     log.info(kv(event="cached", run=self.run_id, step=spec.name,
                                 source=hit.entry.run_id),
