@@ -945,3 +945,35 @@ def test_a_lost_commit_and_a_store_outage_keep_exactly_once(client: Any, name: s
         proxy.heal()
         store.close()
         drop_pg_schema(schema)
+
+
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
+def test_taking_a_lease_on_a_row_locked_elsewhere_is_busy_not_a_timeout(
+    store_url: str, open_store: Any,
+) -> None:
+    """``acquire`` waits for a run row's lock only as long as the store's bounded lock wait
+    (5 s on PostgreSQL), then answers ``RunBusyError`` naming no owner, rather than waiting
+    for ``statement_timeout`` (set far longer here) and failing with a ``StoreError``."""
+    import psycopg
+
+    from conftest import PG_URL
+    from pitstop.errors import RunBusyError
+
+    store = open_store(statement_timeout=60)
+    job = stream.Job("held", source=stream.Iterable([("a", 1)], partitions=1), every=1)
+
+    @job.handler
+    def count(state: Any, record: stream.Record, emit: Any) -> None:
+        state[record.key] = state.get(record.key, 0) + record.value
+
+    job.run(store, idle_exit=0.1)
+    schema = store_url.rsplit("schema=", 1)[1]
+    with psycopg.connect(PG_URL) as holder:
+        holder.execute(f'SELECT 1 FROM "{schema}".pitstop_runs WHERE run_id = %s FOR UPDATE',
+                       ("held/0",))
+        with pytest.raises(RunBusyError, match="locked by another transaction") as caught:
+            store.acquire("held/0", "someone-else")
+        assert caught.value.owner is None and caught.value.run_id == "held/0"
+        holder.rollback()
+    lease = store.acquire("held/0", "someone-else")  # the lock gone: taken at once
+    assert lease.owner == "someone-else"

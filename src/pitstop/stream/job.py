@@ -522,7 +522,9 @@ class Job:
                         and not _owner_dead(run.owner):
                     continue  # owned: no write needed to learn it
                 lease = acquire(store, run_id, me, self.lease_ttl)
-            except RunBusyError:
+            except RunBusyError as exc:
+                if exc.owner is None:  # a row lock held past the store's bounded wait
+                    self._claim_later(index, exc)
                 continue
             except StoreError as exc:
                 if type(exc) is not StoreError:
@@ -557,16 +559,17 @@ class Job:
             log.info("stream job %r: partition %d owned by %s from position %s", self.name,
                      index, me, part.position)
 
-    def _claim_later(self, index: int, exc: StoreError) -> None:
+    def _claim_later(self, index: int, exc: StoreError | RunBusyError) -> None:
         """A claim the store did not answer is no error of the job: the partition is not
         available now. Typically another owner, cut off from the network in the middle of a
-        transaction, still holds its run's row lock until the server notices, and the claim
-        waited for it until ``statement_timeout``. Tried again after a backoff (0.5 s,
-        doubling up to 30 s); the partitions this process owns go on meanwhile."""
+        transaction, still holds its run's row lock until the server notices; the claim
+        waited for it until the store's bounded lock wait (a ``RunBusyError`` naming no
+        owner) or ``statement_timeout``. Tried again after a backoff (0.5 s, doubling up to
+        30 s); the partitions this process owns go on meanwhile."""
         backoff = min(30.0, max(0.5, self._claim_waits.get(index, (0.0, 0.0))[1] * 2))
         self._claim_waits[index] = (time.monotonic() + backoff, backoff)
-        log.warning("stream job %r: partition %d not claimed: the store did not answer (%s); "
-                    "trying again in %.1f s", self.name, index, exc, backoff)
+        log.warning("stream job %r: partition %d not claimed: its run is locked or the store "
+                    "did not answer (%s); trying again in %.1f s", self.name, index, exc, backoff)
 
     def _open(self, store: Store, index: int, held: Any) -> _Partition:
         loaded = self._load(store, index)
