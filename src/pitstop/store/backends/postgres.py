@@ -118,6 +118,7 @@ POSTGRES = PostgresDialect(
     placeholder="%s",
     lock_row=" FOR UPDATE",
     skip_locked=" FOR UPDATE SKIP LOCKED",
+    bounded_lock_wait="SET LOCAL lock_timeout = '5s'",
     table_sample=" TABLESAMPLE SYSTEM (?)",
     index_ranges="SET LOCAL enable_bitmapscan TO off",
     table_size="SELECT reltuples, relpages, pg_relation_size(oid) / "
@@ -828,6 +829,9 @@ class PostgresStore(SqlStore, RunTransfer):
             # Two first saves of one run: the retry sees the winner's row.
             return exc.diag.constraint_name == _RUNS_PKEY
         return False
+
+    def _lock_wait_expired(self, exc: BaseException) -> bool:
+        return isinstance(exc, pgerrors.LockNotAvailable)
 
     def _store_error(self, exc: Exception) -> Exception:
         """A database error left over after the retries, as a one-line StoreError (password

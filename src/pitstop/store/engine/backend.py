@@ -105,6 +105,12 @@ class Dialect(ABC):
     """Appended to a SELECT to lock the rows read until commit (PostgreSQL: FOR UPDATE)."""
     skip_locked: str = ""
     """Appended to the claim query so concurrent workers skip each other's rows."""
+    bounded_lock_wait: str = ""
+    """A statement capping how long the rest of the transaction waits for a row lock
+    (PostgreSQL: ``SET LOCAL lock_timeout``). Taking a lease uses it: a run row locked for
+    longer is busy, typically by an owner cut off from the network in the middle of a
+    transaction, and waiting for ``statement_timeout`` would stall the caller for nothing.
+    Empty where the database locks whole files instead (SQLite: ``busy_timeout`` rules)."""
     without_rowid: str = ""
     """Table option for tables clustered on their primary key (SQLite: WITHOUT ROWID)."""
     null_safe_eq: str = "IS NOT DISTINCT FROM"
@@ -473,6 +479,11 @@ class SqlBackend(Store):
                 return fn()
             except Exception as exc:
                 backoff = self._wait_before_retry(exc, backoff)
+
+    def _lock_wait_expired(self, exc: BaseException) -> bool:
+        """Backend hook: ``exc`` says a row lock was not granted within
+        :attr:`Dialect.bounded_lock_wait`. Default: never (no such bound)."""
+        return False
 
     def _wait_before_retry(self, exc: Exception, backoff: Backoff | None) -> Backoff:
         """Sleep before the next attempt after ``exc``; or raise, when ``exc`` is not worth
