@@ -785,6 +785,22 @@ def test_keyed_results_attached_to_a_checkpoint(store: Store) -> None:
     assert set(store.effects("r")) == {"w:1", "w:2", "w:3"}
 
 
+def test_many_keyed_results_in_one_call(store: Store) -> None:
+    """More rows than one multi-row INSERT takes (a transaction of several statements on
+    SQLite, one statement of arrays on PostgreSQL): all kept, existing keys kept or replaced,
+    binary and None values intact."""
+    a = store.save("r", {"x": 1})
+    store.record_effects("r", {"k0": "first"}, checkpoint_id=a.id)
+    many = {f"k{i}": (b"\x00\xff" * i if i % 3 else None) for i in range(300)}
+    many['clé "quoted", {braced}'] = "é"
+    store.record_effects("r", many, checkpoint_id=a.id)
+    assert store.effects("r", checkpoint_id=a.id) == {**many, "k0": "first"}
+    store.record_effects("r", dict.fromkeys(many, "new"), checkpoint_id=a.id, replace=True)
+    assert store.effects("r") == dict.fromkeys(many, "new")
+    store.record_effects("other", many)  # no checkpoint named
+    assert store.effects("other") == many
+
+
 def test_caller_chosen_checkpoint_ids(store: Store) -> None:
     first = store.save("r", {"x": 1}, checkpoint_id="1ef-0001")
     assert first.id == "1ef-0001" and store.get("1ef-0001").state == {"x": 1}

@@ -83,6 +83,7 @@ from pitstop.store.contract.urls import check_text, redact
 from pitstop.store.encoding.blobs import BlobStore
 from pitstop.store.encoding.records import is_chunk_key
 from pitstop.store.engine.backend import Dialect, Tx
+from pitstop.store.engine.effects import EffectRow
 from pitstop.store.engine.schema import CHECKPOINTS, UNATTACHED_COLUMNS
 from pitstop.store.engine.sql import SqlStore
 from pitstop.store.engine.write import WritePlan, head_update
@@ -150,6 +151,17 @@ def _tcp_defaults(connect_timeout: float) -> dict[str, str]:
 _RUNS_PKEY = "pitstop_runs_pkey"
 _CHECKPOINT_ID_KEY = "pitstop_checkpoints_id"
 _CHECKPOINT_PKEY = "pitstop_checkpoints_pkey"
+
+_INSERT_EFFECT_ARRAYS = {
+    replace: "INSERT INTO pitstop_effects (run_id, key, checkpoint_id, result, hash, created_at) "
+    "SELECT %s::text, e.key, %s::text, e.result, e.hash, %s::float8 "
+    "FROM unnest(%b::text[], %b::bytea[], %b::bytea[]) AS e(key, result, hash) "
+    "ON CONFLICT (run_id, key) " + conflict
+    for replace, conflict in ((False, "DO NOTHING"), (True, "DO UPDATE SET checkpoint_id = "
+        "excluded.checkpoint_id, result = excluded.result, hash = excluded.hash, "
+        "created_at = excluded.created_at"))
+}
+"""Effect rows as column arrays (``Effects._write_effect_rows``), by ``replace``."""
 
 _RETRY_ALWAYS = (
     pgerrors.SerializationFailure,
@@ -744,6 +756,17 @@ class PostgresStore(SqlStore, RunTransfer):
         """
         statement = POSTGRES.for_driver(sql)
         return self._retrying(lambda: self._execute_autocommit(statement, params, rows=True))
+
+    def _write_effect_rows(self, rows: Sequence[EffectRow], *, replace: bool) -> None:
+        """One autocommitted statement of constant text whatever the row count: the rows go
+        as arrays (psycopg re-parses a multi-row INSERT's text every time, ~4 ms for
+        ``ctx.map``'s batch of 100 rows), in binary (as text, each key is scanned for quoting).
+        Retried if the connection is lost: it inserts once."""
+        first = rows[0]  # the run, checkpoint and time the rows share
+        params = (first.run_id, first.checkpoint_id, first.created_at, [r.key for r in rows],
+                  [r.result for r in rows], [r.hash for r in rows])
+        statement = _INSERT_EFFECT_ARRAYS[replace]
+        self._retrying(lambda: self._execute_autocommit(statement, params))
 
     def _claim_write(self, sql: str, params: Sequence[Any]) -> list[Any]:
         """The claim, planned without bitmap scans, in one round trip (pipelined: the SET

@@ -40,6 +40,9 @@ Optional (a working default here, right for a database with one writer at a time
     transaction running ``write.write_checkpoint``). PostgreSQL writes the common save as one
     statement built from the same plan and hands everything else to
     ``super()._write_prepared``.
+``_write_effect_rows(rows, replace)`` (declared in ``effects.py``, next to its default)
+    Insert a batch of effect records atomically (default: multi-row INSERTs); PostgreSQL
+    sends any number of rows as one statement of constant text, with arrays.
 ``_claim_write(sql, params)``
     The claim statement (default: ``_autocommit_write``); PostgreSQL keeps its plan from
     depending on the runs table's statistics.

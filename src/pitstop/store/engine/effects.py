@@ -139,8 +139,15 @@ class Effects(SqlBackend):
         replace: bool = False,
     ) -> None:
         rows = self._effect_rows(run_id, results, checkpoint_id, time.time())
-        if not rows:
-            return
+        if rows:
+            self._write_effect_rows(rows, replace=replace)
+
+    def _write_effect_rows(self, rows: Sequence[EffectRow], *, replace: bool) -> None:
+        """Backend hook, optional: insert effect rows (of one run, one checkpoint, one time)
+        atomically. Default: one multi-row INSERT autocommitted, a transaction of several
+        when there are more rows than one statement's parameters take. PostgreSQL sends one
+        statement of constant text whatever the row count (``ctx.map`` writes its batches of
+        finished items here)."""
         if len(rows) <= _ONE_STATEMENT_ROWS:
             # One statement, atomic by itself: no BEGIN/COMMIT round trips.
             sql, params = _insert_effects_sql(rows, replace)
