@@ -22,9 +22,10 @@ import asyncio
 import inspect
 import math
 import queue
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from ..errors import MapItemError, SerializationError
@@ -118,13 +119,18 @@ class MapPlan:
 
     # -- what each finished item leaves --------------------------------------------------------
 
-    def finished(self, index: int, outcome: Future[Any] | asyncio.Future[Any]) -> Any:
-        """The result to record for a finished item (``_FAILED`` if there is none)."""
+    def finished(self, index: int, outcome: asyncio.Future[Any]) -> Any:
+        """The result to record for a finished task (``_FAILED`` if there is none)."""
         if outcome.cancelled():
             return _FAILED
         error = outcome.exception()
+        return self.settled(index, error, None if error is not None else outcome.result())
+
+    def settled(self, index: int, error: BaseException | None, value: Any) -> Any:
+        """The result to record for an item that returned ``value`` or raised ``error``
+        (``_FAILED`` if there is none)."""
         if error is None:
-            return outcome.result()
+            return value
         if isinstance(error, Exception) and self.return_exceptions:
             self.results[index] = error  # an item's failure is never recorded: it runs again
         elif self.fatal is None:
@@ -176,70 +182,88 @@ class MapPlan:
 
     def run_threads(self) -> list[Any]:
         todo = iter(self.load())
-        pending: dict[Future[Any], int] = {}
         fn = self.fn
         if self.host.tracer is not None:
             from ..observe import tracing
 
             fn = tracing.map_item(fn, self.name, self.ctx.run_id)
+        items = self.items
         clock = time.perf_counter
         # Mean seconds an item takes (moving average), measured in the worker threads.
         seconds = [math.inf]
+        # An item failed (those queued behind it are not started), or the map is abandoned
+        # (a failed write, an interrupt: the queued ones do not start, the running finish).
+        stop = [False]
+        # Worker threads of our own rather than a ThreadPoolExecutor: no Future (a Condition,
+        # its locks, a callback) per item, which for items of a few µs cost more than they.
+        work: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        completed: queue.SimpleQueue[tuple[int, BaseException | None, Any]] = (
+            queue.SimpleQueue()
+        )
 
-        stop = [False]  # an item failed: those queued behind it are not started
+        def worker() -> None:
+            while (index := work.get()) is not None:
+                if stop[0]:
+                    completed.put((index, None, _FAILED))  # not run, not recorded: it runs
+                    continue  # when the step runs again
+                started = clock()
+                try:
+                    completed.put((index, None, fn(items[index])))
+                except BaseException as exc:  # a Suspend, KeyboardInterrupt... too
+                    if not (self.return_exceptions and isinstance(exc, Exception)):
+                        stop[0] = True
+                    completed.put((index, exc, None))
+                finally:
+                    took = clock() - started
+                    mean = seconds[0]
+                    seconds[0] = took if mean == math.inf else mean + (took - mean) / 16
 
-        def timed(item: Any) -> Any:
-            if stop[0]:
-                return _FAILED  # not run, not recorded: it runs when the step runs again
-            started = clock()
-            try:
-                return fn(item)
-            except BaseException as exc:
-                if not (self.return_exceptions and isinstance(exc, Exception)):
-                    stop[0] = True
-                raise
-            finally:
-                took = clock() - started
-                mean = seconds[0]
-                seconds[0] = took if mean == math.inf else mean + (took - mean) / 16
+        threads: list[threading.Thread] = []
+        in_flight = 0  # queued or running, without an outcome read here yet
 
-        completed: queue.SimpleQueue[Future[Any]] = queue.SimpleQueue()
-        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="pitstop-map") as pool:
+        def top_up(unwritten: int) -> None:
+            # Started without a durable result: those in flight and the `unwritten`.
+            nonlocal in_flight
+            limit = self.concurrency - unwritten + backlog(seconds[0])
+            while self.fatal is None and in_flight < limit:
+                index = next(todo, None)
+                if index is None:
+                    return
+                work.put(index)
+                in_flight += 1
+                if len(threads) < min(self.concurrency, in_flight):
+                    thread = threading.Thread(
+                        target=worker, name=f"pitstop-map_{len(threads)}", daemon=True
+                    )
+                    thread.start()
+                    threads.append(thread)
 
-            def top_up(unwritten: int) -> None:
-                # Started without a durable result: what is pending and the `unwritten`.
-                limit = self.concurrency - unwritten + backlog(seconds[0])
-                while self.fatal is None and len(pending) < limit:
-                    index = next(todo, None)
-                    if index is None:
-                        return
-                    future = pool.submit(timed, self.items[index])
-                    pending[future] = index
-                    future.add_done_callback(completed.put)
-
-            try:
+        try:
+            top_up(0)
+            while in_flight:
+                done = [completed.get()]  # finished since the last batch, oldest first
+                while not completed.empty():
+                    done.append(completed.get())
+                in_flight -= len(done)
+                batch = {}
+                for index, error, returned in done:
+                    value = self.settled(index, error, returned)
+                    if value is not _FAILED:
+                        batch[index] = value
+                # Quick items start while this batch is written (those finishing meanwhile
+                # are the next batch: one commit for many); slower ones wait for it, so
+                # that at most `concurrency` of them have started without a durable result.
+                top_up(len(batch))
+                self.record(batch)
                 top_up(0)
-                while pending:
-                    done = [completed.get()]  # finished since the last batch, oldest first
-                    while not completed.empty():
-                        done.append(completed.get())
-                    batch = {}
-                    for future in done:
-                        index = pending.pop(future)
-                        value = self.finished(index, future)
-                        if value is not _FAILED:
-                            batch[index] = value
-                    # Quick items start while this batch is written (those finishing
-                    # meanwhile are the next batch: one commit for many); slower ones wait
-                    # for it, so that at most `concurrency` of them have started without a
-                    # durable result.
-                    top_up(len(batch))
-                    self.record(batch)
-                    top_up(0)
-            except BaseException:
-                for future in pending:  # a failed write or an interrupt: the queued ones
-                    future.cancel()  # do not start (those running finish, unrecorded)
-                raise
+        except BaseException:
+            stop[0] = True  # a failed write or an interrupt: the queued ones do not start
+            raise
+        finally:
+            for _ in threads:
+                work.put(None)
+            for thread in threads:  # those running finish (unrecorded)
+                thread.join()
         return self.outcome()
 
     # -- async functions: tasks on the event loop ------------------------------------------------
