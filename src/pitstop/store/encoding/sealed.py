@@ -11,9 +11,10 @@ What it covers, exactly: the bytes in the blob store, i.e. every value of at lea
 ``blob_threshold`` stored bytes (1 MiB by default) and every chunk of a large array or
 buffer; and, in the database, the records of a run (inputs, effects' results, attached
 writes: :meth:`Encryption.seal_small`, under a keyed content address,
-:meth:`Encryption.address`), sealed by the value codec whichever the backend. The state's
-values kept in the database (small fields, a conversation's small chunks) and their content
-keys, run ids, step names, metadata and sizes stay plaintext there.
+:meth:`Encryption.address`) and the state's values kept there (inline fields,
+:meth:`Encryption.seal_small`; value rows and chunks, :meth:`Encryption.seal_row`), sealed
+by the value codec whichever the backend (:mod:`pitstop.store.encoding.sealing`). The
+state's content keys, run ids, step names, metadata and sizes stay plaintext there.
 
 A sealed value is ``magic (4) | key id (16, NUL-padded) | nonce (12) | ciphertext | tag (16)``:
 a fixed 48 bytes more than the value, so a row's recorded size still locates it in its pack.
@@ -175,6 +176,37 @@ class Encryption:
         body: bytes = self._ciphers[self.current].encrypt(nonce, data, key)
         return MAGIC + _padded(self.current) + nonce + body
 
+    def seal_row(self, key: bytes, data: bytes) -> bytes:
+        """A row of the value table (a small value or chunk of a state, under its content
+        key ``key``) sealed under the current key, bound to ``key``: :meth:`seal_small`'s
+        layout, with the nonce a keyed BLAKE2b of ``key`` and ``data`` (a synthetic IV) in
+        place of a random one. The same value sealed twice under one key is then the same
+        bytes: a save that sends a chunk stored already (another run's, a fork's) finds it
+        equal where the row's bytes are compared (PostgreSQL's one-statement save, the
+        collision check), which a random nonce would report as a clash every time. Equal
+        rows are one row anyway (their key says so), so this tells nobody more; distinct
+        values get distinct nonces but with the chance of a 96-bit collision."""
+        hasher = hashlib.blake2b(bytes((len(key),)) + key, digest_size=_NONCE_SIZE,
+                                 key=self._derived(b"pitstop row nonce v1"))
+        hasher.update(data)
+        nonce = hasher.digest()
+        body: bytes = self._ciphers[self.current].encrypt(nonce, data, key)
+        return MAGIC + _padded(self.current) + nonce + body
+
+    def _derived(self, info: bytes) -> bytes:
+        """A 32-byte secret for ``info`` derived from the current key by HKDF-SHA256 (kept
+        apart from the AES key, and from each other)."""
+        secret = self._address_keys.get(self.current + "\0" + info.decode())
+        if secret is None:
+            from cryptography.hazmat.primitives import hashes
+            from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+            secret = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(
+                bytes(self.keys[self.current])
+            )
+            self._address_keys[self.current + "\0" + info.decode()] = secret
+        return secret
+
     def address(self, format_id: int, raw: bytes) -> bytes:
         """The content key of a value a sealed store keeps in the database, in place of
         :func:`pitstop.serde.digest`'s SHA-256 (32 bytes too): BLAKE2b-256 keyed with a
@@ -185,16 +217,7 @@ class Encryption:
         HKDF keeps the address secret apart from the AES key. A key rotation changes the
         addresses of new values only: an address is never recomputed on reading (the seal
         binds it, as authenticated data), so ``rekey`` leaves it as it is."""
-        secret = self._address_keys.get(self.current)
-        if secret is None:
-            from cryptography.hazmat.primitives import hashes
-            from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-
-            secret = HKDF(
-                algorithm=hashes.SHA256(), length=32, salt=None,
-                info=b"pitstop content address v1",
-            ).derive(bytes(self.keys[self.current]))
-            self._address_keys[self.current] = secret
+        secret = self._derived(b"pitstop content address v1")
         hasher = hashlib.blake2b(bytes((format_id,)), digest_size=32, key=secret)
         hasher.update(raw)
         return hasher.digest()

@@ -13,7 +13,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from ...delta import Append, Applied, dirty_positions
-from ...errors import CorruptCheckpointError, MalformedValueError, SerializationError
+from ...errors import (
+    CorruptCheckpointError,
+    EncryptionKeyError,
+    MalformedValueError,
+    SerializationError,
+)
 from ...model import Checkpoint
 from ...serde import Serializer, digest, frame, partchunks, unframe
 from ...serde import chunks as chunking
@@ -42,10 +47,10 @@ from .records import (
     is_chunk_key,
     stored_hashes,
 )
+from .sealing import INLINE_AAD, Sealing
 
 if TYPE_CHECKING:
     from ...serde.codec import MsgpackSerializer
-    from .sealed import Encryption
 
 
 class RowsReleased(Exception):
@@ -60,7 +65,7 @@ _INLINE_HEADS: dict[int, bytes] = {}
 """Format id -> the frame header of an inline value in that format (a save's every field)."""
 
 
-class ValueCodec:
+class ValueCodec(Sealing):
     """Turns values into stored values and back, verified; a state into a field map.
 
     A stored value is serialised by the store's :class:`~pitstop.serde.Serializer`, framed
@@ -88,11 +93,6 @@ class ValueCodec:
         self._chunk_format = self.serializer.format_id | (
             chunking.SHA256_KEYS if chunk_hash == "sha256" else 0
         )
-        self.sealer: Encryption | None = None
-        """A sealed store's key ring (``encryption=``, set by :meth:`seal`): the values
-        :meth:`encode_value` makes (inputs, effects' results, attached writes) are sealed
-        with it, under a keyed content address
-        (:meth:`~pitstop.store.encoding.sealed.Encryption.address`)."""
         self.seal_chunks = False
         """Seal a grown field's open last chunk instead of extending it (and never make a
         superseded chunk an alias): see :func:`pitstop.serde.chunks.sealed`; and cut dicts
@@ -449,8 +449,8 @@ class ValueCodec:
                     continue
                 try:
                     entries = chunking.unpack_entries(unframe(bytes(data))[1])
-                except ValueError:
-                    continue
+                except (ValueError, EncryptionKeyError):
+                    continue  # the decode names it, with the run and checkpoint
                 for entry in entries:
                     if entry.key not in blobs:
                         out.append(entry.key)
@@ -489,6 +489,9 @@ class ValueCodec:
                 if partial:  # perhaps a node not read (its layout was known then): read all
                     raise RowsReleased
                 raise corrupt(f"chunk {key.hex()[2:18]} is missing from the store")
+            if data[:1] == b"\xff":  # a sealed row the read could not open: say why
+                data = self.opened_frame(key, bytes(data), lambda message: corrupt(
+                    f"chunk {key.hex()[2:18]}: {message}"))
             try:
                 fmt, raw = unframe_view(data if type(data) is bytes else bytes(data))
             except ValueError as exc:
@@ -666,6 +669,8 @@ class ValueCodec:
         if not is_chunk_key(key):
             self.decode_value(data, key, strict=False)
             return
+        if data[:1] == b"\xff":  # a sealed row, as the table holds it
+            data = self.opened_frame(key, bytes(data), CorruptCheckpointError)
         fmt, raw = unframe(bytes(data))
         if not chunking.check_chunk(key, fmt, raw):
             raise CorruptCheckpointError("chunk checksum mismatch (truncated or altered)")
@@ -685,28 +690,12 @@ class ValueCodec:
 
     def encode_value(self, value: Any, *, run_id: str, path: str) -> NewBlob:
         """A value as a separately stored, content-addressed blob (inputs, effects). (A
-        sealed store's codec has :meth:`_encode_sealed` in its place: see :meth:`seal`.)"""
+        sealed store's codec has :meth:`encode_sealed` in its place: see :meth:`seal`.)"""
         raw = self._dumps(value, run_id, path)
         fmt = self.serializer.format_id
         return NewBlob(
             digest(fmt, raw), frame(raw, fmt, compress_threshold=self.compress_threshold)
         )
-
-    def _encode_sealed(self, value: Any, *, run_id: str, path: str) -> NewBlob:
-        """:meth:`encode_value` of a sealed store: sealed, under a keyed content address."""
-        assert self.sealer is not None
-        raw = self._dumps(value, run_id, path)
-        fmt = self.serializer.format_id
-        key = self.sealer.address(fmt, raw)
-        framed = frame(raw, fmt, compress_threshold=self.compress_threshold)
-        return NewBlob(key, self.sealer.seal_small(key, framed))
-
-    def seal(self, encryption: Encryption) -> None:
-        """Seal the records this codec encodes from now on with ``encryption`` (a sealed
-        store's ring). :meth:`encode_value` is replaced rather than made to ask on every
-        call: a plain store's records cost what they did."""
-        self.sealer = encryption
-        self.encode_value = self._encode_sealed  # type: ignore[method-assign]
 
     def encode_state(
         self,
@@ -801,7 +790,11 @@ class ValueCodec:
                     continue
                 raws[name] = raw
             if len(raw) < INLINE_MAX:
-                ref = FieldRef(b"", len(raw) + 1, inline_head + raw)  # = frame(raw, fmt)
+                if self.sealer is None:
+                    ref = FieldRef(b"", len(raw) + 1, inline_head + raw)  # = frame(raw, fmt)
+                else:
+                    inline = self.seal_inline(inline_head + raw)
+                    ref = FieldRef(b"", len(inline), inline)
             else:
                 blob = NewBlob(
                     digest(fmt, raw), frame(raw, fmt, compress_threshold=self.compress_threshold)
@@ -813,6 +806,8 @@ class ValueCodec:
                 fields[name] = ref
                 if ref.inline is None:
                     new[blob.hash] = blob
+        if self.sealer is not None and new:
+            new = self.seal_rows(new)
         return fields, new, raws, aliases
 
     def decode_value(
@@ -835,8 +830,14 @@ class ValueCodec:
             raise corrupt(f"value {missing} is missing from the store")
         if type(data) is TextInBlobColumn:
             raise corrupt(f"value {TEXT_IN_BLOB}")
-        if self.sealer is not None and data[:1] == b"\xff":  # (no plain frame's header)
-            fmt, raw = self._open_sealed(data, expected_hash, corrupt)
+        if data[:1] == b"\xff":
+            # Sealed (no plain frame's header): an inline value, or a row the read could not
+            # open (altered, or under a key the ring lacks), named here.
+            try:
+                fmt, raw = unframe(self.opened_frame(
+                    INLINE_AAD if expected_hash is None else expected_hash, data, corrupt))
+            except ValueError as exc:
+                raise corrupt(str(exc)) from None
         else:
             # (Opened without its keys, a sealed value raises EncryptionKeyError here.)
             try:
@@ -849,54 +850,6 @@ class ValueCodec:
         return self._load_raw(
             fmt, raw, strict=strict, checkpoint_id=checkpoint_id, run_id=run_id, field=field
         )
-
-    def _open_sealed(
-        self, data: bytes, expected_hash: bytes | None,
-        corrupt: Callable[[str], CorruptCheckpointError],
-    ) -> tuple[int, bytes]:
-        """The frame of a sealed value, opened: AES-GCM authenticates it and binds it to
-        ``expected_hash`` (its authenticated data), so no digest is computed again. An
-        unknown key id raises :class:`~pitstop.EncryptionKeyError`; an altered value, or
-        one moved from another's place, is damage."""
-        from .sealed import key_id_of
-
-        assert self.sealer is not None
-        plain = None if expected_hash is None else self.sealer.open(expected_hash, data)
-        if plain is None:
-            raise corrupt(
-                f"sealed value fails authentication under key {key_id_of(data)!r} (altered, "
-                "or moved from another value's place)"
-            )
-        try:
-            return unframe(plain)
-        except ValueError as exc:
-            raise corrupt(str(exc)) from None
-
-    def plain_record(self, data: bytes, key: bytes) -> tuple[bytes, bytes]:
-        """``(value, content key)`` of a record (an input, an effect's result, an attached
-        write) as an export carries it: opened if sealed, under its SHA-256, so an archive
-        imports into any store (:meth:`sealed_record` seals it again there)."""
-        if self.sealer is None or data[:1] != b"\xff":
-            return data, key
-        plain = self.sealer.open(key, data)
-        if plain is None:
-            from .sealed import key_id_of
-
-            raise CorruptCheckpointError(
-                f"sealed record {key.hex()[:16]} fails authentication under key "
-                f"{key_id_of(data)!r} (altered, or moved from another value's place)"
-            )
-        fmt, raw = unframe(plain)
-        return plain, digest(fmt, raw)
-
-    def sealed_record(self, data: bytes, key: bytes) -> tuple[bytes, bytes]:
-        """``(value, content key)`` of a plain record (checked against its SHA-256 already:
-        an import's) as a sealed store keeps it (as it is in any other)."""
-        if self.sealer is None or data[:1] == b"\xff":
-            return data, key
-        fmt, raw = unframe(data)
-        address = self.sealer.address(fmt, raw)
-        return self.sealer.seal_small(address, data), address
 
     def _list_from_rows(
         self,
@@ -1020,7 +973,20 @@ class ValueCodec:
         record.verify()
         fields = record.field_map()
         consume = consume and sum(ref.manifest is not None for ref in fields.values()) == 1
-        state = {
+        try:
+            state = self._decode_fields(record, fields, blobs, strict=strict, consume=consume,
+                                        partial=partial)
+        except EncryptionKeyError as exc:
+            raise EncryptionKeyError(
+                f"run {record.run_id!r}: checkpoint {record.id}: {exc}", key_id=exc.key_id
+            ) from None
+        return record.checkpoint(state)
+
+    def _decode_fields(
+        self, record: CheckpointRecord, fields: FieldMap, blobs: Mapping[bytes, Stored], *,
+        strict: bool, consume: bool, partial: bool,
+    ) -> dict[str, Any]:
+        return {
             name: self.decode_value(
                 ref.inline if ref.inline is not None else _bytes_of(blobs.get(ref.hash)),
                 None if ref.inline is not None else ref.hash,
@@ -1042,7 +1008,6 @@ class ValueCodec:
             )
             for name, ref in fields.items()
         }
-        return record.checkpoint(state)
 
 
 _FIRST: Final = operator.itemgetter(0)
