@@ -4,10 +4,11 @@ with the blobs in a directory and in a bucket (moto's S3 server on loopback)."""
 from __future__ import annotations
 
 import base64
+import functools
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -47,19 +48,8 @@ def blobs(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def opener(shared_url: str, blobs: str) -> Iterator[Callable[..., pitstop.Store]]:
-    opened: list[pitstop.Store] = []
-
-    def open_(**options: Any) -> pitstop.Store:
-        options.setdefault("blobs", blobs)
-        options.setdefault("blob_threshold", 100_000)
-        store = pitstop.open_store(shared_url, **options)
-        opened.append(store)
-        return store
-
-    yield open_
-    for store in opened:
-        store.close()
+def opener(open_shared: Callable[..., pitstop.Store], blobs: str) -> Callable[..., pitstop.Store]:
+    return functools.partial(open_shared, blobs=blobs, blob_threshold=100_000)
 
 
 def stored_bytes(blobs: str) -> list[tuple[str, bytes]]:

@@ -5,8 +5,9 @@ are read back to check that no plaintext and no plain hash is left in them."""
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -39,18 +40,9 @@ def ring(*ids: str) -> Encryption:
 
 
 @pytest.fixture
-def opener(shared_url: str, tmp_path: Path) -> Iterator[Callable[..., pitstop.Store]]:
-    opened: list[pitstop.Store] = []
-
-    def open_(**options: Any) -> pitstop.Store:
-        options.setdefault("blobs", str(tmp_path / "blobs"))
-        store = pitstop.open_store(shared_url, **options)
-        opened.append(store)
-        return store
-
-    yield open_
-    for store in opened:
-        store.close()
+def opener(open_shared: Callable[..., pitstop.Store], tmp_path: Path
+           ) -> Callable[..., pitstop.Store]:
+    return functools.partial(open_shared, blobs=str(tmp_path / "blobs"))
 
 
 def raw_records(store: pitstop.Store) -> list[tuple[bytes, bytes]]:

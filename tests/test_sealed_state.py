@@ -6,10 +6,11 @@ there. ``rekey`` seals them again; a wrong key is refused naming the run and che
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,18 +37,9 @@ def ring(*ids: str, keys: dict[str, bytes] | None = None) -> Encryption:
 
 
 @pytest.fixture
-def opener(shared_url: str, tmp_path: Path) -> Iterator[Callable[..., pitstop.Store]]:
-    opened: list[pitstop.Store] = []
-
-    def open_(**options: Any) -> pitstop.Store:
-        options.setdefault("blobs", str(tmp_path / "blobs"))
-        store = pitstop.open_store(shared_url, **options)
-        opened.append(store)
-        return store
-
-    yield open_
-    for store in opened:
-        store.close()
+def opener(open_shared: Callable[..., pitstop.Store], tmp_path: Path
+           ) -> Callable[..., pitstop.Store]:
+    return functools.partial(open_shared, blobs=str(tmp_path / "blobs"))
 
 
 def fill(store: pitstop.Store) -> list[str]:
