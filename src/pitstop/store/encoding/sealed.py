@@ -61,9 +61,12 @@ OVERHEAD: Final = len(MAGIC) + _KEY_ID_SIZE + _NONCE_SIZE + _TAG_SIZE
 _PARALLEL_FROM: Final = 8 << 20
 """Bytes of a save from which values are sealed by several threads (or, into a directory,
 streamed: sealed by one thread while another writes)."""
-_STREAM_BATCH: Final = 2 << 20
-"""Bytes sealed into one of a streamed save's two buffers while the other is written (2 MiB:
-still in the cache when written; 1, 8 and 32 MiB were slower)."""
+_STREAM_BUFFERS: Final = 2
+_STREAM_BATCH: Final = 8 << 20
+"""Bytes sealed into one of a streamed save's buffers while another is written. Batches of
+1 to 64 MiB and two to eight buffers were tried at load 12-16 on 2 cores: none was
+consistently faster than another (sealing one batch after writing the last, on one thread,
+was slower than all)."""
 
 
 class _Nonces:
@@ -369,12 +372,13 @@ class SealedBlobStore(BlobStore):
 
     def _put_streamed(self, inner: Any, keys: list[bytes], sizes: list[int],
                       todo: dict[bytes, Pieces], sync: bool) -> dict[bytes, Slot]:
-        """A large save into a directory: one pack, its values sealed a batch of ~2 MiB at a
-        time into one of two buffers by a thread while this one writes the other batch to
+        """A large save into a directory: one pack, its values sealed a batch of ~8 MiB at a
+        time into one of a few buffers by a thread while this one writes another batch to
         the file. Sealing the whole save into a buffer of its own first took ~0.6-1.4 s of
         page faults for 256 MiB on the loaded 2-core machine, where sealing into a buffer
         used again took 0.09 s (bench/encryption.py: a sealed save 1.83-2.05x the plain
-        one, then ~1.1-1.3x)."""
+        one before, 1.2-1.8x after, at load 12-16; docs/benchmarks.md)."""
+        from collections import deque
         from concurrent.futures import ThreadPoolExecutor
 
         groups: list[range] = []
@@ -387,7 +391,8 @@ class SealedBlobStore(BlobStore):
         if start < len(keys):
             groups.append(range(start, len(keys)))
         capacity = max(sum(sealed_size(sizes[i]) for i in group) for group in groups)
-        buffers = [memoryview(bytearray(capacity)) for _ in range(min(2, len(groups)))]
+        buffers = [memoryview(bytearray(capacity))
+                   for _ in range(min(_STREAM_BUFFERS, len(groups)))]
 
         def seal(number: int) -> list[memoryview]:
             buffer = buffers[number % len(buffers)]
@@ -400,15 +405,15 @@ class SealedBlobStore(BlobStore):
             return out
 
         def batches() -> Iterator[list[memoryview]]:
-            # Group g+1 is sealed into the buffer group g-1 was written from: the writer
-            # asks for group g only once it has written group g-1.
+            # The sealing thread runs up to a buffer per batch ahead of the writer; batch n
+            # takes the buffer batch n - len(buffers) was written from, once it has been.
+            ahead = len(buffers)
             with ThreadPoolExecutor(1) as pool:
-                pending = pool.submit(seal, 0)
+                pending = deque(pool.submit(seal, number) for number in range(ahead))
                 for number in range(len(groups)):
-                    views = pending.result()
-                    if number + 1 < len(groups):
-                        pending = pool.submit(seal, number + 1)
-                    yield views
+                    yield pending.popleft().result()
+                    if number + ahead < len(groups):  # (batch `number` is written now)
+                        pending.append(pool.submit(seal, number + ahead))
 
         slots = inner.put_pack_streamed(
             [(key, size + OVERHEAD) for key, size in zip(keys, sizes, strict=True)],
