@@ -5,6 +5,7 @@ checkpoint in one run.
     .venv/bin/python bench/training.py            # 256 MiB state, 3 interleaved rounds
     .venv/bin/python bench/training.py --quick    # 64 MiB, 1 round, shorter loops
     .venv/bin/python bench/training.py --large-only --rounds 5   # section 1 alone
+    .venv/bin/python bench/training.py --small-model --rounds 15 # the ~5 MB model alone
 
 Every figure of a round is taken right after the others of that round, and ratios are
 medians of per-round ratios: on a shared 2-core machine absolute times swing widely, ratios
@@ -149,6 +150,63 @@ def dcp_save(torch: Any, state_dict: dict[str, Any], path: Path) -> float | None
         return None
 
 
+# -- 1b. a small model saved in the loop ----------------------------------------------------------
+
+
+def small_model(torch: Any) -> dict[str, Any]:
+    """A nanoGPT-shaped ``state_dict`` (4 layers, 160 wide, 65 tokens, 256 positions): 5.1 MB
+    of float32 in tensors of 41-410 KB and a few small ones."""
+    n_layer, n_embd, block, vocab = 4, 160, 256, 65
+    gen = torch.Generator().manual_seed(0)
+    sd = {"transformer.wte.weight": torch.randn(vocab, n_embd, generator=gen),
+          "transformer.wpe.weight": torch.randn(block, n_embd, generator=gen)}
+    for i in range(n_layer):
+        p = f"transformer.h.{i}."
+        for name, shape in (
+            ("ln_1.weight", (n_embd,)), ("attn.c_attn.weight", (3 * n_embd, n_embd)),
+            ("attn.c_proj.weight", (n_embd, n_embd)), ("ln_2.weight", (n_embd,)),
+            ("mlp.c_fc.weight", (4 * n_embd, n_embd)), ("mlp.c_proj.weight", (n_embd, 4 * n_embd)),
+        ):
+            sd[p + name] = torch.randn(*shape, generator=gen)
+    sd["transformer.ln_f.weight"] = torch.randn(n_embd, generator=gen)
+    return sd
+
+
+def small_model_rounds(rounds: int, tmp: Path, torch: Any) -> dict[str, list[float]]:
+    """``Checkpointer.save`` (synchronous, ``full``, the default retention) of the small model
+    against ``torch.save`` to a file + fsync, interleaved; every weight changes between saves
+    (as a training step changes them). Also the store's default ``blob_threshold`` against
+    1 MiB (the default before the tensors went to the blob directory from 128 KiB)."""
+    sd = small_model(torch)
+    times: dict[str, list[float]] = {}
+    ckpts = {
+        "Checkpointer.save (full)": pitstop.Checkpointer(
+            f"sqlite:///{tmp / 'small.db'}?durability=full", "train"),
+        "Checkpointer.save (full), blob_threshold=1 MiB": pitstop.Checkpointer(
+            f"sqlite:///{tmp / 'small1m.db'}?durability=full&blob_threshold=1048576", "train"),
+    }
+    pt = tmp / "small.pt"
+
+    def torch_save() -> None:
+        torch.save(sd, pt)
+        fsync_file(pt)
+
+    with torch.no_grad():
+        for r in range(rounds + 1):  # the first round writes every chunk anew: not counted
+            for t in sd.values():
+                t.add_(0.001)
+            took = {"torch.save + fsync": timed(torch_save, settle=True)}
+            for name, ckpt in ckpts.items():
+                took[name] = timed(lambda c=ckpt, r=r: c.save({"model": sd, "step": r}),
+                                   settle=True)
+            if r:
+                for name, seconds in took.items():
+                    times.setdefault(name, []).append(seconds)
+    for ckpt in ckpts.values():
+        ckpt.close()
+    return times
+
+
 # -- 2. async snapshot: time the loop is blocked -------------------------------------------------
 
 
@@ -245,6 +303,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--large-only", action="store_true", help="only the 256 MiB save/load")
+    parser.add_argument("--small-model", action="store_true",
+                        help="only Checkpointer.save of a ~5 MB model against torch.save")
     parser.add_argument("--rounds", type=int, default=None)
     args = parser.parse_args()
     size = (64 if args.quick else 256) * MiB
@@ -254,6 +314,22 @@ def main() -> None:
     data: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp_name:
         tmp = Path(tmp_name)
+        if args.small_model:
+            if torch is None:
+                raise SystemExit("--small-model needs torch")
+            small_rounds = args.rounds or 15
+            print(f"Checkpointer.save of a ~5 MB model, {small_rounds} rounds", flush=True)
+            small = small_model_rounds(small_rounds, tmp, torch)
+            peer = small["torch.save + fsync"]
+            markdown = table(["operation", "median", "vs torch.save + fsync (<= 1.5x)"], [
+                [name, fmt_time(statistics.median(series)), f"{median_ratio(series, peer):.2f}x"]
+                for name, series in small.items()
+            ] + [["load average", f"{os.getloadavg()[0]:.1f}", ""]])
+            print(markdown)
+            out = save_results("training", "bench/training.py --small-model",
+                               {"small_model": small}, markdown)
+            print(f"results: {out}")
+            return
         print(f"1. save/load of a {size // MiB} MiB float32 state, {rounds} rounds", flush=True)
         big = large_state_rounds(size, rounds, tmp, torch)
         base = {"full": big["np.save + fsync"], "normal": big["np.save"], "load": big["np.load"]}

@@ -197,6 +197,33 @@ def test_sqlite_keeps_large_chunks_beside_the_file_by_default(tmp_path: Path) ->
     assert not (tmp_path / "in.db-blobs").exists()
 
 
+def test_sqlite_writes_a_small_models_tensors_once(tmp_path: Path) -> None:
+    """Tensors of a few hundred KB (a small model's) go to one pack a save, not into the
+    file, where SQLite writes every row twice (the WAL, then the database)."""
+    rng = np.random.default_rng(3)
+    model = {f"layer{i}": rng.standard_normal(40_000 + 20_000 * i, dtype=np.float32)
+             for i in range(4)}  # 160-400 KB each
+    model["bias"] = np.zeros(1000, dtype=np.float32)  # 4 KB: stays in the table
+    path = tmp_path / "runs.db"
+    with pitstop.open_store(f"sqlite:///{path}?durability=full") as store:
+        for step in range(3):
+            model["layer0"] += 1  # one tensor changed a save: only its chunk is written
+            store.save("train", {"model": model, "step": step})
+        with sqlite3.connect(path) as db:
+            in_table = db.execute("SELECT SUM(LENGTH(data)) FROM pitstop_blobs").fetchone()[0]
+        loaded = store.latest("train")
+        assert loaded is not None
+        same(model, loaded.state["model"])
+        assert store.verify() == []
+    tensors = sum(a.nbytes for a in model.values())
+    assert in_table < 16_000  # the bias, the skeleton, the manifest nodes
+    # the first save's tensors in one pack; each later save's one changed tensor in a file
+    written = sorted((f for f in (tmp_path / "runs.db-blobs").rglob("*") if f.is_file()),
+                     key=lambda f: f.stat().st_mtime_ns)
+    sizes = [f.stat().st_size for f in written]
+    assert len(written) == 3 and sizes[0] > tensors - 8_000 and max(sizes[1:]) < 170_000
+
+
 @pytest.mark.slow
 def test_sha256_chunk_keys_when_asked(shared_url: str) -> None:
     """chunk_hash="sha256": new chunks are keyed (and checked) with SHA-256; chunks written

@@ -253,3 +253,49 @@ def test_stream_checkpoints_are_spans(store: Store, spans: InMemorySpanExporter)
     assert last["pitstop.run.id"] == "traced-stream/0"
     assert last["pitstop.stream.records"] == 30
     assert last["pitstop.checkpoint.id"] == store.latest("traced-stream/0").id
+
+
+@pytest.mark.parametrize("ratio", [0.0, 1.0])
+async def test_an_unsampled_run_makes_no_step_spans_yet_its_steps_keep_its_context(
+        store: Store, ratio: float) -> None:
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(ratio)))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    seen: list[tuple[int, bool, bool]] = []
+    wf = Workflow("sampled-or-not")
+
+    def note() -> None:
+        # What the step's code sees, and a span it makes: a child of the run, sampled as
+        # the run was (never a new root sampled on its own).
+        current = trace.get_current_span().get_span_context()
+        with provider.get_tracer("app").start_as_current_span("inside") as inside:
+            seen.append((current.trace_id, inside.get_span_context().trace_id ==
+                         current.trace_id, inside.is_recording()))
+
+    @wf.step
+    def first(state: dict[str, Any]) -> dict[str, Any]:
+        note()
+        return {"a": 1}
+
+    @wf.step
+    async def second(state: dict[str, Any]) -> dict[str, Any]:
+        note()
+        return {"b": 2}
+
+    tracing.enable(provider)
+    try:
+        assert (await wf.astart(store, {})).status is RunStatus.COMPLETED
+    finally:
+        tracing.disable()
+        tracing._settings.forced = None
+    names = sorted(s.name for s in exporter.get_finished_spans())
+    assert len(seen) == 2 and all(trace_id != 0 and same for trace_id, same, _ in seen)
+    if ratio == 0.0:
+        assert names == []
+        assert not any(recording for _, _, recording in seen)
+    else:
+        assert names.count("pitstop.step first") == names.count("pitstop.step second") == 1
+        assert names.count("inside") == 2 and "pitstop.checkpoint.save" in names
+        assert all(recording for _, _, recording in seen)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -36,6 +37,21 @@ def test_the_wal_is_checkpointed_by_a_thread_of_the_store(tmp_path: Path) -> Non
     assert len(_checkpoint_threads()) == before  # close() ends the thread
     with pitstop.open_store(f"sqlite:///{path}") as again:
         assert again.latest("r").state["i"] == 2999  # type: ignore[union-attr]
+
+
+def test_the_thread_checkpoints_more_often_for_larger_transactions(tmp_path: Path) -> None:
+    # What a commit at the WAL's bound copies itself is what the thread has not: the thread
+    # paces itself to about 256 WAL pages between its checkpoints, not a fixed 128 commits.
+    with pitstop.open_store(f"sqlite:///{tmp_path / 'runs.db'}") as store:
+        assert isinstance(store, SQLiteStore) and store._wal is not None
+        assert store._wal.every == 128
+        deadline = time.monotonic() + 60  # not a speed check: the thread may be starved
+        i = 0
+        while store._wal.runs < 3 and time.monotonic() < deadline:
+            store.save("r", {"i": i, "blob": os.urandom(40_000)})  # ~11 pages a save
+            i += 1
+        assert store._wal.runs >= 3
+        assert 1 <= store._wal.every <= 40
 
 
 def test_a_store_that_only_reads_starts_no_thread(tmp_path: Path) -> None:

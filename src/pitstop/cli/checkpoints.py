@@ -276,7 +276,7 @@ def history(s: Session, run_id: str, limit: int) -> None:
     run_id = run.id
     entries = store.history(run_id, limit=limit + 1 if limit else None)
     more = bool(limit) and len(entries) > limit
-    entries = entries[:limit] if limit else entries
+    read, entries = entries, entries[:limit] if limit else entries
     unicode = s.out.rich or (sys.stdout.encoding or "").lower().replace("-", "") == "utf8"
     graph = layout(entries, head_id=run.head_id, ends_here=ends_here,
                    glyphs=UNICODE if unicode else ASCII)
@@ -294,9 +294,11 @@ def history(s: Session, run_id: str, limit: int) -> None:
             "more": more,
         })
         return
+    from pitstop.observe.timelines import step_times
     from pitstop.store.contract.lookup import short_ids
 
     shown = short_ids(e.id for e in entries)  # unique in the listing, lengthened if need be
+    times = step_times(read[::-1])  # (a LangGraph step's: from its parent's timestamp)
     rows = []
     for entry, row in zip(entries, graph, strict=True):
         meta = entry.metadata
@@ -308,7 +310,7 @@ def history(s: Session, run_id: str, limit: int) -> None:
             entry.source or "-",
             status_cell(meta.get("status")),
             local_time(entry.created_at),
-            duration(_seconds(meta.get("duration"))),
+            duration(times[entry.id][1] if entry.id in times else None),
             human_bytes(entry.size),
             "+" + human_bytes(entry.added),
             ", ".join(entry.tags) or "-",

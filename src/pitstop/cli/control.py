@@ -352,6 +352,12 @@ def worker(s: Session, specs: tuple[str, ...], concurrency: int, limits: tuple[s
     store = s.store()
     if metrics_port is not None:
         _serve_metrics(store, metrics_port, metrics_address)
+    else:
+        # OpenTelemetry metrics set up around the worker (opentelemetry-instrument) observe
+        # its store's gauges too; read only when a reader collects, nothing otherwise.
+        from pitstop.observe import metrics
+
+        metrics.watch(store)
     # (--child-grace's default is Worker's CHILD_GRACE, written out: the CLI does not import
     # the runtime to build its help; a test checks they agree.)
     stats = Worker(store, workflows, concurrency=concurrency, poll_interval=poll,

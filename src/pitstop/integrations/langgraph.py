@@ -84,6 +84,7 @@ import contextlib
 import hashlib
 import heapq
 import json
+import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from functools import lru_cache
 from typing import Any, Final, NamedTuple, TypeVar, cast
@@ -275,6 +276,9 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         # the writes made on it concurrently, so its put may land after the interrupt: it
         # must not mark the run running again.
         self._interrupted: BoundedCache[bool] = BoundedCache(2048)
+        # Checkpoint -> when get_tuple read it (as an invocation starts): the timeline's start
+        # of the step continuing it (``langgraph.started``; others start at their parent's ts).
+        self._read_at: BoundedCache[float] = BoundedCache(2048)
         self._forks = ForkGuard()  # see "No silent forks" in the module docs
         # (run id, channel) -> the list channel as last written there (_Items).
         self._items: BoundedCache[_Items] = BoundedCache(1024)
@@ -463,6 +467,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         values = self._decode_values(stored.state)
         checkpoint = cast(Checkpoint, {**frame, "id": checkpoint_id, "channel_values": values})
         self._remember(stored.id, stored.state, frame, running=False)
+        self._read_at.put(stored.id, time.time())
         if "parent" in lg:
             parent = lg["parent"]
         else:
@@ -599,6 +604,8 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
             and not self._interrupted.get(parent_id)
             else RunStatus.RUNNING
         )
+        if status is not None and parent_id and (began := self._read_at.get(parent_id)):
+            lg["started"] = began  # (not on a loop's ordinary put: status is None there)
         stored = stored_id(checkpoint_id, run_id)
         # Pending writes held for this put (see langgraph_writes): on this very checkpoint
         # (made before its put, durability="async") and on written ones (its parent's),

@@ -1,11 +1,13 @@
-"""Prometheus metrics: what runs do (counted as they do it) and where the store stands (read
-when scraped).
+"""Metrics, in Prometheus' format and through OpenTelemetry: what runs do (counted as they
+do it) and where the store stands (read when scraped or collected).
 
-Turned on by :func:`enable` (``pitstop worker --metrics-port N`` and ``pitstop ui`` do it);
-until then nothing here is imported by the runtime, and each step and save checks one
-attribute. Metrics live in their own registry (:func:`registry`), exposed by
-:func:`serve` or :func:`exposition`. Labels are bounded: workflow names, statuses, step
-sources; never a run id.
+Prometheus: turned on by :func:`enable` (``pitstop worker --metrics-port N`` and ``pitstop
+ui`` do it); metrics live in their own registry (:func:`registry`), exposed by :func:`serve`
+or :func:`exposition`. OpenTelemetry: on once the application sets a global meter provider
+(as traces are), or after :func:`enable_otel`; the same instruments, names and labels (as
+attributes) on a meter named ``pitstop``. Until one of them is on nothing here imports
+either package, and each step and save checks one attribute. Labels are bounded: workflow
+names, statuses, step sources; never a run id.
 
 Counted by the runtime (in this process):
 
@@ -23,7 +25,8 @@ Counted by the runtime (in this process):
 ``pitstop_stream_lag``                 gauge       stream, partition (records behind)
 =====================================  ==========  ===============================
 
-Read from the store at each scrape (one grouped query and two MIN queries):
+Read from the watched stores at each scrape or collection (one grouped query and two MIN
+queries):
 
 =====================================  ==========  ===============================
 ``pitstop_runs``                       gauge       workflow, status
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -107,53 +111,147 @@ class _HistogramCollector:
         yield family
 
 
-class Metrics:
-    """The metric objects, and per-workflow children cached for the hot path."""
+# The runtime's instruments, the same in every sink: (attribute, name, kind, description,
+# labels, OpenTelemetry unit). Prometheus adds ``_total`` to a counter's name when it
+# exposes it; OpenTelemetry instruments carry the name as is.
+_SPECS: tuple[tuple[str, str, str, str, tuple[str, ...], str], ...] = (
+    ("steps", "pitstop_steps", "counter", "Steps executed", ("workflow", "outcome"), "{step}"),
+    ("checkpoints", "pitstop_checkpoints", "counter", "Checkpoints written",
+     ("workflow", "status"), "{checkpoint}"),
+    ("checkpoint_seconds", "pitstop_checkpoint_seconds", "histogram",
+     "Time a checkpoint took (serialise and write)", ("workflow",), "s"),
+    ("checkpoint_bytes", "pitstop_checkpoint_bytes", "histogram",
+     "Bytes a checkpoint added to the store", ("workflow",), "By"),
+    ("takeovers", "pitstop_lease_takeovers", "counter",
+     "Runs taken over from an owner that died", ("workflow",), "{run}"),
+    ("size_warnings", "pitstop_size_warnings", "counter",
+     "Checkpoints or fields past their size_warning", ("workflow", "kind"), "{warning}"),
+    ("cache_hits", "pitstop_cache_hits", "counter",
+     "Steps (kind=step) and ctx.cached calls (kind=call) served from the cache", ("kind",),
+     "{lookup}"),
+    ("cache_misses", "pitstop_cache_misses", "counter",
+     "Cached steps and calls computed here (nothing cached)", ("kind",), "{lookup}"),
+    ("effects", "pitstop_effects", "counter",
+     "ctx.effect calls: run (fn called), replayed (the recorded result returned), repeated "
+     "(fn ran, but another execution had recorded the effect first)", ("workflow", "outcome"),
+     "{call}"),
+    ("stream_checkpoints", "pitstop_stream_checkpoints", "counter",
+     "Stream partition checkpoints written", ("stream",), "{checkpoint}"),
+    ("stream_lag", "pitstop_stream_lag", "gauge",
+     "Records in a partition's source after its checkpoint", ("stream", "partition"),
+     "{record}"),
+)
+_BOUNDS = {"checkpoint_seconds": _SECONDS_BUCKETS, "checkpoint_bytes": _BYTES_BUCKETS}
 
-    def __init__(self) -> None:
+# Read from the watched stores (when scraped or collected): name, description.
+STORE_GAUGES = (
+    ("pitstop_runs", "Runs by workflow and status"),
+    ("pitstop_queue_depth", "Queued runs"),
+    ("pitstop_oldest_queued_seconds", "Age of the oldest queued run"),
+    ("pitstop_oldest_waiting_seconds", "How long the longest-waiting run has waited"),
+)
+SCRAPE_ERRORS = ("pitstop_scrape_errors", "Scrapes that could not read the store")
+
+
+class _Prometheus:
+    """The instruments in a prometheus-client registry of their own."""
+
+    def __init__(self, stores: list[Any]) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge
 
-        self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.steps = Counter("pitstop_steps", "Steps executed", ["workflow", "outcome"],
-                             registry=r)
-        self.checkpoints = Counter("pitstop_checkpoints", "Checkpoints written",
-                                   ["workflow", "status"], registry=r)
-        self.checkpoint_seconds = _HistogramCollector(
-            "pitstop_checkpoint_seconds", "Time a checkpoint took (serialise and write)",
-            _SECONDS_BUCKETS)
-        self.checkpoint_bytes = _HistogramCollector(
-            "pitstop_checkpoint_bytes", "Bytes a checkpoint added to the store", _BYTES_BUCKETS)
-        r.register(self.checkpoint_seconds)
-        r.register(self.checkpoint_bytes)
-        self.takeovers = Counter("pitstop_lease_takeovers",
-                                 "Runs taken over from an owner that died", ["workflow"],
-                                 registry=r)
-        self.size_warnings = Counter("pitstop_size_warnings",
-                                     "Checkpoints or fields past their size_warning",
-                                     ["workflow", "kind"], registry=r)
-        self.cache_hits = Counter("pitstop_cache_hits",
-                                  "Steps (kind=step) and ctx.cached calls (kind=call) served "
-                                  "from the cache", ["kind"], registry=r)
-        self.cache_misses = Counter("pitstop_cache_misses",
-                                    "Cached steps and calls computed here (nothing cached)",
-                                    ["kind"], registry=r)
-        self.effects = Counter("pitstop_effects",
-                               "ctx.effect calls: run (fn called), replayed (the recorded "
-                               "result returned), repeated (fn ran, but another execution "
-                               "had recorded the effect first)", ["workflow", "outcome"],
-                               registry=r)
-        self.stream_checkpoints = Counter("pitstop_stream_checkpoints",
-                                          "Stream partition checkpoints written", ["stream"],
-                                          registry=r)
-        self.stream_lag = Gauge("pitstop_stream_lag",
-                                "Records in a partition's source after its checkpoint",
-                                ["stream", "partition"], registry=r)
-        self.scrape_errors = Counter("pitstop_scrape_errors",
-                                     "Scrapes that could not read the store", registry=r)
-        self._stores: list[Any] = []
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        self.families: dict[str, Any] = {}
+        for attr, name, kind, description, labels, _unit in _SPECS:
+            if kind == "histogram":
+                family: Any = _HistogramCollector(name, description, _BOUNDS[attr])
+                r.register(family)
+            elif kind == "gauge":
+                family = Gauge(name, description, labels, registry=r)
+            else:
+                family = Counter(name, description, labels, registry=r)
+            self.families[attr] = family
+        self.scrape_errors = Counter(*SCRAPE_ERRORS, registry=r)
+        r.register(_StoreCollector(self, stores))
+
+    def child(self, attr: str, labels: tuple[str, ...], values: tuple[str, ...]) -> Any:
+        return self.families[attr].labels(*values)
+
+
+class _Both:
+    """One label set's child in two sinks (Prometheus and OpenTelemetry both on)."""
+
+    __slots__ = ("first", "second")
+
+    def __init__(self, first: Any, second: Any) -> None:
+        self.first, self.second = first, second
+
+    def inc(self, amount: float = 1) -> None:
+        self.first.inc(amount)
+        self.second.inc(amount)
+
+    def observe(self, value: float) -> None:
+        self.first.observe(value)
+        self.second.observe(value)
+
+    def set(self, value: float) -> None:
+        self.first.set(value)
+        self.second.set(value)
+
+
+class _Family:
+    """One instrument in every sink that is on; ``labels(*values)`` gives the child to
+    ``inc()``, ``observe()`` or ``set()`` (looked up once per label set: no lock)."""
+
+    __slots__ = ("attr", "children", "labelnames", "sinks")
+
+    def __init__(self, attr: str, labelnames: tuple[str, ...], sinks: list[Any]) -> None:
+        self.attr, self.labelnames, self.sinks = attr, labelnames, sinks
+        self.children: dict[tuple[str, ...], Any] = {}
+
+    def labels(self, *values: str) -> Any:
+        child = self.children.get(values)
+        if child is None:
+            parts = [sink.child(self.attr, self.labelnames, values) for sink in self.sinks]
+            child = parts[0] if len(parts) == 1 else _Both(*parts)
+            self.children[values] = child  # two threads may both make it: the same child
+        return child
+
+
+class Metrics:
+    """What the runtime records to: Prometheus (a registry of its own), OpenTelemetry (a
+    meter of the given provider), or both; per-workflow children cached for the hot path."""
+
+    steps: _Family
+    checkpoints: _Family
+    checkpoint_seconds: _Family
+    checkpoint_bytes: _Family
+    takeovers: _Family
+    size_warnings: _Family
+    cache_hits: _Family
+    cache_misses: _Family
+    effects: _Family
+    stream_checkpoints: _Family
+    stream_lag: _Family
+
+    def __init__(self, prometheus: bool = True, meter_provider: Any = None) -> None:
+        stores: list[Any] = []
+        self._join(_Prometheus(stores) if prometheus else None,
+                   None if meter_provider is None else _otel_sink(meter_provider, stores),
+                   stores)
+
+    @classmethod
+    def _joined(cls, prometheus: _Prometheus | None, otel: Any, stores: list[Any]) -> Metrics:
+        joined = cls.__new__(cls)
+        joined._join(prometheus, otel, stores)
+        return joined
+
+    def _join(self, prometheus: _Prometheus | None, otel: Any, stores: list[Any]) -> None:
+        self.prometheus, self.otel, self._stores = prometheus, otel, stores
+        self.registry: Any = None if prometheus is None else prometheus.registry
+        sinks = [sink for sink in (prometheus, otel) if sink is not None]
+        for attr, _name, _kind, _description, labels, _unit in _SPECS:
+            setattr(self, attr, _Family(attr, labels, sinks))
         self._by_workflow: dict[str, WorkflowMetrics] = {}
-        r.register(_StoreCollector(self))
 
     def for_workflow(self, workflow: str) -> WorkflowMetrics:
         found = self._by_workflow.get(workflow)
@@ -162,10 +260,9 @@ class Metrics:
         return found
 
     def watch(self, store: Any) -> None:
-        """Report ``store``'s runs, queue and waits at each scrape."""
+        """Report ``store``'s runs, queue and waits at each scrape or collection."""
         if all(known is not store for known in self._stores):
             self._stores.append(store)
-
 
     def cache_lookup(self, kind: str, hit: bool) -> None:
         """A cached step (``kind="step"``) or ``ctx.cached`` call (``"call"``) looked up."""
@@ -176,6 +273,12 @@ class Metrics:
         self.stream_checkpoints.labels(stream).inc()
         if lag is not None:
             self.stream_lag.labels(stream, str(partition)).set(lag)
+
+
+def _otel_sink(provider: Any, stores: list[Any]) -> Any:
+    from .otel_metrics import OtelMetrics
+
+    return OtelMetrics(provider, stores, _SPECS, _BOUNDS)
 
 
 class WorkflowMetrics:
@@ -209,11 +312,46 @@ class WorkflowMetrics:
             self.checkpoint_bytes.observe(added)
 
 
+class StoreGauges:
+    """What the watched stores hold, summed over them: runs by (workflow, status), queued
+    runs, the oldest queued run's age and the longest wait (seconds)."""
+
+    __slots__ = ("oldest_queued", "oldest_waiting", "queued", "runs")
+
+    def __init__(self) -> None:
+        self.runs: dict[tuple[str, str], float] = {}
+        self.queued = self.oldest_queued = self.oldest_waiting = 0.0
+
+
+def read_stores(stores: list[Any]) -> tuple[StoreGauges, int]:
+    """The gauges of ``stores`` and how many of them could not be read (a store down must
+    not fail a scrape: it is logged and counted)."""
+    gauges, failed = StoreGauges(), 0
+    now = time.time()
+    for store in list(stores):
+        try:
+            rows, oldest_queued, oldest_waiting = store._tx(_read_gauges)
+        except Exception as exc:
+            failed += 1
+            log.warning("metrics: could not read %s: %s", getattr(store, "url", store), exc)
+            continue
+        for workflow, status, count in rows:
+            key = (workflow or "", status)
+            gauges.runs[key] = gauges.runs.get(key, 0.0) + float(count)
+            if status == "queued":
+                gauges.queued += float(count)
+        if oldest_queued is not None:
+            gauges.oldest_queued = max(gauges.oldest_queued, now - float(oldest_queued))
+        if oldest_waiting is not None:
+            gauges.oldest_waiting = max(gauges.oldest_waiting, now - float(oldest_waiting))
+    return gauges, failed
+
+
 class _StoreCollector:
     """Gauges read from the watched stores when scraped."""
 
-    def __init__(self, metrics: Metrics) -> None:
-        self.metrics = metrics
+    def __init__(self, prometheus: _Prometheus, stores: list[Any]) -> None:
+        self.prometheus, self.stores = prometheus, stores
 
     def describe(self) -> list[Any]:
         return []  # collected at scrape time only (auto_describe would read the store)
@@ -221,34 +359,19 @@ class _StoreCollector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
-        runs = GaugeMetricFamily("pitstop_runs", "Runs by workflow and status",
-                                 labels=["workflow", "status"])
-        depth = GaugeMetricFamily("pitstop_queue_depth", "Queued runs")
-        queued = GaugeMetricFamily("pitstop_oldest_queued_seconds",
-                                   "Age of the oldest queued run")
-        waiting = GaugeMetricFamily("pitstop_oldest_waiting_seconds",
-                                    "How long the longest-waiting run has waited")
-        totals = {"queued": 0.0, "queued_age": 0.0, "waiting_age": 0.0}
-        now = time.time()
-        for store in list(self.metrics._stores):
-            try:
-                rows, oldest_queued, oldest_waiting = store._tx(_read_gauges)
-            except Exception as exc:  # a store down must not fail the scrape
-                self.metrics.scrape_errors.inc()
-                log.warning("metrics: could not read %s: %s", getattr(store, "url", store), exc)
-                continue
-            for workflow, status, count in rows:
-                runs.add_metric([workflow or "", status], float(count))
-                if status == "queued":
-                    totals["queued"] += float(count)
-            if oldest_queued is not None:
-                totals["queued_age"] = max(totals["queued_age"], now - float(oldest_queued))
-            if oldest_waiting is not None:
-                totals["waiting_age"] = max(totals["waiting_age"], now - float(oldest_waiting))
-        depth.add_metric([], totals["queued"])
-        queued.add_metric([], totals["queued_age"])
-        waiting.add_metric([], totals["waiting_age"])
-        yield from (runs, depth, queued, waiting)
+        gauges, failed = read_stores(self.stores)
+        if failed:
+            self.prometheus.scrape_errors.inc(failed)
+        (runs_name, runs_doc), *ages = STORE_GAUGES
+        runs = GaugeMetricFamily(runs_name, runs_doc, labels=["workflow", "status"])
+        for (workflow, status), count in gauges.runs.items():
+            runs.add_metric([workflow, status], count)
+        yield runs
+        for (name, doc), value in zip(ages, (gauges.queued, gauges.oldest_queued,
+                                              gauges.oldest_waiting), strict=True):
+            family = GaugeMetricFamily(name, doc)
+            family.add_metric([], value)
+            yield family
 
 
 def _read_gauges(tx: Any) -> tuple[list[Any], Any, Any]:
@@ -262,25 +385,94 @@ def _read_gauges(tx: Any) -> tuple[list[Any], Any, Any]:
 
 
 class _Current:
-    metrics: Metrics | None = None
+    metrics: Metrics | None = None  # what the runtime records to; None: off
+    prometheus: _Prometheus | None = None
+    otel: Any = None  # the OpenTelemetry sink (an OtelMetrics), or None
+    otel_forced: bool | None = None  # enable_otel()/disable_otel(); None: on when the
+    # application set a global meter provider
+    provider: Any = None  # the meter provider ``otel`` records to (or last seen)
+    stores: list[Any] = []
 
 
 _current = _Current()
 
 
+def _rejoin() -> None:
+    prometheus, otel = _current.prometheus, _current.otel
+    _current.metrics = None if prometheus is None and otel is None else Metrics._joined(
+        prometheus, otel, _current.stores)
+
+
 def enable(store: Any = None) -> Metrics:
-    """Count what runs in this process do from now on (and report ``store``'s runs, queue
-    and waits when scraped). Needs the ``metrics`` extra (prometheus-client)."""
-    if _current.metrics is None:
-        _current.metrics = Metrics()
+    """Count what runs in this process do from now on, in Prometheus' format (and report
+    ``store``'s runs, queue and waits when scraped). Needs the ``metrics`` extra
+    (prometheus-client)."""
+    if _current.prometheus is None:
+        _current.prometheus = _Prometheus(_current.stores)
+        _rejoin()
     if store is not None:
-        _current.metrics.watch(store)
+        watch(store)
+    assert _current.metrics is not None
     return _current.metrics
+
+
+def enable_otel(meter_provider: Any = None, *, store: Any = None) -> Metrics:
+    """Record the same metrics through OpenTelemetry, to ``meter_provider`` (default: the
+    global one), from now on; with ``store``, its runs, queue and waits are observed at each
+    collection. Needs the ``otel`` extra and an SDK. Without this call, metrics go to the
+    global meter provider once the application sets one (as traces do)."""
+    from opentelemetry import metrics as api
+
+    _current.otel_forced = True
+    _use_otel(meter_provider or api.get_meter_provider())
+    if store is not None:
+        watch(store)
+    assert _current.metrics is not None
+    return _current.metrics
+
+
+def disable_otel() -> None:
+    """Record nothing through OpenTelemetry, even to a global meter provider."""
+    _current.otel_forced, _current.otel, _current.provider = False, None, None
+    _rejoin()
+
+
+def watch(store: Any) -> None:
+    """Report ``store``'s runs, queue depth and oldest queued and waiting ages (read at
+    each scrape or collection: one grouped query and two MIN queries)."""
+    if all(known is not store for known in _current.stores):
+        _current.stores.append(store)
+
+
+def _use_otel(provider: Any) -> None:
+    _current.provider = provider
+    _current.otel = _otel_sink(provider, _current.stores)
+    _rejoin()
 
 
 def current() -> Metrics | None:
-    """The metrics being counted, or None (off: the runtime counts nothing)."""
+    """The metrics being recorded, or None (off: the runtime counts nothing). Looks for an
+    application's meter provider only when ``opentelemetry.metrics`` is imported."""
+    if _current.otel_forced is None:
+        api = sys.modules.get("opentelemetry.metrics")
+        if api is not None:
+            provider = api.get_meter_provider()
+            if provider is not _current.provider:
+                if _records(api, provider):
+                    _use_otel(provider)
+                elif _current.otel is not None:
+                    _current.otel, _current.provider = None, provider
+                    _rejoin()
+                else:
+                    _current.provider = provider
     return _current.metrics
+
+
+def _records(api: Any, provider: Any) -> bool:
+    """Whether ``provider`` records: not the API's default (a proxy until one is set) nor
+    its no-op one."""
+    return not (isinstance(provider, api.NoOpMeterProvider)
+                or type(provider).__name__ == "_ProxyMeterProvider")
 
 
 def registry() -> Any:
@@ -304,4 +496,5 @@ def serve(port: int, *, address: str = "0.0.0.0", store: Any = None) -> Any:
     return server
 
 
-__all__ = ["Metrics", "current", "enable", "exposition", "registry", "serve"]
+__all__ = ["Metrics", "current", "disable_otel", "enable", "enable_otel", "exposition",
+           "registry", "serve", "watch"]

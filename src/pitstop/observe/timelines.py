@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from ..model import CheckpointSummary, Run, RunStatus
@@ -150,6 +151,47 @@ def _mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
+def _langgraph_ts(meta: Mapping[str, Any]) -> float | None:
+    """The ``ts`` LangGraph gave a checkpoint when it made it (PitstopSaver keeps it in
+    ``langgraph.checkpoint``), epoch seconds; None if there is none."""
+    ts = _mapping(_mapping(meta.get("langgraph")).get("checkpoint")).get("ts")
+    if not isinstance(ts, str):
+        return None
+    try:
+        return datetime.fromisoformat(ts).timestamp()
+    except ValueError:
+        return None
+
+
+def step_times(entries: list[CheckpointSummary]) -> dict[str, tuple[float, float]]:
+    """Checkpoint id -> (when its work began, seconds it took), of ``entries`` (oldest
+    first): as the runtime recorded them (``started_at``, ``duration``), or, for a LangGraph
+    superstep saved by PitstopSaver, worked out here from the timestamps LangGraph wrote: from
+    its parent's ``ts`` (or, for an invocation's first step, from when the saver read the
+    parent: ``langgraph.started``) to its own. Nothing is measured at ``put``; a step whose
+    parent is not among ``entries`` has no time."""
+    times: dict[str, tuple[float, float]] = {}
+    stamps: dict[str, float] = {}
+    for entry in entries:
+        meta = entry.metadata
+        started = _ts(meta.get("started_at"))
+        if started is not None:
+            times[entry.id] = (started, _ts(meta.get("duration")) or 0.0)
+            continue
+        ts = _langgraph_ts(meta) if "langgraph" in meta else None
+        if ts is None:
+            continue
+        stamps[entry.id] = ts
+        if entry.source != "loop":
+            continue  # an input, an update_state: no node ran
+        began = _ts(_mapping(meta.get("langgraph")).get("started"))
+        if began is None and entry.parent_id is not None:
+            began = stamps.get(entry.parent_id)
+        if began is not None:
+            times[entry.id] = (began, max(0.0, ts - began))
+    return times
+
+
 def _wait_label(meta: Mapping[str, Any]) -> str:
     if meta.get("source") == "retry":
         return "retry backoff"
@@ -179,12 +221,13 @@ def timeline(
     entries = _history(store, run_id, limit)
     spans: list[Span] = []
     previous_step: int | None = None
+    times = step_times(entries)
     for i, entry in enumerate(entries):
         meta = entry.metadata
-        started = _ts(meta.get("started_at"))
+        timed = times.get(entry.id)
         status = meta.get("status")
-        if started is not None:
-            duration = _ts(meta.get("duration")) or 0.0
+        if timed is not None:
+            started, duration = timed
             name = str(meta.get("step_name") or "")
             detail = ""
             if entry.source == "retry":
@@ -195,7 +238,7 @@ def timeline(
             elif status == RunStatus.FAILED.value:
                 kind, detail = "failed", _error_text(meta)
                 name = str(_mapping(meta.get("error")).get("step") or meta.get("next") or name)
-            elif entry.source == "loop":
+            elif entry.source == "loop" and "langgraph" not in meta:  # a Checkpointer's
                 kind, name = "loop", f"iteration {meta.get('iteration', '?')}"
             else:
                 kind = "step"
@@ -228,9 +271,9 @@ def timeline(
         map_name = _map_name(name)
         if map_name is not None:
             maps.setdefault((step, map_name), []).append(float(created))
-    for (step, map_name), times in maps.items():
-        spans.append(Span("map", map_name, min(times), max(times),
-                          detail=f"{len(times):,} items recorded" + (f" in {step}" if step
+    for (step, map_name), stamps in maps.items():
+        spans.append(Span("map", map_name, min(stamps), max(stamps),
+                          detail=f"{len(stamps):,} items recorded" + (f" in {step}" if step
                                                                      else "")))
     spans.sort(key=lambda span: span.start)
     return spans
@@ -369,4 +412,4 @@ def listed_progress(store: Any, run: Run, head: Any = None) -> str | None:
 
 
 __all__ = ["EFFECT_ROWS_MAX", "Event", "Progress", "Span", "events", "listed_progress",
-           "progress", "timeline"]
+           "progress", "step_times", "timeline"]

@@ -132,9 +132,15 @@ def links_of(metadata: Mapping[str, Any]) -> list[Any]:
 
 class RunSpan:
     """A run attempt's span, started and ended by the engine (a generator: no ``with`` can
-    span its yields, and it must not leave a context attached between them)."""
+    span its yields, and it must not leave a context attached between them).
 
-    __slots__ = ("context", "span")
+    ``traced`` says whether the run's step, save and wait spans are made: not when the run's
+    span was sampled out and the sampler follows the parent (the SDK's default,
+    ``ParentBased``), which would drop them anyway. Those steps then only run inside the
+    run's context (user spans inherit its "not sampled"), and pay no span, no attributes.
+    """
+
+    __slots__ = ("context", "span", "traced")
 
     def __init__(self, tracer: Any, workflow: str, run_id: str, status: str,
                  links: list[Any]) -> None:
@@ -143,6 +149,7 @@ class RunSpan:
             attributes={"pitstop.run.id": run_id, "pitstop.workflow.name": workflow,
                         "pitstop.run.start_status": status})
         self.context = _trace().set_span_in_context(self.span)
+        self.traced = self.span.is_recording() or not _follows_parent(tracer)
 
     def end(self, status: str | None, error: BaseException | None = None) -> None:
         if status is not None:
@@ -150,6 +157,14 @@ class RunSpan:
         if error is not None:
             _error(self.span, error)
         self.span.end()
+
+
+def _follows_parent(tracer: Any) -> bool:
+    """Whether ``tracer`` samples a span as its parent was (the SDK's ``ParentBased``
+    sampler, its default): then an unsampled run's child spans are unsampled too."""
+    sampling = sys.modules.get("opentelemetry.sdk.trace.sampling")
+    return sampling is not None and isinstance(getattr(tracer, "sampler", None),
+                                               sampling.ParentBased)
 
 
 def _error(span: Any, error: BaseException) -> None:
@@ -209,6 +224,34 @@ async def _awaited(awaitable: Any, span: Any, control: tuple[type[BaseException]
         span.end()
 
 
+def in_context(parent: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (a step's invoke) run with ``parent`` (an unsampled run's context) current: the
+    spans it makes are children of the run, sampled as it was; no span of its own."""
+    from opentelemetry import context as otel_context
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        token = otel_context.attach(parent)
+        try:
+            result = fn(*args, **kwargs)
+        finally:
+            otel_context.detach(token)
+        if hasattr(result, "__await__"):
+            return _awaited_in(result, parent)
+        return result
+
+    return call
+
+
+async def _awaited_in(awaitable: Any, parent: Any) -> Any:
+    from opentelemetry import context as otel_context
+
+    token = otel_context.attach(parent)
+    try:
+        return await awaitable
+    finally:
+        otel_context.detach(token)
+
+
 @contextmanager
 def span(name: str, attributes: dict[str, Any], parent: Any = None) -> Iterator[Any]:
     """A span around a block (current inside it), or nothing when tracing is off."""
@@ -226,11 +269,18 @@ def event_span(tracer: Any, parent: Any, name: str, attributes: dict[str, Any]) 
     tracer.start_span(name, context=parent, attributes=attributes).end()
 
 
+_DB_SYSTEMS: dict[type, str] = {}
+
+
 def db_system(store: Any) -> str:
-    """OpenTelemetry's ``db.system.name`` for a store."""
-    name = type(store).__name__.lower()
-    return "postgresql" if "postgres" in name else "sqlite" if "sqlite" in name or \
-        "memory" in name else name
+    """OpenTelemetry's ``db.system.name`` for a store (worked out once per store class)."""
+    kind = type(store)
+    found = _DB_SYSTEMS.get(kind)
+    if found is None:
+        name = kind.__name__.lower()
+        found = _DB_SYSTEMS[kind] = "postgresql" if "postgres" in name else "sqlite" \
+            if "sqlite" in name or "memory" in name else name
+    return found
 
 
 def map_item(fn: Callable[[Any], Any], map_name: str, run_id: str) -> Callable[[Any], Any]:

@@ -104,7 +104,11 @@ def _sum_by_run(tx: Any, sql: str, params: tuple[Any, ...]) -> dict[str, tuple[i
 def runs_usage(store: Any, run_ids: Iterable[str] | None = None, *,
                limit: int | None = None) -> list[RunUsage]:
     """Each run's bytes (all runs, or those named), largest total first; ``limit`` keeps the
-    largest. Five aggregate queries, whatever the store's size."""
+    largest. Seven aggregate queries, whatever the store's size: a scan of the checkpoint
+    rows, of the value rows and of the effect rows, grouped by run (the per-run sums cannot
+    come from indexes), and small ones; the head states' sizes are read for the runs kept
+    only (by their primary keys: on PostgreSQL a join over every run scanned the checkpoints
+    a third time)."""
     ids = list(run_ids) if run_ids is not None else None
     where = "" if ids is None else f" WHERE {{col}} IN ({', '.join('?' * len(ids))})"
     params = tuple(ids or ())
@@ -118,9 +122,6 @@ def runs_usage(store: Any, run_ids: Iterable[str] | None = None, *,
         checkpoints = _sum_by_run(
             tx, f"SELECT run_id, COUNT(*), SUM({_RECORD_BYTES}) FROM pitstop_checkpoints"
                 f"{clause('run_id')} GROUP BY run_id", params)
-        heads = _sum_by_run(
-            tx, "SELECT r.run_id, c.size FROM pitstop_runs r JOIN pitstop_checkpoints c "
-                f"ON c.run_id = r.run_id AND c.id = r.head_id{clause('r.run_id')}", params)
         new = _sum_by_run(
             tx, f"SELECT b.run_id, SUM({_VALUE_BYTES}) FROM pitstop_blobs b"
                 f"{clause('b.run_id') if ids is not None else ' WHERE b.run_id IS NOT NULL'}"
@@ -141,12 +142,32 @@ def runs_usage(store: Any, run_ids: Iterable[str] | None = None, *,
             found.append(RunUsage(
                 run_id, workflow, status, count, records, new.get(run_id, (0,))[0],
                 shared.get(run_id, (0,))[0], effects.get(run_id, (0,))[0],
-                inputs.get(run_id, (0,))[0], heads.get(run_id, (0,))[0]))
-        return found
+                inputs.get(run_id, (0,))[0]))
+        found.sort(key=lambda usage: (-usage.total, usage.run_id))
+        kept = found[:limit] if limit else found
+        _head_sizes(tx, kept, every=ids is None and not limit)
+        return kept
 
-    found: list[RunUsage] = store._tx(read)
-    found.sort(key=lambda usage: (-usage.total, usage.run_id))
-    return found[:limit] if limit else found
+    return store._tx(read)  # type: ignore[no-any-return]
+
+
+_HEADS = ("SELECT r.run_id, c.size FROM pitstop_runs r JOIN pitstop_checkpoints c "
+          "ON c.run_id = r.run_id AND c.id = r.head_id")
+
+
+def _head_sizes(tx: Any, usages: list[RunUsage], *, every: bool) -> None:
+    """Fill in ``head_size``: of every run in one join (``every``), else of these runs by
+    their keys, in chunks of the dialect's bound."""
+    by_id = {usage.run_id: usage for usage in usages}
+    if every:
+        rows = tx.all(_HEADS)
+    else:
+        rows = tx.in_chunks(_HEADS + " WHERE r.run_id IN ({in})", list(by_id)) if by_id \
+            else []
+    for run_id, size in rows:
+        usage = by_id.get(str(run_id))
+        if usage is not None:
+            usage.head_size = int(size or 0)
 
 
 def fields_usage(store: Any, run_id: str | None = None) -> list[GroupUsage]:

@@ -302,7 +302,8 @@ class Execution:
         started = time.monotonic()
         # The save's span is made once it is known, with a start time (one attribute pass,
         # no updates of a live span: an SDK span costs tens of microseconds).
-        span_start = None if self.run_span is None else time.time_ns()
+        span_start = None if self.run_span is None or not self.run_span.traced \
+            else time.time_ns()
         prepared = self.store.prepare(
             self.run_id,
             fields,
@@ -552,11 +553,16 @@ class Execution:
             self.step_start_fields = self.fields
             self.step_start_changed = self.changed
             self.step_start_deltas = self.deltas
-            invoke = spec.invoke if self.run_span is None else tracing.traced_step(
-                self.tracer, self.run_span.context, spec.invoke,
-                {"pitstop.run.id": self.run_id, "pitstop.step.name": spec.name,
-                 "pitstop.step.position": self.position, "pitstop.step.attempt": attempt},
-                (Suspend, WaitForChildren))
+            if self.run_span is None:
+                invoke = spec.invoke
+            elif self.run_span.traced:
+                invoke = tracing.traced_step(
+                    self.tracer, self.run_span.context, spec.invoke,
+                    {"pitstop.run.id": self.run_id, "pitstop.step.name": spec.name,
+                     "pitstop.step.position": self.position, "pitstop.step.attempt": attempt},
+                    (Suspend, WaitForChildren))
+            else:  # sampled out: the run's context only (user spans stay unsampled)
+                invoke = tracing.in_context(self.run_span.context, spec.invoke)
             began = time.time()
             if self.work_started is None:
                 self.work_started = began
@@ -671,7 +677,7 @@ class Execution:
     def _trace_wait(self, spec: StepSpec, *, inputs: list[str] | None = None,
                     wake_at: float | None = None, children: list[str] | None = None) -> None:
         """A ``pitstop.wait`` span (no duration: the wait itself holds no process)."""
-        if self.run_span is None:
+        if self.run_span is None or not self.run_span.traced:
             return
         attributes: dict[str, Any] = {"pitstop.run.id": self.run_id,
                                       "pitstop.step.name": spec.name}

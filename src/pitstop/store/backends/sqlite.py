@@ -21,6 +21,8 @@ WAL checkpoints (copying committed pages from the ``-wal`` file back into the da
 their fsyncs) run on a thread of the store (:class:`_WalCheckpointer`), not inside a save:
 SQLite's default runs one in whichever commit crosses 1,000 WAL pages, which made that save
 tens of milliseconds long and, spread over the saves, cost more than their own SQL. The
+thread checkpoints about every 256 WAL pages (it counts the pages a transaction writes), so
+that a commit crossing the WAL's bound, which checkpoints itself, has little left to copy. The
 guarantees do not change: a checkpoint only moves pages that are already committed.
 """
 
@@ -92,8 +94,17 @@ SQLITE = SQLiteDialect(
 _SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL", "off": "OFF"}
 
 _CHECKPOINT_EVERY: Final = 128
-"""Write transactions of a store between two WAL checkpoints on its checkpointing thread (a
-small checkpoint is 3-8 WAL pages: about SQLite's default of one per 1,000 pages)."""
+"""At most this many write transactions of a store between two WAL checkpoints on its
+checkpointing thread (the first interval; a small save is 3-8 WAL pages)."""
+
+_CHECKPOINT_PAGES: Final = 256
+"""About how many WAL pages the thread lets a store write between two of its checkpoints: it
+sets the interval in transactions from the pages each one wrote (``_WalCheckpointer.every``).
+What the thread has not copied yet when a commit crosses :data:`_WAL_BOUND` that commit copies
+itself, with one ``pwrite`` per page, in the step: 128 transactions of a 14-page Append step
+were ~1,800 pages (5-10 ms, every ~300 steps, the p99.9 and the max of a long run); 256 pages
+are ~1 ms. More frequent checkpoints copy a page written by several of them more than once
+(the run's row, the indexes' upper pages): a few pages each."""
 
 _WAL_BOUND: Final = 4096
 """WAL pages after which a commit checkpoints by itself after all (SQLite's
@@ -130,8 +141,17 @@ class _WalCheckpointer:
         self._pid = 0
         self.runs = 0
         """Checkpoints run (for tests)."""
+        self.every = _CHECKPOINT_EVERY
+        """Write transactions between two pokes: set by the thread, read by the writer."""
+        self.commits = 0
+        """Write transactions counted by the pokes (by writers, which hold the store's lock)."""
+        self._log = 0  # WAL frames at the last checkpoint, and the commits counted then
+        self._commits_then = 0
 
-    def poke(self) -> None:
+    def poke(self, commits: int = 0) -> None:
+        """Wake the thread (started here if need be): ``commits`` write transactions were
+        made since the last poke."""
+        self.commits += commits
         pid = current_pid()
         if self._thread is None or self._pid != pid:
             if self._stopped:
@@ -153,6 +173,16 @@ class _WalCheckpointer:
             thread.join(timeout=5.0)
         self._thread = None
 
+    def _pace(self, log: int, commits: int) -> None:
+        """Set :attr:`every` from the WAL frames (``log`` now) written by the transactions
+        counted since the last checkpoint (``commits`` now): about :data:`_CHECKPOINT_PAGES`
+        pages between two checkpoints."""
+        grown = log - self._log if log >= self._log else log  # (else the WAL started over)
+        made = commits - self._commits_then
+        self._log, self._commits_then = log, commits
+        if grown > 0 and made > 0:
+            self.every = max(1, min(_CHECKPOINT_EVERY, _CHECKPOINT_PAGES * made // grown))
+
     def _run(self) -> None:
         try:
             with self._busy:  # opening and closing take SQLite's mutexes too
@@ -169,7 +199,11 @@ class _WalCheckpointer:
                     return
                 # Busy, or the file went away: the next poke tries again.
                 with self._busy, contextlib.suppress(sqlite3.Error):
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    commits = self.commits
+                    done = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    for busy, frames, _ in done:  # (busy, WAL frames, frames copied)
+                        if not busy:
+                            self._pace(int(frames), commits)
                 self.runs += 1
         finally:
             with self._busy:
@@ -290,9 +324,10 @@ class _Transaction:
                 if self.write:
                     store = self.store
                     store._commits += 1
-                    if store._commits >= _CHECKPOINT_EVERY and store._wal is not None:
+                    wal = store._wal
+                    if wal is not None and store._commits >= wal.every:
+                        wal.poke(store._commits)
                         store._commits = 0
-                        store._wal.poke()
             elif exc_type is not None and conn.in_transaction:
                 conn.execute("ROLLBACK")
         finally:
@@ -377,6 +412,15 @@ def default_blob_dir(path: str) -> str:
     return os.fspath(path) + "-blobs"
 
 
+BLOB_THRESHOLD: Final = 128 * 1024
+"""SQLite's default ``blob_threshold``: values and chunks of at least this many stored bytes
+go to the blob directory. A row in the file is written twice (the WAL, then the database at a
+WAL checkpoint), a pack file once: a ~5 MB model ``state_dict`` (tensors of 41-410 KB, one
+chunk each) below the former 1 MiB wrote 20.9 MB a ``Checkpointer.save`` (the WAL, the
+checkpoint, the prune of the previous save's rows) and took 6.0x ``torch.save`` + fsync; from
+128 KiB, 5.7 MB and 1.1-1.9x. A list's chunks (at most 64 KiB but for a bigger item) and a
+dict's stay in the file, where a growing list's open chunk is kept as a prefix alias."""
+
 _RECLAIM_FROM: Final = 1 << 20
 """Free bytes inside the file from which a prune gives them back to the file system."""
 
@@ -398,7 +442,7 @@ class SQLiteStore(SqlStore, RunTransfer):
         auto_migrate: bool = True,
         url: str | None = None,
         blobs: BlobStore | str | bool | None = None,
-        blob_threshold: int = 1 << 20,
+        blob_threshold: int = BLOB_THRESHOLD,
         chunk_hash: str = "xxh3",
         encryption: Encryption | str | None = None,
     ) -> None:
