@@ -5,8 +5,8 @@ A store opened with ``encryption=`` seals its blob store (:mod:`.sealed`) and, t
 values it keeps in the database:
 
 * a state's small values kept inline in the checkpoint record, each sealed on its own
-  (:meth:`Sealing.seal_inline`; random nonce, so an unchanged value saved again is new bytes
-  and equal values in two records are not seen to be equal);
+  (:meth:`Sealing.seal_inline`; a fresh nonce each time, so an unchanged value saved again
+  is new bytes and equal values in two records are not seen to be equal);
 * the rows of the value table a save inserts (whole values under the blob threshold, the
   chunks and chunk-tree nodes of lists, dicts and small buffers): :meth:`Sealing.seal_rows`,
   each bound to its content key, deterministically (:meth:`.Encryption.seal_row`), and
@@ -25,7 +25,7 @@ nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from ...errors import CorruptCheckpointError
@@ -190,9 +190,4 @@ def map_inline(fields: bytes, convert: Callable[[bytes], bytes]) -> bytes | None
     return encode_field_map(decoded) if changed else None
 
 
-def opened_rows(codec: Sealing, rows: Mapping[bytes, bytes]) -> dict[bytes, bytes]:
-    """``rows`` with each sealed one opened (see :meth:`Sealing.open_row`)."""
-    return {key: codec.open_row(key, data) for key, data in rows.items()}
-
-
-__all__ = ["INLINE_AAD", "Sealing", "map_inline", "opened_rows"]
+__all__ = ["INLINE_AAD", "Sealing", "map_inline"]
