@@ -203,3 +203,43 @@ def test_a_memory_store_refuses_encryption() -> None:
     """Nothing of it is at rest: refused, not silently dropped."""
     with pytest.raises(pitstop.UnsupportedStoreError, match="nothing at rest"):
         pitstop.open_store("memory://", encryption=ring("k1"))
+
+
+def test_export_opens_the_state_and_import_seals_it_again(
+    opener: Callable[..., pitstop.Store], tmp_path: Path
+) -> None:
+    """An archive of a sealed store is plaintext (portable to any store); imported into a
+    sealed store, its inline values and rows are sealed again."""
+    source = opener(encryption=ring("k1"))
+    ids = fill(source)
+    data = source.export_run("r")
+    with pitstop.open_store(f"sqlite:///{tmp_path / 'plain.db'}") as plain:
+        plain.import_run(data)
+        check(plain, ids)
+        assert plain.verify() == []
+    sealed_url = f"sqlite:///{tmp_path / 'sealed.db'}"
+    with pitstop.open_store(sealed_url, blobs=str(tmp_path / "b2"),
+                            encryption=ring("k2")) as sealed:
+        sealed.import_run(data)
+        check(sealed, ids)
+        assert sealed.verify() == []
+    assert leaks(raw_rows(sealed_url)) == []
+
+
+def test_a_value_just_under_the_threshold_is_sealed_wherever_it_goes(
+    opener: Callable[..., pitstop.Store], shared_url: str, tmp_path: Path
+) -> None:
+    """Sealed, a value a few bytes under ``blob_threshold`` is over it: it goes to the blob
+    store (sealed there again) and reads back; nothing of it is plaintext anywhere."""
+    store = opener(encryption=ring("k1"), blob_threshold=100_000)
+    value = TEXT.encode() + os.urandom(100_000 - 21 - len(TEXT))  # a chunk: 20 bytes under
+    saved = store.save("r", {"v": value})
+    external = store._tx(lambda tx: tx.all(  # type: ignore[attr-defined]
+        "SELECT size FROM pitstop_blobs WHERE location IS NOT NULL"))
+    assert [size for (size,) in external] == [100_000 - 20 + 48]  # sealed once, here
+    with opener(encryption=ring("k1"), blob_threshold=100_000) as fresh:
+        assert fresh.get(saved.id).state["v"] == value
+        assert fresh.verify() == []
+    assert leaks(raw_rows(shared_url)) == []
+    for path in (tmp_path / "blobs").rglob("*"):
+        assert not path.is_file() or TEXT.encode() not in path.read_bytes()

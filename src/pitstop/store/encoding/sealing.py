@@ -54,18 +54,17 @@ class Sealing:
     sealer: Encryption | None = None
     """A sealed store's key ring (``encryption=``, set by :meth:`seal`)."""
     _table_below: int = 0
-    """Rows sealed by the codec: those whose sealed bytes stay under the blob threshold (the
-    others go to the blob store, which seals them itself)."""
+    """Rows sealed by the codec: those under the blob threshold, which would stay in the
+    table (the others go to the blob store, which seals them itself). One within 48 bytes
+    under it is then over it: it goes to the blob store sealed twice, and opens as any."""
 
     def seal(self, encryption: Encryption, table_below: int) -> None:
         """Seal what this codec encodes from now on with ``encryption`` (a sealed store's
         ring): inline values, value-table rows of fewer than ``table_below`` sealed bytes,
         records. :meth:`encode_value` is replaced rather than made to ask on every call: a
         plain store's records cost what they did."""
-        from .sealed import OVERHEAD
-
         self.sealer = encryption
-        self._table_below = table_below - OVERHEAD
+        self._table_below = table_below
         self.seal_chunks = True  # no prefix aliases: see the module
         self.encode_value = self.encode_sealed
 

@@ -478,6 +478,8 @@ class RunTransfer(StoredValues):
                 held += blob.size
                 if len(part) < CHUNK and held < _BATCH_BYTES and n < len(whole):
                     continue
+                if self._value_codec.sealer is not None:  # (an archive's values are plain)
+                    part = self._value_codec.seal_rows(part)
                 packed = self._externalize(part.values())
                 self._insert_values(tx, part, now, packed)
                 done += len(part)
