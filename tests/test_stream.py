@@ -304,6 +304,41 @@ def test_undecodable_records_fail_or_go_to_the_dead_letter_stream(
     assert len(letters) == 1 and letters[0][1][b"field:user"] == b"\xff\xfe"
 
 
+def test_reads_the_same_records_with_and_without_the_read_script(
+    client: Any, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """RedisStream reads through a script (XRANGE, the reply packed by the server's
+    cmsgpack: unpacked in C instead of redis-py's parser); a user whose ACL refuses
+    scripts reads the same records with XREAD."""
+    produce(client, name, [f"u{i}" for i in range(250)], partitions=2)
+    client.xadd(f"{name}:0", {"user": "k", "key": "the-key", "n": "1"})
+    user = f"noscript-{name}"
+    client.acl_setuser(user, enabled=True, nopass=True, keys=["*"],
+                       commands=["+@all", "-@scripting"])
+    try:
+        answers = []
+        for url in (REDIS_URL, f"redis://{user}@127.0.0.1:6379/0"):
+            source = stream.RedisStream(url, name, partitions=2)
+            positions: dict[int, Any] = {0: None, 1: None}
+            records: list[stream.Record] = []
+            with caplog.at_level("INFO", logger="pitstop.stream"):
+                while batch := source.read(positions, 100, 0.0):
+                    for partition, got in batch.items():
+                        records += got
+                        positions[partition] = got[-1].position
+            answers.append((records, source._script is not False))
+            source.close()
+    finally:
+        client.acl_deluser(user)
+    (scripted, used_script), (plain, used_then) = answers
+    assert used_script and not used_then
+    assert "the read script was refused" in caplog.text
+    assert scripted == plain and len(scripted) == 251
+    keyed = [r for r in scripted if r.key is not None]
+    assert [r.value for r in keyed] == [{"user": "k", "key": "the-key", "n": "1"}]
+    assert keyed[0].key == "the-key" and keyed[0].partition == 0
+
+
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 @pytest.mark.slow
 def test_unreachable_broker_is_one_line_and_retried(

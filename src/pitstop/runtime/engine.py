@@ -244,6 +244,7 @@ class Execution:
         # them (redoing one after a crash is one lookup), so a rerun of cached steps writes
         # one checkpoint where the first step that runs is, not one per cached step.
         self.served_since = 0
+        self.served = False  # the current step was served from the cache (it did not run)
 
     # -- checkpoints -----------------------------------------------------------------------------
 
@@ -567,6 +568,7 @@ class Execution:
             if self.work_started is None:
                 self.work_started = began
             self.claim = None
+            self.served = False
             try:
                 try:
                     if spec.options.cache is None:
@@ -615,7 +617,10 @@ class Execution:
 
             if self.metrics is not None:
                 self.metrics.ok.inc()
-            updates = wf.adapter.changes(view, self.fields)
+            # A step served from the cache did not run: nothing was assigned on its view and
+            # its cached result is all it changes. (Comparing the whole state field by field
+            # after each of a rerun's served steps was ~12% of the rerun's instructions.)
+            updates = {} if self.served else wf.adapter.changes(view, self.fields)
             route: str | None
             output_kind: list[Any]
             if isinstance(output, Goto):
@@ -707,6 +712,7 @@ class Execution:
             if hit is not None:
                 self.cached_from.append({"step": spec.name, "run": hit.entry.run_id})
                 self.served_since += 1
+                self.served = True
                 if log.isEnabledFor(logging.INFO):
                     log.info(kv(event="cached", run=self.run_id, step=spec.name,
                                 source=hit.entry.run_id),

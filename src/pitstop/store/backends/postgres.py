@@ -218,9 +218,15 @@ class _PipelinedCursor:
         self._cur.executemany(query, rows)
 
     def fetchone(self) -> Any:
+        self.sync()
         return self._cur.fetchone()
 
     def fetchall(self) -> list[Any]:
+        # Synced first: the results of an executemany still on their way otherwise
+        # became this cursor's result (a read after inserting references, in a save on a
+        # chunked value by a handle that had not seen its run's head: "the last operation
+        # didn't produce records (command status: INSERT 0 0)").
+        self.sync()
         return self._cur.fetchall()
 
     @property

@@ -12,7 +12,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, cast
 
-from ...delta import Append, Applied, dirty_positions
+from ...delta import Append, Applied, Merge, MergePatch, dirty_positions
 from ...errors import (
     CorruptCheckpointError,
     EncryptionKeyError,
@@ -222,6 +222,11 @@ class ValueCodec(Sealing):
         small after all) its whole serialised bytes."""
         fmt = self._chunk_format
         parent = self.layout_of(previous)
+        if parent is not None and chunking.is_patched(parent):
+            # Positions in a patched dict's chunks are not its keys' (a key may come twice):
+            # cut the whole value anew, without the duplicates (unchanged chunks keep their
+            # keys, and rows).
+            parent = None
         if parent is not None and self.seal_chunks:
             parent = chunking.sealed(parent)
         result: chunking.Split | None = None
@@ -268,6 +273,46 @@ class ValueCodec(Sealing):
             ]
         )
         return FieldRef(b"", layout.size, None, manifest), new, aliases
+
+    def may_patch(self, ref: FieldRef | None, delta: Merge) -> chunking.Manifest | None:
+        """The manifest of ``ref`` if ``delta`` is to be written as a patch on it: a chunked
+        dict whose layout this process does not know (one it knows is cut anew around the
+        change, :func:`~pitstop.serde.chunks.split_delta`), str keys, room for the patch, a
+        store that does not seal its values. Else None."""
+        if ref is None or ref.manifest is None or self.sealer is not None or not delta.entries:
+            return None
+        layout = self.layout_of(ref)
+        if layout is not None and not chunking.is_patched(layout):
+            return None
+        if not all(type(key) is str for key in delta.entries):
+            return None
+        if partchunks.may_hold_buffers() and partchunks.holds_buffers(
+                list(delta.entries.values())):
+            return None  # arrays go out of band: the dict becomes parts (_encode_parts)
+        try:
+            manifest = chunking.decode_manifest(ref.manifest)
+        except ValueError:
+            return None  # the read that needs it names the damage
+        return manifest if chunking.may_patch(manifest, len(delta.entries)) else None
+
+    def _encode_patch(
+        self, run_id: str, name: str, patch: MergePatch
+    ) -> tuple[FieldRef, dict[bytes, NewBlob]]:
+        """A Merge on a chunked dict as a patch: the changed entries' chunks and a manifest
+        over the parent's and them. O(change): nothing of the parent's value is read."""
+        cuts = chunking.SEALED_DICT_PARAMS if self.seal_chunks else chunking.DICT_PARAMS
+        try:
+            manifest, size, raws = chunking.patch_dict(
+                patch.manifest, patch.delta.entries, self.serializer.dumps,
+                self._chunk_format, cuts,
+            )
+        except SerializationError as exc:
+            raise exc.located(run_id=run_id, path=field_path(name) + (exc.path or "")) from None
+        except Exception as exc:
+            raise SerializationError(
+                f"{type(exc).__name__}: {exc}", run_id=run_id, path=field_path(name)
+            ) from exc
+        return FieldRef(b"", size, None, manifest), self._chunk_blobs(raws, False, compress=True)
 
     def _encode_parts(
         self, run_id: str, name: str, value: Any, previous: FieldRef | None, views: bool
@@ -742,6 +787,10 @@ class ValueCodec(Sealing):
                     "state field names must be str", run_id=run_id, path=f"state[{name!r}]"
                 )
             previous = parent.get(name)
+            if type(value) is MergePatch:
+                fields[name], blobs = self._encode_patch(run_id, name, value)
+                new.update(blobs)
+                continue
             applied: Applied | None = value if type(value) is Applied else None
             full = value if applied is None else applied.value
             if (

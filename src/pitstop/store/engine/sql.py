@@ -35,12 +35,12 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from ...delta import ABSENT, Append, Applied, Merge
+from ...delta import ABSENT, Append, Applied, Merge, MergePatch
 from ...errors import (
     CheckpointNotFoundError,
     ConflictError,
@@ -83,6 +83,25 @@ from .schema import (
 from .steps import StepSaves, head_update_sql
 
 log = logging.getLogger("pitstop.store")
+
+
+class _LazyStateCheckpoint(Checkpoint):
+    """A saved checkpoint whose ``state`` is read from the store on first access (see
+    ``SqlStore._answer``)."""
+
+    __slots__ = ("_read", "_state")
+    _read: Callable[[], dict[str, Any]]
+
+    @property
+    def state(self) -> dict[str, Any]:
+        state: dict[str, Any] | None = getattr(self, "_state", None)
+        if state is None:
+            state = self._state = self._read()
+        return state
+
+    @state.setter
+    def state(self, value: dict[str, Any]) -> None:
+        self._state = value
 
 
 class _HeadMoved(Exception):
@@ -325,13 +344,16 @@ class SqlStore(Reads, ResultCache, Schedules, Leases, Inputs, StepSaves, Childre
         if (
             parent is not None
             and parent.run_id == run_id
-            and (expected_head == parent_id or self._heads.get(run_id) == parent_id)
+            and (follow_head or expected_head == parent_id
+                 or self._heads.get(run_id) == parent_id)
         ):
             # Continuing from the run's head (one this process wrote, or one the write
-            # will check): the run already references the parent's values (a head is never
-            # pruned), so only new ones need a reference. Any other parent (a branch point,
-            # a stale cache) may have lost its values to a prune: reference them all, and
-            # the write checks that they still exist.
+            # will check: a save that follows the head, read just now by a handle that had
+            # not seen it, writes only if it is still the head): the run already references
+            # the parent's values (a head is never pruned), so only new ones need a
+            # reference. Any other parent (a branch point, a stale cache) may have lost its
+            # values to a prune: reference them all, and the write checks that they still
+            # exist.
             refs = list(set(new).difference(stored_hashes(parent.fields))) if new else []
         else:
             refs = list(self._value_codec.referenced(fields, self._read_values_alone))
@@ -378,7 +400,9 @@ class SqlStore(Reads, ResultCache, Schedules, Leases, Inputs, StepSaves, Childre
         if Applied in map(type, state.values()):
             state = {k: v.value if type(v) is Applied else v for k, v in state.items()}
         if deltas:
-            self._delta_values.put(checkpoint_id, {name: state[name] for name in deltas})
+            known = {name: state[name] for name in deltas if type(state[name]) is not MergePatch}
+            if known:
+                self._delta_values.put(checkpoint_id, known)
         return PreparedSave(record.id, run_id, parent_id, record.step, state, plan)
 
     def _resolve_deltas(
@@ -388,17 +412,36 @@ class SqlStore(Reads, ResultCache, Schedules, Leases, Inputs, StepSaves, Childre
         parent checkpoint's value of its field; the write then stores only the change.
 
         When this process wrote the parent with deltas on these fields (a loop saving
-        ``Merge`` after ``Merge``), their values are remembered and nothing is read. Only
+        ``Merge`` after ``Merge``), their values are remembered and nothing is read. A
+        ``Merge`` on a chunked dict this process does not hold (a parent written by another
+        handle: a new process resuming, another host taking over) is written as a patch of
+        the changed entries (:class:`MergePatch`): O(change), nothing read either. Only
         otherwise is the parent read (the runtime, which holds the values, hands over the
         applied value with its delta instead)."""
         known = self._delta_values.get(parent_id)
+        out = dict(state)
         if parent_id is None:
             base: Mapping[str, Any] = {}
         elif known is not None and known.keys() >= set(names):
             base = known
         else:
-            base = self.get(parent_id).state
-        out = dict(state)
+            fields = self._parent(parent_id).fields
+            codec = self._value_codec
+            patches = {}
+            for name in names:
+                delta = state[name]
+                manifest = codec.may_patch(fields.get(name), delta) \
+                    if type(delta) is Merge else None
+                if manifest is not None:
+                    patches[name] = MergePatch(delta, manifest)
+                elif name in fields:  # (a field the parent lacks is ABSENT: nothing to read)
+                    # The parent is read anyway: every delta is applied to its values, which
+                    # are then remembered for the saves that follow (see above).
+                    patches = {}
+                    break
+            out.update(patches)
+            names = [name for name in names if name not in patches]
+            base = self.get(parent_id).state if any(n in fields for n in names) else {}
         for name in names:
             delta = state[name]
             out[name] = Applied(delta.apply(base.get(name, ABSENT), field=name), delta)
@@ -406,7 +449,7 @@ class SqlStore(Reads, ResultCache, Schedules, Leases, Inputs, StepSaves, Childre
 
     def commit(self, prepared: PreparedSave) -> Checkpoint:
         try:
-            return self._write_prepared(prepared)
+            return self._answer(self._write_prepared(prepared))
         except _HeadMoved as moved:
             raise ConflictError(
                 "another checkpoint was written first",
@@ -429,12 +472,28 @@ class SqlStore(Reads, ResultCache, Schedules, Leases, Inputs, StepSaves, Childre
                 run_id, state, parent_id=parent_id, changed=changed, _views=True, **options
             )
             try:
-                return self._write_prepared(prepared)
+                return self._answer(self._write_prepared(prepared))
             except _HeadMoved:
                 # Another writer moved the head: the `changed` hint no longer describes the
                 # difference from the real parent, so compare every field by content instead.
                 self._heads.drop(run_id)
                 changed = None
+
+    def _answer(self, saved: Checkpoint) -> Checkpoint:
+        """What ``save``/``commit`` return: ``saved``, unless a field was written as a
+        Merge patch, whose whole value no memory here holds: then a checkpoint whose
+        ``state`` is read from the store when first asked for (a caller that only wants the
+        id, as the stream jobs and ``Checkpointer`` do, never pays the read)."""
+        if MergePatch not in map(type, saved.state.values()):
+            return saved
+        lazy = _LazyStateCheckpoint._from_row(
+            saved.id, saved.run_id, saved.parent_id, saved.step, saved._created,
+            saved.schema_version, saved.checksum, saved.size, saved._metadata_json,
+            saved.added,
+        )
+        lazy.skipped = ()
+        lazy._read = lambda: self.get(saved.id).state
+        return lazy
 
     def _write_prepared(self, prepared: PreparedSave) -> Checkpoint:
         """Backend hook, optional: write a prepared save; raise :class:`_HeadMoved` if the run's
