@@ -36,6 +36,7 @@ from .contract.base import (
     StoreStats,
 )
 from .contract.options import parse_option
+from .contract.save import RunControl, SaveOptions, SaveRequest
 from .contract.urls import check_text, redact
 
 if TYPE_CHECKING:
@@ -183,8 +184,11 @@ __all__ = [
     "Problems",
     "PruneReport",
     "RetentionPolicy",
+    "RunControl",
     "RunList",
     "S3BlobStore",
+    "SaveOptions",
+    "SaveRequest",
     "SealedBlobStore",
     "Space",
     "Store",

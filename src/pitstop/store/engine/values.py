@@ -404,7 +404,7 @@ class StoredValues(SqlBackend):
             ):
                 continue
             # Not if the new chunk's key is stored already (``present`` may not say: see
-            # SqlStore._write_checkpoint): its INSERT then finds it, and the collision check
+            # write.write_checkpoint): its INSERT then finds it, and the collision check
             # compares the two.
             done = tx.run(
                 "UPDATE pitstop_blobs SET hash = ?, data = ?, size = ?, created_at = ? "
