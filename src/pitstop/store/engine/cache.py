@@ -375,10 +375,12 @@ class ResultCache(Maintenance):
         ]
         if not held:
             return 0
-        freed, size = self._unshared_values(tx, reference, held)
+        _, size = self._unshared_values(tx, reference, held)
         self._lock_gc(tx)
         tx.run("DELETE FROM pitstop_blob_refs WHERE run_id = ?", (reference,))
-        self._delete_values(tx, reference, freed)
+        # All it held, re-checked under the lock: what ``_unshared_values`` found was decided
+        # before it, and a run deleted meanwhile may have been what made a value look shared.
+        self._delete_values(tx, reference, held)
         return size
 
     def cache_clear(

@@ -502,7 +502,9 @@ class StoredValues(SqlBackend):
     def _delete_values(self, tx: Tx, run_id: str, hashes: Sequence[bytes]) -> None:
         """Delete the values of ``hashes`` that nothing references any more, now that the run
         ``run_id`` does not (the caller holds :meth:`_lock_gc`), their blob-store files once
-        the transaction has committed."""
+        the transaction has committed. ``hashes`` is every value the run let go, not only
+        those :meth:`_unshared_values` found unshared: that ran before the lock, and two runs
+        sharing a value and deleted at once each saw the other still holding it."""
         owners: tuple[str, ...] = (run_id,) if self._owners else ()
         unreferenced = (
             ("(pitstop_blobs.run_id IS NULL OR pitstop_blobs.run_id = ?) AND " if owners else "")
