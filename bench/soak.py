@@ -262,6 +262,32 @@ def relation_growth(samples: list[tuple[float, dict[str, dict[str, int]]]],
     return growth
 
 
+def rows_of_deleted_runs(schema: str) -> dict[str, int]:
+    """Rows that name a run no longer in ``pitstop_runs`` (what a deletion left behind), and
+    value rows nothing references (no reference row, no alias, no live owner). All 0 when
+    retention deletes everything a run had."""
+    import psycopg
+    from psycopg import sql
+
+    gone = ("NOT EXISTS (SELECT 1 FROM {s}.pitstop_runs r WHERE r.run_id = t.run_id)")
+    checks = {table: f"SELECT count(*) FROM {{s}}.{table} t WHERE " + gone
+              for table in ("pitstop_checkpoints", "pitstop_effects", "pitstop_inputs",
+                            "pitstop_blob_refs")}
+    checks["pitstop_blobs owned by a deleted run"] = (
+        "SELECT count(*) FROM {s}.pitstop_blobs t WHERE t.run_id IS NOT NULL AND " + gone)
+    checks["pitstop_blobs unreferenced"] = (
+        "SELECT count(*) FROM {s}.pitstop_blobs t WHERE (t.run_id IS NULL OR " + gone + ") "
+        "AND NOT EXISTS (SELECT 1 FROM {s}.pitstop_blob_refs f WHERE f.hash = t.hash) "
+        "AND NOT EXISTS (SELECT 1 FROM {s}.pitstop_blobs a WHERE a.alias = t.hash)")
+    out: dict[str, int] = {}
+    with psycopg.connect(PG) as conn:  # one snapshot for every count
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        for name, query in checks.items():
+            row = conn.execute(sql.SQL(query).format(s=sql.Identifier(schema))).fetchone()
+            out[name] = int(row[0]) if row else 0
+    return out
+
+
 def compacted(schema: str) -> dict[str, int]:
     """Each table's size (with indexes and TOAST) after ``VACUUM FULL`` rewrote it: what its
     live rows take, against which the size before shows the free space kept for reuse."""
@@ -591,6 +617,7 @@ class Soak:
             "steady_rss_kib_samples": [kib for _, kib in self.rss],
             "tables_at_end": tables,
             "relations_at_end": relation_sizes(self.schema),
+            "rows_of_deleted_runs": rows_of_deleted_runs(self.schema),
             # last, the workers stopped: VACUUM FULL locks each table while it rewrites it
             "tables_after_vacuum_full": compacted(self.schema),
             # steady state: after the first fifth (warm-up), as for the RSS
