@@ -37,7 +37,7 @@ from ..errors import (
 )
 from ..model import RunStatus
 from ..observe import metrics, tracing
-from ..store import RetentionPolicy, Store
+from ..store import RetentionPolicy, RunControl, SaveOptions, SaveRequest, Store
 from .jetstream import JetStream
 from .keyed import ExpiringState, KeyedState, chain_ids, fold, needs_base
 from .records import Output, Position, Record
@@ -781,11 +781,12 @@ class Job:
         backoff = 0.0
         while True:
             try:
-                return store.save(
-                    part.run_id, fields, lease=part.held.lease, status=status,
-                    workflow=self.workflow, metadata=metadata, release=release,
-                    changed=list(fields), schema_version=self.version,
-                )
+                return store.save_request(SaveRequest(
+                    part.run_id, fields, list(fields), metadata=metadata,
+                    schema_version=self.version,
+                    control=RunControl(status=status, workflow=self.workflow),
+                    options=SaveOptions(lease=part.held.lease, release=release),
+                ))
             except StoreError as exc:
                 if type(exc) is not StoreError or self._stop.is_set():
                     raise  # (schema, unknown scheme: not a passing outage)

@@ -84,7 +84,8 @@ from pitstop.store.encoding.blobs import BlobStore
 from pitstop.store.encoding.records import is_chunk_key
 from pitstop.store.engine.backend import Dialect, Tx
 from pitstop.store.engine.schema import CHECKPOINTS, UNATTACHED_COLUMNS
-from pitstop.store.engine.sql import SqlStore, WritePlan, head_update
+from pitstop.store.engine.sql import SqlStore
+from pitstop.store.engine.write import WritePlan, head_update
 from pitstop.store.transfer.runs import RunTransfer
 
 if TYPE_CHECKING:
@@ -559,7 +560,7 @@ class PostgresStore(SqlStore, RunTransfer):
 
     # -- the one-statement save -------------------------------------------------------------------
 
-    def _write_prepared(self, prepared: PreparedSave) -> Checkpoint:
+    def _write_prepared(self, prepared: PreparedSave[WritePlan]) -> Checkpoint:
         """A save in one statement and one round trip when it is the common case: a step
         continuing a run, with new values or none. Data-modifying CTEs move the head (under
         the same conditions as every backend's conditional UPDATE), insert the new values and
@@ -568,7 +569,7 @@ class PostgresStore(SqlStore, RunTransfer):
         refusal to explain, a fork's shared values, consumed inputs, a per-save durability,
         a caller-chosen id, a value large enough to probe for first — takes the shared path.
         """
-        plan: WritePlan = prepared.payload
+        plan = prepared.plan
         if not self._one_statement(plan):
             return super()._write_prepared(prepared)
         record = plan.record

@@ -36,9 +36,10 @@ Optional (a working default here, right for a database with one writer at a time
     One statement as its own transaction (default: a transaction around it); a backend that
     can send a lone statement without ``BEGIN``/``COMMIT`` saves round trips here.
 ``_write_prepared(prepared)``
-    A specialised commit of a prepared save (default, in ``sql.py``: the shared path, one
-    transaction that moves the head and inserts). PostgreSQL writes the common save as one
-    statement and hands everything else to ``super()._write_prepared``.
+    A specialised commit of a prepared save's ``WritePlan`` (default, in ``sql.py``: one
+    transaction running ``write.write_checkpoint``). PostgreSQL writes the common save as one
+    statement built from the same plan and hands everything else to
+    ``super()._write_prepared``.
 ``_claim_write(sql, params)``
     The claim statement (default: ``_autocommit_write``); PostgreSQL keeps its plan from
     depending on the runs table's statistics.
@@ -337,10 +338,10 @@ class SqlBackend(Store):
 
                     made = ValueCodec(*self._codec_options)
                     made.seal_chunks = not self.rewrites_in_place
-                    # A sealed blob store's ring seals the database's records too.
+                    # A sealed blob store's ring seals what the database keeps too.
                     encryption = getattr(self.blobs, "encryption", None)
                     if encryption is not None:
-                        made.seal(encryption)
+                        made.seal(encryption, self.blob_threshold)
                     self._codec = made
                 codec = self._codec
         return codec
