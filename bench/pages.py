@@ -145,9 +145,11 @@ def _uuid7() -> str:
 class Layout:
     """A database with one layout and 20 runs; :meth:`save` is a save's two statements."""
 
-    def __init__(self, path: Path, ddl: list[str], fields: bytes, updates_run: bool) -> None:
+    def __init__(self, path: Path, ddl: list[str], fields: bytes, updates_run: bool,
+                 page_size: int) -> None:
         self.updates_run = updates_run
         self.conn = sqlite3.connect(path, isolation_level=None)
+        self.conn.execute(f"PRAGMA page_size={page_size}")
         self.path = path
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")
@@ -200,7 +202,7 @@ def _store_save(store: pitstop.Store) -> Callable[[], None]:
 
 
 def layouts(saves: int, history: int, fields_bytes: int, rounds: int,
-            trials: int) -> list[list[str]]:
+            trials: int, page_size: int) -> list[list[str]]:
     """Each trial: a fresh database per layout, ``history`` saves over 20 runs, then
     ``saves`` of one of them counted (where that run's keys fall in the b-trees decides how
     often a leaf splits: trials vary it), then ``rounds`` interleaved rounds timing a save,
@@ -216,7 +218,7 @@ def layouts(saves: int, history: int, fields_bytes: int, rounds: int,
             dbs = {}
             for n, (name, ddl) in enumerate(LAYOUTS.items()):
                 db = Layout(Path(tmp) / f"l{n}.db", ddl, os.urandom(fields_bytes),
-                            name != FLOOR)
+                            name != FLOOR, page_size)
                 for i in range(history):
                     db.save(db.runs[i % 20])
                 db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -273,6 +275,8 @@ def main() -> None:
     parser.add_argument("--history", type=int, default=4000)
     parser.add_argument("--rounds", type=int, default=5, help="timing rounds per trial")
     parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--page-size", type=int, default=4096,
+                        help="the layouts' page size (the store's is SQLite's default, 4096)")
     args = parser.parse_args()
     cases = ((0, False, "a fresh store, one run"),
              (args.history, False, f"after {args.history} saves of 20 other runs"),
@@ -293,7 +297,8 @@ def main() -> None:
     print(table(["checkpoint table layout", "WAL frames/commit", "run row pages",
                  "checkpoint pages", "save's SQL (median)", "vs current", "vs floor",
                  "list history vs current", "get by id vs current"],
-                layouts(args.saves, args.history, fields_bytes, args.rounds, args.trials)))
+                layouts(args.saves, args.history, fields_bytes, args.rounds, args.trials,
+                        args.page_size)))
 
 
 if __name__ == "__main__":
