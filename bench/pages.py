@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/pages.py              # the store's save, then the layouts
     .venv/bin/python bench/pages.py --saves 500  # more saves counted
+    valgrind --tool=callgrind .venv/bin/python bench/pages.py --instructions 0 --saves 2000
 
 Two parts, both counted exactly (page counts do not depend on the machine's load):
 
@@ -99,6 +100,7 @@ _COLUMNS = (
 )
 STORE = "store.save of the ~1 KiB state (pitstop, the current layout, all of it)"
 FLOOR = "the floor: rowid table, no index, no run-row UPDATE *"
+DERIVED = "current, head derived: the run's row and head read, not written *"
 LAYOUTS = {
     "current: WITHOUT ROWID, key (run_id, id); unique index (id)": [
         f"CREATE TABLE c ({_COLUMNS}, PRIMARY KEY (run_id, id)) WITHOUT ROWID",
@@ -121,10 +123,19 @@ LAYOUTS = {
         f"CREATE TABLE c ({_COLUMNS}, PRIMARY KEY (run_id, id)) WITHOUT ROWID",
     ],
     "rowid table, no index at all *": [f"CREATE TABLE c (seq INTEGER PRIMARY KEY, {_COLUMNS})"],
+    DERIVED: [
+        f"CREATE TABLE c ({_COLUMNS}, PRIMARY KEY (run_id, id)) WITHOUT ROWID",
+        "CREATE UNIQUE INDEX c_id ON c (id)",
+    ],
     FLOOR: [f"CREATE TABLE c (seq INTEGER PRIMARY KEY, {_COLUMNS})"],
 }
 """Candidate layouts of the checkpoint table. Those marked * cannot serve the store's
-queries (a checkpoint by id alone, a run's history): they show what each b-tree costs."""
+queries (a checkpoint by id alone, a run's history), or (``DERIVED``) the store's data model
+as it is (a run's head, step and counters kept in its row): they show what each b-tree and
+the run's row cost."""
+RUN_ROW = {FLOOR: "none", DERIVED: "read"}
+"""What a save does to the run's row, where not the store's conditional UPDATE: nothing, or
+read it (the lease) and the run's latest checkpoint (a head derived from the checkpoints)."""
 
 _RUNS = (
     "CREATE TABLE r (run_id TEXT PRIMARY KEY, status TEXT, updated_at REAL, head_id TEXT, "
@@ -145,9 +156,9 @@ def _uuid7() -> str:
 class Layout:
     """A database with one layout and 20 runs; :meth:`save` is a save's two statements."""
 
-    def __init__(self, path: Path, ddl: list[str], fields: bytes, updates_run: bool,
+    def __init__(self, path: Path, ddl: list[str], fields: bytes, run_row: str,
                  page_size: int) -> None:
-        self.updates_run = updates_run
+        self.run_row = run_row
         self.conn = sqlite3.connect(path, isolation_level=None)
         self.conn.execute(f"PRAGMA page_size={page_size}")
         self.path = path
@@ -179,7 +190,12 @@ class Layout:
         self.head = cid
         c = self.conn
         c.execute("BEGIN IMMEDIATE")
-        if self.updates_run:
+        if self.run_row == "read":
+            c.execute("SELECT lease_owner, lease_expires FROM r WHERE run_id = ?",
+                      (run_id,)).fetchone()
+            c.execute("SELECT id FROM c WHERE run_id = ? ORDER BY id DESC LIMIT 1",
+                      (run_id,)).fetchone()
+        elif self.run_row == "update":
             c.execute(
                 "UPDATE r SET head_id = ?, step = ?, updated_at = ?, "
                 "checkpoints = checkpoints + 1, bytes = bytes + ? WHERE run_id = ? AND "
@@ -218,7 +234,7 @@ def layouts(saves: int, history: int, fields_bytes: int, rounds: int,
             dbs = {}
             for n, (name, ddl) in enumerate(LAYOUTS.items()):
                 db = Layout(Path(tmp) / f"l{n}.db", ddl, os.urandom(fields_bytes),
-                            name != FLOOR, page_size)
+                            RUN_ROW.get(name, "update"), page_size)
                 for i in range(history):
                     db.save(db.runs[i % 20])
                 db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -277,7 +293,21 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--page-size", type=int, default=4096,
                         help="the layouts' page size (the store's is SQLite's default, 4096)")
+    parser.add_argument("--instructions", type=int, metavar="LAYOUT",
+                        help="only build layout number LAYOUT (0: current) and make --saves "
+                        "saves, for callgrind: run with --saves 0 and 2000, subtract")
     args = parser.parse_args()
+    if args.instructions is not None:
+        name = list(LAYOUTS)[args.instructions]
+        with tempfile.TemporaryDirectory() as tmp:
+            db = Layout(Path(tmp) / "one.db", LAYOUTS[name], b"\1" * 144,
+                        RUN_ROW.get(name, "update"), args.page_size)
+            for i in range(args.history):
+                db.save(db.runs[i % 20])
+            for _ in range(args.saves):
+                db.save()
+            db.conn.close()
+        return
     cases = ((0, False, "a fresh store, one run"),
              (args.history, False, f"after {args.history} saves of 20 other runs"),
              (args.history, True, "the same, changed=['i']"))
