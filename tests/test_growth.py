@@ -483,6 +483,81 @@ def test_postgres_grows_a_list_by_inserts_alone(open_store: Any) -> None:
     assert store.verify() == []
 
 
+def _tree_nodes(store: Store, checkpoint_id: str) -> list[dict[bytes, bytes]]:
+    """The node rows of the checkpoint's ``messages`` value, level by level from the top:
+    key -> the node's raw (unframed) bytes."""
+    from pitstop.serde import chunks as chunking
+    from pitstop.serde import unframe
+
+    fields = store._tx(lambda tx: tx.one(  # type: ignore[attr-defined]
+        "SELECT fields FROM pitstop_checkpoints WHERE id = ?", (checkpoint_id,)))
+    level = [e for e in chunking.decode_manifest(
+        decode_field_map(bytes(fields[0]))["messages"].manifest).root if e.is_node]
+    levels = []
+    while level:
+        rows = store._read_values_alone([e.key for e in level])  # type: ignore[attr-defined]
+        raws = {e.key: unframe(bytes(rows[e.key]))[1] for e in level}
+        levels.append(raws)
+        level = [e for raw in raws.values() for e in chunking.unpack_entries(raw) if e.is_node]
+    return levels
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
+def test_postgres_restores_a_deep_tree_in_one_statement(open_store: Any) -> None:
+    """A process that did not write the run (a resume) does not know a grown list's layout:
+    PostgreSQL walks its tree in one statement, not one per level. Counted at the driver."""
+    import psycopg
+
+    writer = open_store()
+    rng = random.Random(21)
+    msgs: list[dict[str, Any]] = []
+    for i in range(200):
+        msgs.append(_message(rng, i, size=512))
+        writer.save("conv", {"messages": Append([msgs[-1]]), "turn": i})
+    head = writer.latest("conv")
+    assert head is not None
+    levels = _tree_nodes(writer, head.id)
+    assert len(levels) >= 3
+    statements: list[str] = []
+    execute = psycopg.Cursor.execute
+
+    def traced(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        statements.append(str(query))
+        return execute(self, query, *args, **kwargs)
+
+    def value_reads(store: Store) -> int:
+        """Statements reading the value table during a restore by ``store``."""
+        statements.clear()
+        psycopg.Cursor.execute = traced  # type: ignore[method-assign]
+        try:
+            restored = store.latest("conv")
+        finally:
+            psycopg.Cursor.execute = execute  # type: ignore[method-assign]
+        assert restored is not None
+        assert restored.state["messages"] == msgs
+        return len([q for q in statements if "pitstop_blobs" in q])
+
+    reader = open_store()  # knows no layout, as a new process
+    assert value_reads(reader) == 1, "\n".join(statements)
+    # The same read through get(), and again once the layout is known here.
+    assert reader.get(head.id).state["messages"] == msgs
+    assert value_reads(reader) == 1
+    assert reader.verify() == []
+
+    # Nodes written compressed (as before the tree was read in one statement), or any the
+    # query cannot read: the walk goes on a level per statement and restores the same list.
+    from pitstop.serde import frame
+
+    def compress(tx: Any) -> None:
+        for key, raw in levels[1].items():
+            tx.run("UPDATE pitstop_blobs SET data = ? WHERE hash = ?",
+                   (frame(raw, 0, compress_threshold=1, checksum=False), key))  # 0: msgpack
+
+    writer._tx(compress, write=True)  # type: ignore[attr-defined]
+    assert value_reads(open_store()) >= 2
+
+
 @pytest.mark.postgres
 @pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
 @pytest.mark.slow
