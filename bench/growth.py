@@ -14,8 +14,7 @@ Workloads (random text, so that compression hides nothing: zstd keeps ~3/4 of it
   (each ratio is the median of per-round ratios). The restore twice: by the store that wrote
   the run (it knows the list's layout) and, as a resume in a new process would, by a second
   store on the same database whose codec has forgotten every layout before each restore
-  (``resume``: on PostgreSQL its tree is walked by the database in one statement, issue
-  #33; and, interleaved with it, the same read a level of the tree per statement).
+  (``resume``: it reads the list's tree a level per statement).
   ``--store-options compress_threshold=none`` opens the stores with those URL options.
 * ``append``: the same conversation through a ``Workflow`` whose step returns
   ``pitstop.Append([message])`` (SQLite, durability ``normal``): per-step time early
@@ -191,23 +190,19 @@ def conversation(backend: str, turns: int, size: int, rounds: int) -> dict[str, 
         final = ormsgpack.packb(msgs)
         on_disk = disk()
         reader = pitstop.open_store(store.url)  # a second handle: a resume's own store
-        codec = reader._value_codec
-        walk = codec.unknown_trees
 
-        def resume(tree: bool = True) -> Any:
-            codec._layouts.clear()  # as a new process: no layout known
-            # tree=False: the nodes read a level per statement, as before issue #33's walk.
-            codec.unknown_trees = walk if tree else lambda fields: []
+        def resume() -> Any:
+            reader._value_codec._layouts.clear()  # as a new process: no layout known
             return reader.latest("conversation")
 
-        ops = {
-            "latest": lambda: store.latest("conversation"),
-            "resume": resume,
-            "unpack": lambda: ormsgpack.unpackb(final),
-        }
-        if backend == "postgres":
-            ops["resume_levels"] = lambda: resume(tree=False)
-        restore = interleaved(ops, rounds)
+        restore = interleaved(
+            {
+                "latest": lambda: store.latest("conversation"),
+                "resume": resume,
+                "unpack": lambda: ormsgpack.unpackb(final),
+            },
+            rounds,
+        )
         assert store.latest("conversation").state["messages"] == msgs  # type: ignore[union-attr]
         assert resume().state["messages"] == msgs
         reader.close()
@@ -224,10 +219,6 @@ def conversation(backend: str, turns: int, size: int, rounds: int) -> dict[str, 
         "restore_per_unpack": median_ratio(restore["latest"], restore["unpack"]),
         "resume_restore_s": statistics.median(restore["resume"]),
         "resume_restore_per_unpack": median_ratio(restore["resume"], restore["unpack"]),
-        **({
-            "resume_levels_s": statistics.median(restore["resume_levels"]),
-            "resume_tree_per_levels": median_ratio(restore["resume"], restore["resume_levels"]),
-        } if "resume_levels" in restore else {}),
     }
 
 
@@ -426,11 +417,6 @@ def report(results: dict[str, Any]) -> str:
              f"{r['resume_restore_per_unpack']:.2f}x"]
             for r in results["conversation"]
         ]
-        out.extend(
-            f"{r['backend']}: a resume's restore with the tree walked in one statement "
-            f"{fmt_time(r['resume_restore_s'])}, a level per statement "
-            f"{fmt_time(r['resume_levels_s'])}: {r['resume_tree_per_levels']:.2f}x"
-            for r in results["conversation"] if "resume_levels_s" in r)
         out.append("Conversation, store.save of the whole list (no hint):\n\n" + table(
             ["store", "turns", "final list", "on disk", "disk/final (<= 1.5)", "late save",
              "save/packb (<= 2)", "restore", "restore/unpack (<= 3)", "resume's restore",

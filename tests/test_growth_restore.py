@@ -261,16 +261,8 @@ def test_a_known_layout_restores_from_its_leaves_alone_in_one_query(
         store._value_codec._layouts.clear()  # type: ignore[attr-defined]
         return found
 
-    read_trees = store._read_trees  # type: ignore[attr-defined]
-
-    def tree(tx: Any, keys: Any, nodes: Any) -> Any:  # PostgreSQL: the tree in one statement
-        found = read_trees(tx, keys, nodes)
-        reads.append(list(found))
-        return found
-
     reads.clear()
     monkeypatch.setattr(store, "_read_values_deferred", forgetting)
-    monkeypatch.setattr(store, "_read_trees", tree)
     assert store.latest("conv").state["messages"] == msgs  # type: ignore[union-attr]
     assert set(nodes) <= {key for keys in reads for key in keys}  # read again, whole
     _run, latest = store.latest_with_run("conv")

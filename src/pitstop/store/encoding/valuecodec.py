@@ -60,10 +60,6 @@ _INLINE_HEADS: dict[int, bytes] = {}
 """Format id -> the frame header of an inline value in that format (a save's every field)."""
 
 
-_NO_NODES: Mapping[bytes, Any] = {}
-"""No node keys (``_chunk_blobs``' default)."""
-
-
 class ValueCodec:
     """Turns values into stored values and back, verified; a state into a field map.
 
@@ -260,7 +256,7 @@ class ValueCodec:
         compress = layout.kind == "dict" or (
             layout.kind == "list" and self.seal_chunks and self.compress_threshold is not None
         )
-        new = self._chunk_blobs(result.new, views, compress=compress, plain=layout.nodes)
+        new = self._chunk_blobs(result.new, views, compress=compress)
         aliases = (
             []
             if self.seal_chunks  # a superseded open chunk (< SEAL_MIN) is kept as it is
@@ -297,11 +293,7 @@ class ValueCodec:
         return FieldRef(b"", layout.size, None, manifest), self._chunk_blobs(result.new, views)
 
     def _chunk_blobs(
-        self,
-        raws: Mapping[bytes, bytes | memoryview],
-        views: bool,
-        compress: bool = False,
-        plain: Mapping[bytes, Any] = _NO_NODES,
+        self, raws: Mapping[bytes, bytes | memoryview], views: bool, compress: bool = False
     ) -> dict[bytes, NewBlob]:
         """New chunks as blobs, not compressed (a chunk's stored bytes are its raw bytes
         after the header, so a prefix alias and a read into place work) unless ``compress``.
@@ -316,27 +308,20 @@ class ValueCodec:
         conversation: 1.82x -> 1.49x its size on disk, for ~10 ms more to decompress its
         ~2,000 chunks on restore; ``compress_threshold=None`` keeps them as they are).
         Elsewhere a list's are not: a restore joins them without decompressing, and the open
-        last chunk is kept as a prefix alias.
-
-        The tree's nodes (``plain``) are never compressed: a node is mostly random 17-byte
-        keys (zstd takes little off), and as they are PostgreSQL reads a whole tree in one
-        statement (``_SELECT_TREES`` in :mod:`pitstop.store.engine.values`), not a level per
-        round trip."""
+        last chunk is kept as a prefix alias."""
         fmt = self.serializer.format_id
         threshold = _CHUNK_COMPRESS_MIN if compress else None
         # No zstd checksum: a chunk is checked against its key (a hash of its raw bytes) on
         # every read.
         if not views:
             return {
-                k: NewBlob(k, frame(raw, fmt, compress_threshold=None if k in plain else threshold,
-                                    checksum=False))
+                k: NewBlob(k, frame(raw, fmt, compress_threshold=threshold, checksum=False))
                 for k, raw in raws.items()
             }
         header = frame(b"", fmt, compress_threshold=None)
         return {
             k: NewBlob(k, header, raw) if type(raw) is memoryview else
-            NewBlob(k, frame(raw, fmt, compress_threshold=None if k in plain else threshold,
-                             checksum=False))
+            NewBlob(k, frame(raw, fmt, compress_threshold=threshold, checksum=False))
             for k, raw in raws.items()
         }
 
@@ -436,21 +421,6 @@ class ValueCodec:
             else:
                 out.update(dict.fromkeys(_manifest_roots(ref.manifest)))
         return list(out)
-
-    def unknown_trees(self, fields: FieldMap) -> list[bytes]:
-        """The nodes at the top of each chunked value whose layout this process does not
-        know: a load reads the rows below them (all of them, where the database can walk a
-        tree in one statement) before it can decode the value."""
-        out: list[bytes] = []
-        for ref in fields.values():
-            if ref.manifest is None or ref.manifest in self._layouts:
-                continue
-            try:
-                root = chunking.decode_manifest(ref.manifest).root
-            except ValueError:
-                continue  # the decode names the field
-            out.extend(e.key for e in root if e.flags & chunking.NODE)
-        return out
 
     def missing_below(
         self, fields: FieldMap, blobs: Mapping[bytes, Stored], *, nodes: bool = True

@@ -89,12 +89,8 @@ class Reads(StoredValues):
             return {}  # decoding the record reports it (and a fallback passes it)
         codec = self._value_codec
         first = codec.load_keys(fields) if partial else list(stored_hashes(fields))
-        nodes = codec.unknown_trees(fields) if self.dialect.array_in else []
-        # A tree this process has not read: PostgreSQL walks it in the same statement.
-        values = (self._read_trees(tx, first, nodes) if nodes
-                  else self._read_values_deferred(tx, first))
-        # A chunked value's tree, a level per query (a value of thousands of chunks is two);
-        # after _read_trees, only what it could not read (a compressed node, an alias).
+        values = self._read_values_deferred(tx, first)
+        # A chunked value's tree, a level per query (a value of thousands of chunks is two).
         while missing := codec.missing_below(fields, values, nodes=not partial):
             found = self._read_values_deferred(tx, missing)
             if not found:

@@ -15,7 +15,6 @@ read and release values through the methods here.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 from ...errors import StoreError
 from ..contract.base import Durability
@@ -55,34 +54,6 @@ _SELECT_PLAIN = (
 )
 """The rows of some keys (those present), ``data`` None unless a plain row: in the table,
 not an alias (see :meth:`StoredValues._read_values_deferred`)."""
-
-
-# A chunked value's tree in one statement, on a database that can walk it (PostgreSQL): a
-# recursive query reads each node's row and finds its entries' keys in its bytes, so a load
-# that does not know the value's layout (a resume in another process) makes one round trip,
-# not one per level of the tree. A node is a frame of one header byte (below 0x10 when not
-# compressed or sealed) around the msgpack list of its entries, each ``[key, items, size,
-# flags]`` as ormsgpack packs it: a 4-array and the key as bin 8 of 17 bytes (94 c4 11), the
-# key, two unsigned ints, then flags, a fixint (0x02: a node). So the node's hex split at
-# ``94c411`` gives a piece per entry: the key's 34 hex digits first, the flags' 2 last (a
-# literal split; a regular expression over the entries took ~0.4 ms a node). A node it
-# cannot read (compressed, sealed, an alias, a file) adds nothing here, and the load's
-# level-by-level walk reads what is missing: a node misread costs a round trip, never a
-# wrong value (every row is checked against its key by the decode, and a key the value does
-# not use is never looked at).
-_SELECT_TREES = (
-    "WITH RECURSIVE tree(hash, node) AS ("
-    "SELECT k.hash, k.node FROM unnest(%b::bytea[], %b::boolean[]) AS k(hash, node) "
-    "UNION "
-    "SELECT decode(left(e, 34), 'hex'), (get_byte(decode(right(e, 2), 'hex'), 0) & 2) <> 0 "
-    "FROM tree JOIN pitstop_blobs b ON b.hash = tree.hash "
-    "CROSS JOIN LATERAL unnest(string_to_array(encode(b.data, 'hex'), '94c411')) AS e "
-    "WHERE tree.node AND b.alias IS NULL AND b.location IS NULL "
-    "AND b.data < '\\x10'::bytea AND length(e) >= 40 AND left(e, 2) IN ('01', '02')) "
-    "SELECT hash, data, location, alias, size, pack, pack_offset FROM pitstop_blobs "
-    "WHERE hash IN (SELECT hash FROM tree)"
-)
-"""Rows by key, and every row under those flagged as nodes (see above): (keys, flags)."""
 
 
 class StoredValues(SqlBackend):
@@ -291,10 +262,8 @@ class StoredValues(SqlBackend):
         an alias row is read as the prefix of its target it stands for."""
         return self._read_rows(tx, hashes, defer=False)  # type: ignore[return-value]
 
-    def _read_rows(
-        self, tx: Tx, hashes: Sequence[bytes], *, defer: bool, rows: Sequence[Any] | None = None
-    ) -> dict[bytes, Stored]:
-        out, chain = self._read_rows_once(tx, hashes, defer=defer, rows=rows)
+    def _read_rows(self, tx: Tx, hashes: Sequence[bytes], *, defer: bool) -> dict[bytes, Stored]:
+        out, chain = self._read_rows_once(tx, hashes, defer=defer)
         if not chain:
             return out
         # A target read in this snapshot holds its prefix; one that became an alias since (a
@@ -343,32 +312,18 @@ class StoredValues(SqlBackend):
             values[alias] = found
         return found
 
-    def _read_trees(
-        self, tx: Tx, keys: Sequence[bytes], nodes: Sequence[bytes]
-    ) -> dict[bytes, Stored]:
-        """:meth:`_read_values_deferred` of ``keys`` and of every row under those of them
-        that are ``nodes``, in one statement (see ``_SELECT_TREES``; PostgreSQL only)."""
-        wanted = set(nodes)
-        rows = tx.cur.execute(
-            _SELECT_TREES, [list(keys), [k in wanted for k in keys]], binary=True
-        ).fetchall()
-        return self._read_rows(tx, keys, defer=True, rows=rows)
-
     def _read_rows_once(
-        self, tx: Tx, hashes: Sequence[bytes], *, defer: bool, rows: Sequence[Any] | None = None
+        self, tx: Tx, hashes: Sequence[bytes], *, defer: bool
     ) -> tuple[dict[bytes, Stored], dict[bytes, tuple[bytes, int]]]:
         """The rows of ``hashes`` that hold their value (in the table, a file or a pack),
-        and the alias rows among them: key -> (target, size). ``rows``: those rows, read
-        already (hash, data, location, alias, size, pack, pack_offset)."""
+        and the alias rows among them: key -> (target, size)."""
         out: dict[bytes, Stored] = {}
         aliases: dict[bytes, tuple[bytes, int]] = {}
         deferred: list[tuple[bytes, Slot | None]] = []
-        for h, data, location, alias, size, pack, pack_offset in rows if rows is not None else (
-            tx.in_chunks(
-                "SELECT hash, data, location, alias, size, pack, pack_offset FROM pitstop_blobs "
-                "WHERE hash IN ({in})",
-                hashes,
-            )
+        for h, data, location, alias, size, pack, pack_offset in tx.in_chunks(
+            "SELECT hash, data, location, alias, size, pack, pack_offset FROM pitstop_blobs "
+            "WHERE hash IN ({in})",
+            hashes,
         ):
             key = bytes(h)
             if alias is not None:
