@@ -2,15 +2,19 @@
 
     .venv/bin/python bench/cache.py              # 1-3
     .venv/bin/python bench/cache.py --quick
+    .venv/bin/python bench/cache.py --rerun-only --prefect-python /path/to/venv/bin/python
     .venv/bin/python bench/cache.py --schedule   # 4: the 500-tick kill run (~9 minutes)
 
-1. Rerun to the first uncached step (target: <= 100 ms, including opening the store): a
-   100-step workflow whose steps all have a CachePolicy ran once; a fresh process then opens
-   the SQLite store and reruns it from its first step with one field edited that only the
-   last step reads, until that step starts (it writes a marker file). Measured as the time
-   from the process's first line to the marker, median of rounds. Prefect side by side if it
-   can be imported (PREFECT_PYTHON names an interpreter that has it: see --help); else the
-   reason is printed.
+1. Rerun to the first uncached step (target: <= 100 ms, including opening the store, and
+   >= 70x Prefect 3): a 100-step workflow whose steps all have a CachePolicy ran once; a
+   fresh process then opens the SQLite store and reruns it from its first step with one
+   field edited that only the last step reads, until that step starts. Timed from opening
+   the store, and from the process's first line. Prefect side by side in the same run, its
+   rounds interleaved with ours: a fresh process runs the flow whose 100 tasks are cached
+   until its uncached task starts, timed from calling the flow (which starts its API
+   server), and from the process's first line. ``--prefect-python`` names an interpreter
+   that has Prefect (its own virtualenv); if it cannot import Prefect the reason is printed.
+   Medians, and medians of the per-round ratios.
 2. Cache lookup overhead per step on SQLite (target: <= 0.2 ms): a 200-step run whose steps
    are all served from the cache, against the same run with steps that do the work (a no-op)
    without a policy, both checkpointing every step; (cached - plain) / steps. Beside it the
@@ -37,7 +41,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from _common import fmt_time, save_results, table  # bench/_common.py (takes bench/ off the path)
+# bench/_common.py (takes bench/ off the path)
+from _common import fmt_time, median_ratio, save_results, table
 
 import pitstop
 
@@ -77,18 +82,20 @@ flows.wf.rerun(store, {first!r}, from_step="s000", update={{"edited": {n}}})
 '''
 
 PREFECT_FLOW = '''
-import sys, time, os
+import sys, time
 t0 = time.perf_counter()
 from prefect import flow, task
 from prefect.cache_policies import INPUTS
 
 @task(cache_policy=INPUTS, persist_result=True)
 def step(i, value):
+    print("COMPUTED", i, flush=True)  # a cached rerun prints none of these
     return value + 1
 
 @task
 def fresh(edited):
-    print("FIRST_UNCACHED", time.perf_counter() - t0, flush=True)
+    now = time.perf_counter()
+    print("FIRST_UNCACHED", now - t0, now - called, flush=True)
     return edited
 
 @flow
@@ -98,67 +105,125 @@ def hundred(edited):
         value = step(i, value)
     return fresh(edited)
 
+called = time.perf_counter()
 hundred(int(sys.argv[1]))
 '''
 
 
-def rerun_to_first_uncached(rounds: int) -> dict[str, Any]:
-    tmp = Path(tempfile.mkdtemp(prefix="pitstop-bench-cache-"))
-    (tmp / "flows.py").write_text(STEPS_FLOW)
-    url = f"sqlite:///{tmp}/bench.db"
-    sys.path.insert(0, str(tmp))
-    import flows  # type: ignore[import-not-found]
+class PitstopRerun:
+    """Side 1 of the rerun comparison: each round a fresh process opens the SQLite store and
+    reruns the 100-step workflow until its last (uncached) step starts."""
 
-    sys.path.remove(str(tmp))
-    with pitstop.open_store(url) as store:
-        first = flows.wf.start(store, {"seed": 1, "edited": 0}).run_id
-    process, store_on = [], []
-    # Bytecode as an installed package has it: with PYTHONDONTWRITEBYTECODE set (as on the
-    # machine these figures were first taken on) every fresh process compiled pitstop's
-    # sources again, ~140 ms of the 340 ms measured. A round before the measured ones
-    # writes the bytecode into a private prefix.
-    env = {key: value for key, value in os.environ.items()
-           if key != "PYTHONDONTWRITEBYTECODE"}
-    env["PYTHONPYCACHEPREFIX"] = str(tmp / "pycache")
-    for n in range(rounds + 1):
-        code = RERUN.format(path=str(tmp), url=url, first=first, n=n + 1)
+    def __init__(self) -> None:
+        self.tmp = Path(tempfile.mkdtemp(prefix="pitstop-bench-cache-"))
+        (self.tmp / "flows.py").write_text(STEPS_FLOW)
+        self.url = f"sqlite:///{self.tmp}/bench.db"
+        sys.path.insert(0, str(self.tmp))
+        import flows  # type: ignore[import-not-found]
+
+        sys.path.remove(str(self.tmp))
+        with pitstop.open_store(self.url) as store:
+            self.first = flows.wf.start(store, {"seed": 1, "edited": 0}).run_id
+        # Bytecode as an installed package has it: with PYTHONDONTWRITEBYTECODE set (as on
+        # the machine these figures were first taken on) every fresh process compiled
+        # pitstop's sources again, ~140 ms of the 340 ms measured. A round before the
+        # measured ones writes the bytecode into a private prefix.
+        self.env = {key: value for key, value in os.environ.items()
+                    if key != "PYTHONDONTWRITEBYTECODE"}
+        self.env["PYTHONPYCACHEPREFIX"] = str(self.tmp / "pycache")
+        self.edits = 0
+        self.round()
+
+    def round(self) -> tuple[float, float]:
+        """(seconds from the process's first line, seconds from opening the store)."""
+        self.edits += 1
+        code = RERUN.format(path=str(self.tmp), url=self.url, first=self.first, n=self.edits)
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             check=True, env=env)
-        if n == 0:
-            continue
+                             check=True, env=self.env)
         whole, opened = map(float, out.stdout.split())
+        return whole, opened
+
+
+class PrefectRerun:
+    """Side 2: Prefect 3 in the interpreter ``python`` (its own virtualenv), its ephemeral
+    API server on SQLite; each round a fresh process runs the flow whose 100 tasks are
+    cached (INPUTS policy, persisted results) until its uncached task starts."""
+
+    def __init__(self, python: str) -> None:
+        self.python = python
+        self.error: str | None = None
+        self.version = ""
+        probe = subprocess.run([python, "-c", "import prefect; print(prefect.__version__)"],
+                               capture_output=True, text=True, check=False)
+        if probe.returncode != 0:
+            self.error = (probe.stderr.strip().splitlines() or ["?"])[-1]
+            return
+        self.version = probe.stdout.strip()
+        self.tmp = Path(tempfile.mkdtemp(prefix="prefect-bench-"))
+        (self.tmp / "flow.py").write_text(PREFECT_FLOW)
+        self.env = {**os.environ, "PREFECT_HOME": str(self.tmp / "home"),
+                    "PREFECT_API_DATABASE_CONNECTION_URL":
+                        f"sqlite+aiosqlite:///{self.tmp}/prefect.db",
+                    "PREFECT_LOGGING_LEVEL": "ERROR", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                    # Its default 20 s is not enough for the server to start on a loaded
+                    # machine: the flow then fails instead of being slow.
+                    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "600"}
+        self.edits = 0
+        self._run(rerun=False)  # fills the cache (and writes the bytecode)
+
+    def _run(self, *, rerun: bool = True) -> tuple[float, float]:
+        # Prefect's ephemeral server may log errors while it shuts down and exit non-zero
+        # after the flow finished: the figure is the line the first uncached task printed.
+        done = subprocess.run([self.python, str(self.tmp / "flow.py"), str(self.edits)],
+                              env=self.env, cwd=self.tmp, capture_output=True, text=True,
+                              timeout=600, check=False)
+        self.edits += 1
+        lines = done.stdout.splitlines()
+        figures = [line.split() for line in lines if line.startswith("FIRST_UNCACHED")]
+        if not figures:
+            raise RuntimeError(f"Prefect's flow printed no figure: {done.stderr[-300:]}")
+        computed = sum(line.startswith("COMPUTED") for line in lines)
+        if rerun and computed:
+            raise RuntimeError(f"Prefect's rerun computed {computed} of its cached tasks")
+        return float(figures[-1][1]), float(figures[-1][2])
+
+    def round(self) -> tuple[float, float]:
+        """(seconds from the process's first line, seconds from calling the flow)."""
+        return self._run()
+
+
+def rerun_side_by_side(rounds: int, prefect_python: str) -> dict[str, Any]:
+    """Both sides in one run, their rounds interleaved: medians, and medians of the
+    per-round ratios (each round's pair ran close together, so a slow spell of the shared
+    machine falls on both)."""
+    ours, theirs = PitstopRerun(), PrefectRerun(prefect_python)
+    process, opened, p_process, p_called = [], [], [], []
+    for _ in range(rounds):
+        whole, from_open = ours.round()
         process.append(whole)
-        store_on.append(opened)
-    # From the process's first line (imports included), and from opening the store.
-    return {"process_s": statistics.median(process), "pitstop_s": statistics.median(store_on),
-            "samples": store_on}
-
-
-def prefect_rerun(rounds: int) -> dict[str, Any]:
-    python = os.environ.get("PREFECT_PYTHON", sys.executable)
-    probe = subprocess.run([python, "-c", "import prefect; print(prefect.__version__)"],
-                           capture_output=True, text=True, check=False)
-    if probe.returncode != 0:
-        return {"error": (probe.stderr.strip().splitlines() or ["?"])[-1]}
-    tmp = Path(tempfile.mkdtemp(prefix="prefect-bench-"))
-    (tmp / "flow.py").write_text(PREFECT_FLOW)
-    env = {**os.environ, "PREFECT_HOME": str(tmp / "home"),
-           "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{tmp}/prefect.db",
-           "PREFECT_LOGGING_LEVEL": "ERROR", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    # Prefect's ephemeral server may log errors while it shuts down and exit non-zero after
-    # the flow finished: the figure is the line the first uncached task printed.
-    subprocess.run([python, str(tmp / "flow.py"), "0"], env=env, cwd=tmp, check=False,
-                   capture_output=True, timeout=600)
-    samples = []
-    for n in range(rounds):
-        done = subprocess.run([python, str(tmp / "flow.py"), str(n + 1)], env=env, cwd=tmp,
-                              capture_output=True, text=True, timeout=600, check=False)
-        lines = [line for line in done.stdout.splitlines() if line.startswith("FIRST_UNCACHED")]
-        if not lines:
-            return {"error": f"Prefect's flow printed no figure: {done.stderr[-300:]}"}
-        samples.append(float(lines[-1].split()[1]))
-    return {"version": probe.stdout.strip(), "prefect_s": statistics.median(samples),
-            "samples": samples}
+        opened.append(from_open)
+        if theirs.error is None:
+            p_whole, p_from_call = theirs.round()
+            p_process.append(p_whole)
+            p_called.append(p_from_call)
+    result: dict[str, Any] = {
+        "process_s": statistics.median(process), "pitstop_s": statistics.median(opened),
+        "samples": opened, "process_samples": process,
+    }
+    if theirs.error is not None:
+        result["prefect"] = {"error": theirs.error}
+        return result
+    result["prefect"] = {
+        "version": theirs.version, "prefect_s": statistics.median(p_called),
+        "process_s": statistics.median(p_process), "samples": p_called,
+        "process_samples": p_process,
+        # Like for like: from opening the store (Prefect: calling the flow, which starts
+        # its API server and opens its database), imports not counted; and from each
+        # process's first line, imports included.
+        "ratio": median_ratio(p_called, opened),
+        "process_ratio": median_ratio(p_process, process),
+    }
+    return result
 
 
 def _returns(i: int) -> Any:
@@ -311,6 +376,13 @@ def main() -> None:
     parser.add_argument("--schedule", action="store_true", help="only the 500-tick kill run")
     parser.add_argument("--ticks", type=int, default=500, help="ticks of --schedule")
     parser.add_argument("--no-postgres", action="store_true")
+    parser.add_argument("--rerun-only", action="store_true",
+                        help="only 1, the rerun side by side with Prefect")
+    parser.add_argument("--prefect-python", default=os.environ.get("PREFECT_PYTHON",
+                                                                   sys.executable),
+                        help="an interpreter that has Prefect 3 (its own virtualenv: "
+                             "Prefect pins versions pitstop's may not share); default "
+                             "$PREFECT_PYTHON, else this one")
     args = parser.parse_args()
     if args.schedule:
         result = schedule_kill(ticks=args.ticks)
@@ -318,29 +390,35 @@ def main() -> None:
         save_results("cache-schedule", " ".join(sys.argv), result, str(result))
         return
     rounds = 3 if args.quick else 7
-    rerun = rerun_to_first_uncached(rounds)
-    prefect = prefect_rerun(rounds)
-    lookup = lookup_overhead(rounds)
+    rerun = rerun_side_by_side(rounds, args.prefect_python)
+    prefect = rerun.pop("prefect")
+    ran = "prefect_s" in prefect
     rows = [["rerun of 100 cached steps to the first uncached step, from opening the store "
-             f"(from the process's first line, imports included: "
-             f"{fmt_time(rerun['process_s'])})",
+             "(Prefect: from calling the flow, which starts its API server)",
              fmt_time(rerun["pitstop_s"]),
-             fmt_time(prefect["prefect_s"]) if "prefect_s" in prefect else "n/a",
-             f"{prefect['prefect_s'] / rerun['pitstop_s']:.0f}x" if "prefect_s" in prefect
-             else prefect.get("error", "")],
-            ["cache lookup per step, SQLite (both runs checkpoint every step)",
-             fmt_time(lookup["per_step_s"]), "", ""],
-            [f"{lookup['steps']} steps all served from the cache, default policy (a plain run "
-             f"of them, checkpoint per step: {fmt_time(lookup['plain_s'])})",
-             fmt_time(lookup["served_s"]), "",
-             f"{lookup['plain_s'] / lookup['served_s']:.1f}x faster than running them"]]
+             fmt_time(prefect["prefect_s"]) if ran else "n/a",
+             f"{prefect['ratio']:.0f}x" if ran else prefect.get("error", "")],
+            ["the same, from the process's first line (imports included)",
+             fmt_time(rerun["process_s"]),
+             fmt_time(prefect["process_s"]) if ran else "n/a",
+             f"{prefect['process_ratio']:.0f}x" if ran else ""]]
+    lookup: dict[str, Any] = {}
+    if not args.rerun_only:
+        lookup = lookup_overhead(rounds)
+        rows += [["cache lookup per step, SQLite (both runs checkpoint every step)",
+                  fmt_time(lookup["per_step_s"]), "", ""],
+                 [f"{lookup['steps']} steps all served from the cache, default policy (a "
+                  f"plain run of them, checkpoint per step: {fmt_time(lookup['plain_s'])})",
+                  fmt_time(lookup["served_s"]), "",
+                  f"{lookup['plain_s'] / lookup['served_s']:.1f}x faster than running them"]]
     flight: dict[str, Any] = {}
-    if not args.no_postgres:
+    if not args.no_postgres and not args.rerun_only:
         flight = single_flight(runs=60 if args.quick else 200)
         rows.append([f"{flight['runs']} runs, {flight['workers']} workers (PG), same key: "
                      "function executions", str(flight["calls"]), "",
                      f"{flight['completed']} completed in {fmt_time(flight['wall_s'])}"])
-    markdown = table(["measure", "pitstop", "Prefect", "ratio / note"], rows)
+    peer = f"Prefect {prefect['version']}" if ran else "Prefect"
+    markdown = table(["measure", "pitstop", peer, "ratio / note"], rows)
     print(markdown)
     save_results("cache", " ".join(sys.argv),
                  {"rerun": rerun, "prefect": prefect, "lookup": lookup, "flight": flight},

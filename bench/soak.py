@@ -196,8 +196,21 @@ def store_bytes(schema: str) -> int:
     return int(row[0]) if row else 0
 
 
+def stream_checkpoint_rows(schema: str, job: str) -> int:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(PG, autocommit=True) as conn:
+        row = conn.execute(sql.SQL(
+            "SELECT count(*) FROM {} WHERE run_id LIKE %s").format(
+                sql.Identifier(schema, "pitstop_checkpoints")), (f"{job}/%",)).fetchone()
+    return int(row[0]) if row else 0
+
+
 class Soak:
-    def __init__(self, minutes: float, kill_every: float, vacuum_every: float | None) -> None:
+    def __init__(self, minutes: float, kill_every: float, vacuum_every: float | None,
+                 streams: bool = True) -> None:
+        self.streams = streams
         self.seconds = minutes * 60
         self.autovacuum = autovacuum_on()
         # pitstop leaves deleted rows to PostgreSQL's autovacuum (on by default); where the
@@ -224,6 +237,8 @@ class Soak:
         self.stream_kills = 0
         self.rss: list[tuple[float, int]] = []
         self.sizes: list[tuple[float, int]] = []
+        self.stream_rows: list[tuple[float, int]] = []
+        """The stream job's checkpoint rows (its partitions' base and deltas since) over time."""
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.stream_name = f"soak{uuid.uuid4().hex[:8]}"
@@ -242,7 +257,7 @@ class Soak:
     def start_workers(self) -> None:
         for name in ("steady", "w2", "w3"):
             self.procs[name] = self.spawn(name, "worker", self.url, self.journal)
-        for name in ("s1", "s2"):
+        for name in ("s1", "s2") if self.streams else ():
             self.procs[name] = self.spawn_stream(name)
 
     def spawn_stream(self, name: str) -> subprocess.Popen[bytes]:
@@ -297,7 +312,8 @@ class Soak:
         }
 
     def kill_one(self) -> None:
-        victims = ["w2", "w3", "s1", "s2", *(r for r, p in self.loops.items() if p)]
+        victims = ["w2", "w3", *(["s1", "s2"] if self.streams else []),
+                   *(r for r, p in self.loops.items() if p)]
         name = random.choice(victims)
         proc = self.procs.get(name) if name in self.procs else self.loops[name]
         if proc is None:
@@ -412,13 +428,16 @@ class Soak:
                     self.enqueue()
             if sum(1 for p in self.loops.values() if p is not None) < 2:
                 self.start_loop()
-            self.produce(20)  # ~100 events a second
+            if self.streams:
+                self.produce(20)  # ~100 events a second
             if now >= next_kill:
                 self.kill_one()
                 next_kill = now + random.uniform(0.5, 1.5) * self.kill_every
             if now >= next_sample:
                 self.rss.append((now - started, rss_kib(self.procs["steady"].pid)))
                 self.sizes.append((now - started, store_bytes(self.schema)))
+                self.stream_rows.append((now - started, stream_checkpoint_rows(
+                    self.schema, self.stream_name)))
                 next_sample = now + 10
             if self.vacuum_every and now >= next_vacuum:
                 vacuum(self.schema)
@@ -436,7 +455,7 @@ class Soak:
             self.check_completed()
             self.tend_loops()
             if self.checked >= self.queued and not any(self.loops.values()) \
-                    and self.stream_caught_up():
+                    and (not self.streams or self.stream_caught_up()):
                 break
             time.sleep(0.5)
         self.check_completed()
@@ -446,7 +465,7 @@ class Soak:
             proc.terminate()
         for proc in self.procs.values():
             proc.wait(timeout=30)
-        streamed = self.stream_result()
+        streamed = self.stream_result() if self.streams else {}
         warm = [kib for t, kib in self.rss if t >= self.seconds / 5] or [0]
         sizes = [size for _, size in self.sizes]
         third = max(1, len(sizes) // 3)
@@ -476,6 +495,8 @@ class Soak:
             "store_bytes_last_third_max": max(sizes[-third:]) if sizes else 0,
             "store_bytes_end": sizes[-1] if sizes else 0,
             "store_bytes_samples": sizes,
+            "stream_checkpoint_rows_samples": [rows for _, rows in self.stream_rows],
+            "steady_rss_kib_samples": [kib for _, kib in self.rss],
             "tables_at_end": tables,
         }
         self.store.close()
@@ -503,9 +524,12 @@ def main() -> None:
     parser.add_argument("--vacuum-every", type=float, default=None, metavar="SECONDS",
                         help="VACUUM the store's tables this often (default: every 30 s if "
                              "the server's autovacuum is off, else never)")
+    parser.add_argument("--no-streams", action="store_true",
+                        help="without the stream job (a baseline for the store's size)")
     parser.add_argument("--json", action="store_true")
     options = parser.parse_args()
-    result = Soak(options.minutes, options.kill_every, options.vacuum_every).run()
+    result = Soak(options.minutes, options.kill_every, options.vacuum_every,
+                  streams=not options.no_streams).run()
     print(json.dumps(result, indent=None if options.json else 2))
 
 

@@ -33,6 +33,7 @@ from pitstop.integrations.langgraph import (
     run_id_for,
     stored_id,
 )
+from pitstop.store import SaveRequest
 
 SHARED = [b for b in BACKENDS if b != "memory"]  # backends several processes can share
 MiB = 1024 * 1024
@@ -543,20 +544,20 @@ def test_run_status_is_written_only_when_it_may_have_changed(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     statuses: list[RunStatus | None] = []
-    save = store.save
+    save = store.save_request
 
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        statuses.append(kwargs.get("status"))
-        return save(*args, **kwargs)
+    def spy(request: SaveRequest) -> Any:
+        statuses.append(request.control.status)
+        return save(request)
 
-    monkeypatch.setattr(store, "save", spy)
+    monkeypatch.setattr(store, "save_request", spy)
     save_step = getattr(store, "save_step", None)
     if save_step is not None:  # a loop step's save on SQLite (pitstop.store.engine.steps)
 
-        def spy_step(*args: Any, **kwargs: Any) -> Any:
-            written = save_step(*args, **kwargs)
+        def spy_step(request: SaveRequest) -> Any:
+            written = save_step(request)
             if written:
-                statuses.append(kwargs.get("status"))
+                statuses.append(request.control.status)
             return written
 
         monkeypatch.setattr(store, "save_step", spy_step)

@@ -49,7 +49,7 @@ def test_pitstop_runs_shows_progress_records_and_size_warnings(tmp_path: Path) -
     by_id = {r["id"]: r for r in listed.json["runs"]}
     assert by_id["train"]["status"] == "running"
     assert by_id["train"]["progress"].startswith("items 500 / 1,000 (50.0%)")
-    assert by_id["clicks/0"]["progress"] == "120 records"
+    assert by_id["clicks/0"]["progress"].startswith("120 records · at 119")
     assert by_id["grown"]["progress"] is None
     assert by_id["grown"]["metadata"]["size_warning"]["limit"] == 5_000
     text = pitstop_exe("runs", store=url)

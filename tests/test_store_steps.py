@@ -1,6 +1,7 @@
-"""``save_step`` (pitstop.store.engine.steps): a step's small checkpoint written without the shared
-path, exactly as the shared path writes it, and nothing written whenever it is not that case
-(the shared path then takes the save and its rules apply)."""
+"""``save_step`` (pitstop.store.engine.steps): a step's small checkpoint planned without the
+value codec, exactly as the shared path plans it, and written by the same writer (refusals
+included); nothing written whenever it is not that case (the shared path then takes the save
+and its rules apply)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 import pitstop
 from pitstop import ConflictError, RunBusyError, RunStatus
+from pitstop.store import SaveRequest
 from pitstop.store.engine.sql import SqlStore
 
 _COLUMNS = "id, run_id, parent_id, step, schema_version, metadata, fields, size, added, writes"
@@ -52,7 +54,7 @@ def _steps(store: SqlStore, *, step_path: bool) -> None:
         kwargs = {"parent_id": parent, "expected_head": parent, "checkpoint_id": f"c{i}",
                   "metadata": {"source": "loop", "i": i}, **options}
         if step_path:
-            assert store.save_step("r", state, **kwargs)
+            assert store.save_step(SaveRequest.of("r", state, **kwargs))
         else:
             store.save("r", state, **kwargs)
 
@@ -88,7 +90,8 @@ def test_what_is_not_a_step_is_left_to_the_shared_path(store: SqlStore) -> None:
     def step(state: dict[str, Any] | None = None, **options: Any) -> bool:
         kwargs: dict[str, Any] = {"parent_id": "c0", "expected_head": "c0",
                                   "checkpoint_id": "c1", "changed": ["n"], **options}
-        return store.save_step("r", {"n": b"\x01"} if state is None else state, **kwargs)
+        return store.save_step(SaveRequest.of("r", {"n": b"\x01"} if state is None else state,
+                                              **kwargs))
 
     assert not step(expected_head=pitstop.store.contract.base.UNSET)  # a branch: any head
     assert not step(status=RunStatus.WAITING)
@@ -98,29 +101,33 @@ def test_what_is_not_a_step_is_left_to_the_shared_path(store: SqlStore) -> None:
     assert not step({"n": b"\x01", "gone": None})  # unchanged, yet not in the parent
     assert not step(parent_id="nowhere", expected_head="nowhere")  # parent not known here
     assert _rows(store, f"SELECT {_COLUMNS} FROM pitstop_checkpoints") == before
-    # The head moved: nothing written; the shared path says why.
+    # The head moved: nothing written, refused by the one writer as the shared path is.
     store.save("r", {"n": b"\x05"}, checkpoint_id="c5")
-    assert not step()
+    with pytest.raises(ConflictError) as info:
+        step()
+    assert info.value.actual == "c5"
     with pytest.raises(ConflictError) as info:
         store.save("r", {"n": b"\x01"}, parent_id="c0", expected_head="c0", changed=["n"],
                    checkpoint_id="c1")
     assert info.value.actual == "c5"
     # A lease another owner holds.
     store.acquire("r", "someone", ttl=60)
-    assert not step(parent_id="c5", expected_head="c5")
+    with pytest.raises(RunBusyError):
+        step(parent_id="c5", expected_head="c5")
     with pytest.raises(RunBusyError):
         store.save("r", {"n": b"\x01"}, parent_id="c5", expected_head="c5",
                    changed=["n"], checkpoint_id="c1")
     assert store.get_run("r").head_id == "c5"
 
 
-def test_an_id_already_taken_is_left_to_the_shared_path(store: SqlStore) -> None:
+def test_an_id_already_taken_is_refused_as_the_shared_path_refuses_it(store: SqlStore) -> None:
     store.create_run("r")
     store.create_run("other")
     store.save("other", {"n": b"\x00"}, checkpoint_id="taken")
     store.save("r", {"n": b"\x00"}, checkpoint_id="c0")
-    assert not store.save_step("r", {"n": b"\x01"}, parent_id="c0", expected_head="c0",
-                               changed=["n"], checkpoint_id="taken")
+    with pytest.raises(ConflictError, match="already exists"):
+        store.save_step(SaveRequest.of("r", {"n": b"\x01"}, parent_id="c0", expected_head="c0",
+                                       changed=["n"], checkpoint_id="taken"))
     assert store.get_run("r").head_id == "c0"  # rolled back with the insert
     with pytest.raises(ConflictError, match="already exists"):
         store.save("r", {"n": b"\x01"}, parent_id="c0", expected_head="c0", changed=["n"],

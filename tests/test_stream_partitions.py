@@ -57,10 +57,6 @@ def wait(what: str, check: Callable[[], Any], timeout: float = 40.0,
         time.sleep(0.1)
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known bug, 2 runs in 14: while the cut-off host's transaction still holds a partition's "
-    "row lock, the other hosts' claim hits statement_timeout and their job.run exits on the "
-    "StoreError instead of retrying; the partitions then never move"))
 def test_partitions_of_a_cut_off_host_move_without_a_duplicate_or_gap(
     tmp_path: Any,
 ) -> None:

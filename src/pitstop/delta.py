@@ -129,6 +129,16 @@ class Applied(NamedTuple):
     delta: Delta
 
 
+class MergePatch(NamedTuple):
+    """A field's new value as its parent's chunked dict (``manifest``, a
+    :class:`pitstop.serde.chunks.Manifest`) with ``delta`` set: the store writes a patch of
+    the changed entries alone (:func:`pitstop.serde.chunks.patch_dict`), the parent's value
+    neither read nor serialised."""
+
+    delta: Merge
+    manifest: Any
+
+
 def dirty_positions(value: Any, delta: Delta, parent_items: int) -> list[int]:
     """Positions below ``parent_items`` (the parent's length) of the items ``delta`` changed
     in place in ``value``, its result; what it appended comes after and is not listed."""
@@ -152,6 +162,7 @@ __all__ = [
     "Applied",
     "Delta",
     "Merge",
+    "MergePatch",
     "combine",
     "dirty_positions",
     "is_delta",

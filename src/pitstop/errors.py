@@ -214,6 +214,14 @@ class RunBusyError(PitstopError):
         self.run_id = run_id
         self.owner = owner
         self.expires_at = expires_at
+        if owner is None:
+            # Only a row lock told: its holder is unknown until its transaction ends.
+            super().__init__(
+                f"run {run_id!r} is locked by another transaction (an owner saving, or one "
+                "cut off from the network mid-transaction until the server notices); try "
+                "again later"
+            )
+            return
         super().__init__(
             f"run {run_id!r} is owned by {owner!r} ({_lease_from_now(expires_at)}); it is "
             "taken over when that lease expires, or at once on the owner's host if its "

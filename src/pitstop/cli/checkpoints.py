@@ -34,6 +34,7 @@ from .render import Column, local_time, status_cell, styled
 
 if TYPE_CHECKING:
     from pitstop.failures import RunFailure
+    from pitstop.stream.status import PartitionStatus
 
 
 def _header(run: Run, ckpt: CheckpointSummary,
@@ -151,12 +152,17 @@ def _show_timeline(s: Session, store: Any, run: Run) -> None:
               help="Show the run's timeline instead of its state: steps with their "
                    "durations, retries, waits, children and maps, then its events (created, "
                    "claimed, inputs, effects, retries, failures...) and loop progress.")
+@click.option("--no-lag", is_flag=True,
+              help="A stream partition: do not ask its broker for its lag.")
 def show(s: Session, run_id: str, ref: str | None, path: str | None, full: bool,
-         as_timeline: bool) -> None:
+         as_timeline: bool, no_lag: bool) -> None:
     """Show a run's state (its latest checkpoint, or the one named) with its header.
 
     For a failed run: the failed step, the exception and its traceback. A loop's progress
-    (``ctx.iterate``, ``Checkpointer.iterate``) shows as "32,000 / 300,000" with a rate.
+    (``ctx.iterate``, ``Checkpointer.iterate``) shows as "32,000 / 300,000" with a rate. A
+    stream job's partition shows its position, records, lag (records in the stream after
+    the position, where the broker can tell), records/s over its last checkpoints and
+    outbox.
     """
     from pitstop.display.state import PathNotFound, lookup, shorten
     from pitstop.failures import failure_in
@@ -181,6 +187,7 @@ def show(s: Session, run_id: str, ref: str | None, path: str | None, full: bool,
     from pitstop.observe import progress
 
     loops = progress(store, run.id)
+    partition = _partition(store, run, lag=not no_lag)
     view = to_jsonable(state_view(store, ckpt))
     if path is not None:
         try:
@@ -195,11 +202,15 @@ def show(s: Session, run_id: str, ref: str | None, path: str | None, full: bool,
             "progress": [loop.to_json() for loop in loops],
             **family.to_json(),
         }
+        if partition is not None:
+            doc["stream"] = partition.to_json()
         doc.update({"field": path, "value": view} if path is not None else {"state": view})
         s.out.json(doc)
         return
     s.out.fields(_header(run, ckpt, failure) + family.fields()
                  + [(f"progress {loop.name}", str(loop)) for loop in loops]
+                 + (_partition_fields(partition, ckpt.id == run.head_id)
+                    if partition is not None else [])
                  + ([("field", path)] if path else []))
     family.table(s.out)
     if failure is not None and failure.traceback:
@@ -213,6 +224,30 @@ def show(s: Session, run_id: str, ref: str | None, path: str | None, full: bool,
     if shortened:
         s.out.note(f"{shortened} long value{'s' if shortened != 1 else ''} shortened (marked …); "
                    "--full shows everything, --field PATH one value whole")
+
+
+def _partition(store: Any, run: Run, *, lag: bool) -> PartitionStatus | None:
+    """A stream job's partition run's figures (None for any other run)."""
+    if not (run.workflow or "").startswith("stream:"):
+        return None
+    from pitstop.stream.status import is_partition, partitions_status
+
+    return partitions_status(store, [run], lag=lag)[0] if is_partition(run) else None
+
+
+def _partition_fields(part: PartitionStatus, shown_head: bool) -> list[tuple[str, Any]]:
+    """The partition as of its newest checkpoint (which the shown one may not be)."""
+    def number(value: float | None, unit: str = "") -> str:
+        return "unknown" if value is None else f"{value:,.0f}{unit}"
+
+    return [
+        ("position", f"{part.position or '-'}" + ("" if shown_head else " (at its head)")),
+        ("records", f"{part.records:,}"),
+        ("lag", number(part.lag, " records behind")),
+        ("rate", number(part.records_per_second, " records/s")),
+        ("outbox", f"{part.outbox:,} outputs not yet known delivered"),
+        ("owner", part.owner or "none (no job.run owns it)"),
+    ]
 
 
 # -- history ---------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from pitstop.failures import RunFailure
     from pitstop.owners import Ownership
     from pitstop.store.contract.base import Problem
+    from pitstop.stream.status import PartitionStatus
 
 RUN_COLUMNS = [
     Column("id", style="bold", max_width=40),
@@ -31,7 +32,7 @@ RUN_COLUMNS = [
     Column("age", right=True),
     Column("size", right=True),
     Column("checkpoints", right=True),
-    Column("detail", max_width=80),
+    Column("detail", max_width=100),  # (a stream partition: position, lag, rate, hint)
 ]
 
 
@@ -72,7 +73,7 @@ def _detail(run: Run, lease: Ownership, failure: RunFailure | None, now: datetim
     workflow = run.workflow or ""
     if lease.state == "released" and workflow.startswith("stream:"):
         # A stream job's partition between job.run calls (pitstop.stream).
-        return f"stream partition, no job.run owns it (pitstop stream status {workflow[7:]})"
+        return f"no owner: pitstop stream status {workflow[7:]}"
     if lease.state == "released" or (run.status is RunStatus.QUEUED and lease.state == "none"):
         return "waiting for a worker"
     if lease.state == "held":
@@ -88,12 +89,16 @@ def _size_cell(run: Run) -> Cell:
 
 
 def listed_json(run: Run, lease: Ownership, failure: RunFailure | None,
-                progress: str | None = None) -> dict[str, Any]:
+                progress: str | None = None,
+                partition: PartitionStatus | None = None) -> dict[str, Any]:
     """A run as ``pitstop runs --json`` lists it: its row, its lease, its error if failed,
-    its loops' progress if it runs (or the records of a stream partition)."""
+    its loops' progress if it runs (or a stream partition's records, position, lag and
+    rate, and its figures under ``stream``)."""
     doc = run_json(run)
     doc["lease"] = lease.state
     doc["progress"] = progress
+    if partition is not None:
+        doc["stream"] = partition.to_json()
     if failure is not None:
         doc["error"] = {"step": failure.step, "type": failure.type, "message": failure.message,
                         "attempt": failure.attempt}
@@ -112,14 +117,17 @@ def listed_json(run: Run, lease: Ownership, failure: RunFailure | None,
               help="Show at most this many.")
 @click.option("--offset", type=click.IntRange(min=0), default=0, help="Skip this many (paging).")
 @click.option("--parent", metavar="RUN", help="Only the child runs RUN's steps started.")
+@click.option("--no-lag", is_flag=True,
+              help="Do not ask stream jobs' brokers for their partitions' lag.")
 def runs(
     s: Session, *, statuses: tuple[str, ...], workflow: str | None, since: datetime | None,
-    limit: int, offset: int, parent: str | None,
+    limit: int, offset: int, parent: str | None, no_lag: bool,
 ) -> None:
     """List runs, newest first: status, position, size (``(!)``: past its size_warning), and
     what each waits for, why it failed, or who holds it (``running, owner gone``: its owner
     died; a worker takes it), after a running loop's progress or a stream partition's
-    records."""
+    records, position, lag (records in the stream after its position: one request per
+    broker) and records/s over its last checkpoints."""
     from pitstop.failures import run_failure
     from pitstop.observe.timelines import listed_progress
     from pitstop.owners import ownership
@@ -135,9 +143,11 @@ def runs(
     now = datetime.now(UTC)
     leases = [ownership(r, now) for r in found]
     failures = [run_failure(store, r) for r in found]
-    progresses = [listed_progress(store, r) for r in found]
+    partitions = _partitions(store, found, lag=not no_lag)
+    progresses = [_partition_text(partitions[r.id]) if r.id in partitions
+                  else listed_progress(store, r) for r in found]
     if s.as_json:
-        s.out.json({"runs": [listed_json(r, lease, failure, progress)
+        s.out.json({"runs": [listed_json(r, lease, failure, progress, partitions.get(r.id))
                              for r, lease, failure, progress
                              in zip(found, leases, failures, progresses, strict=True)],
                     "more": more})
@@ -161,6 +171,23 @@ def runs(
     if more:
         s.out.note(f"more runs: --offset {offset + limit} for the next page")
     _report_damaged(found_all.damaged)
+
+
+def _partitions(store: Any, found: list[Run], *, lag: bool) -> dict[str, PartitionStatus]:
+    """The stream partitions among ``found``, by run id (pitstop.stream is imported only
+    when there is one: a listing of other runs loads nothing of it)."""
+    if not any((r.workflow or "").startswith("stream:") for r in found):
+        return {}
+    from pitstop.stream.status import is_partition, partitions_status
+
+    parts = partitions_status(store, [r for r in found if is_partition(r)], lag=lag)
+    return {p.run_id: p for p in parts}
+
+
+def _partition_text(part: PartitionStatus) -> str:
+    from pitstop.stream.status import progress_text
+
+    return progress_text(part)
 
 
 def _with_progress(detail: Cell, progress: str | None) -> Cell:

@@ -113,9 +113,10 @@ from ..errors import (
 )
 from ..model import Checkpoint as StoredCheckpoint
 from ..model import CheckpointSummary, Run, RunStatus
-from ..store import RetentionPolicy, Store, open_store
+from ..store import RetentionPolicy, RunControl, SaveOptions, SaveRequest, Store, open_store
 from ..store.contract.base import UNSET, Unset
-from ..store.engine.steps import StepSaves
+from ..store.contract.save import NO_CONTROL
+from ..store.engine.sql import SqlStore
 from .langgraph_forks import ForkGuard
 from .langgraph_meta import checkpoint_metadata
 from .langgraph_values import (
@@ -283,7 +284,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         # (run id, channel) -> the list channel as last written there (_Items).
         self._items: BoundedCache[_Items] = BoundedCache(1024)
         # The store's path for a step's small checkpoint (pitstop.store.engine.steps), if any.
-        steps = self.store if isinstance(self.store, StepSaves) and self.store.step_saves else None
+        steps = self.store if isinstance(self.store, SqlStore) and self.store.step_saves else None
         self._save_step = steps.save_step if steps is not None else None
         # Pending writes held for the next checkpoint's transaction (None: not grouped).
         self._held = HeldWrites(self.store, writes_delay) if writes_delay is not None else None
@@ -717,17 +718,19 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         # Like the status: a checkpoint continuing this saver's own head is on a run whose
         # workflow is already set (unnamed, the UPDATE is smaller). An interrupt recorded on
         # it meanwhile has marked the run waiting.
-        options: dict[str, Any] = {
-            "parent_id": parent_id, "step": step, "expected_head": expected,
-            "workflow": None if status is None else WORKFLOW, "checkpoint_id": stored,
-            "status": None if self._interrupted.get(stored) else status, "attach": attach}
+        if status is None or self._interrupted.get(stored):
+            control = NO_CONTROL if status is None else RunControl(workflow=WORKFLOW)
+        else:
+            control = RunControl(status, WORKFLOW)
+        options = SaveOptions(expected_head=expected, attach=attach)
         for attempt in (1, 2):
             try:
+                request = SaveRequest(run_id, state, changed, parent_id, step, stored, meta,
+                                      control=control, options=options)
                 step_path = self._save_step  # a loop step, without the store's general path
-                if step_path is not None and changed is not None and parent_id is not None \
-                        and step_path(run_id, state, changed=changed, metadata=meta, **options):
+                if step_path is not None and step_path(request):
                     return True
-                self.store.save(run_id, state, changed=changed, metadata=meta, **options)
+                self.store.save_request(request)
                 return True
             except SerializationError as exc:
                 if attempt == 2 or not (exc.path or "").startswith("metadata"):
@@ -882,16 +885,12 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
                 meta["copied_from"] = stored.id
                 copy = stored_id(langgraph_id(stored.id), target_run)
                 writes = self.store.attachments(run.id, stored.id)
-                self.store.save(
-                    target_run,
-                    stored.state,
-                    parent_id=parent,
-                    step=stored.step,
-                    metadata=meta,
-                    workflow=WORKFLOW,
-                    checkpoint_id=copy,
-                    attach={copy: writes} if writes else None,  # in the row it inserts
-                )
+                self.store.save_request(SaveRequest(
+                    target_run, stored.state, parent_id=parent, step=stored.step,
+                    checkpoint_id=copy, metadata=meta, control=RunControl(workflow=WORKFLOW),
+                    # (writes attached to the copy go into the row it inserts)
+                    options=SaveOptions(attach={copy: writes} if writes else None),
+                ))
                 copies[stored.id] = copy
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ChildFailedError, ChildRunError, RunBusyError, RunExistsError
 from ..errors import RunNotFoundError as _RunNotFound
 from ..model import Checkpoint, Run, RunStatus
+from ..store import RunControl, SaveOptions, SaveRequest
 from ..store.engine.children import child_input
 
 if TYPE_CHECKING:
@@ -215,17 +216,16 @@ class ChildPlan:
             metadata = {"parent": {"run_id": host.run_id,
                                    "checkpoint_id": host.parent_id,
                                    "step": self.ctx.step, "key": self._key(child)}}
-            prepared = self.store.prepare(
+            prepared = self.store.prepare_request(SaveRequest(
                 child.run_id,
                 child.wf.adapter.fields_of(child.input),
                 step=0,
                 metadata={"source": "input", "status": RunStatus.QUEUED.value,
                           "step_name": None, "next": child.wf.first_step, "completed": []},
                 schema_version=child.wf.version,
-                workflow=child.wf.name,
-                status=RunStatus.QUEUED,
-                expected_head=None,
-            )
+                control=RunControl(status=RunStatus.QUEUED, workflow=child.wf.name),
+                options=SaveOptions(expected_head=None),
+            ))
             saves.append((prepared, metadata))
         if not saves:
             return

@@ -28,7 +28,7 @@ from typing import Any, Final, TypeVar
 
 from ..errors import LeaseLostError
 from ..model import Checkpoint
-from ..store import RetentionPolicy, Store, open_store
+from ..store import RetentionPolicy, SaveOptions, SaveRequest, Store, open_store
 from ..store.contract.base import Durability
 from .iteration import Position, Resumable
 from .leases import acquire, keeper, owner_id
@@ -233,15 +233,14 @@ class Checkpointer:
         self.schedule.taken(None if force else self._clock() - started)
 
     def _write(self, state: State, metadata: dict[str, Any]) -> None:
-        ckpt = self.store.save(
+        ckpt = self.store.save_request(SaveRequest(
             self.run_id,
             state,
             parent_id=self.checkpoint_id,
-            expected_head=self.checkpoint_id,
             metadata=metadata,
-            lease=self._lease,
-            durability=self.durability,
-        )
+            options=SaveOptions(expected_head=self.checkpoint_id, lease=self._lease,
+                                durability=self.durability),
+        ))
         self.checkpoint_id = ckpt.id
         if self.size_warning is not None and not self._size_warned \
                 and ckpt.size >= self.size_warning:

@@ -27,7 +27,7 @@ from ..serde import (
     codec,  # noqa: F401  # see below
     default_registry,
 )
-from ..store import Input, Lease, RetentionPolicy, Store
+from ..store import Input, Lease, RetentionPolicy, RunControl, SaveOptions, SaveRequest, Store
 from .cache import CachePolicy
 from .engine import Execution, RunResult, drive_async, drive_sync
 from .leases import abandon, acquire, owner_id
@@ -306,16 +306,15 @@ class Workflow:
             # The run's row and its input checkpoint in one transaction: a crash or a lost
             # connection leaves the whole run (resume continues it, the same start again
             # converges on it) or nothing at all (the same start again creates it).
-            prepared = store.prepare(
+            prepared = store.prepare_request(SaveRequest(
                 run_id,
                 fields,
                 step=0,
                 metadata=self._input_metadata(status),
                 schema_version=self.version,
-                workflow=self.name,
-                status=status,
-                expected_head=None,
-            )
+                control=RunControl(status=status, workflow=self.name),
+                options=SaveOptions(expected_head=None),
+            ))
             ckpt, lease = store.start_run(
                 prepared, metadata=metadata, priority=priority, owner=owner, ttl=self.lease_ttl
             )
@@ -351,17 +350,15 @@ class Workflow:
         """The input checkpoint of a run whose row exists without one."""
         lease = acquire(store, run_id, owner, ttl=self.lease_ttl) if owner else None
         try:
-            ckpt = store.save(
+            ckpt = store.save_request(SaveRequest(
                 run_id,
                 fields,
                 step=0,
                 metadata=self._input_metadata(status),
                 schema_version=self.version,
-                workflow=self.name,
-                status=status,
-                lease=lease,
-                expected_head=None,
-            )
+                control=RunControl(status=status, workflow=self.name),
+                options=SaveOptions(lease=lease, expected_head=None),
+            ))
         except BaseException:
             if lease is not None:
                 with contextlib.suppress(PitstopError):
@@ -472,17 +469,17 @@ class Workflow:
                 )
                 meta.pop("waiting_for", None)
                 meta.pop("wake_at", None)
-                ckpt = store.save(
+                ckpt = store.save_request(SaveRequest(
                     run_id,
                     ckpt.state,
+                    changed=(),
                     parent_id=ckpt.id,
                     step=ckpt.step,
                     metadata=meta,
-                    changed=(),
                     schema_version=ckpt.schema_version,
-                    status=RunStatus.RUNNING,
-                    lease=lease,
-                )
+                    control=RunControl(status=RunStatus.RUNNING),  # waiting for nothing
+                    options=SaveOptions(lease=lease),
+                ))
                 status = RunStatus.RUNNING
             else:
                 # The run as of now that the lease is held (one read with its head): read

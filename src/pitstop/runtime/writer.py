@@ -15,6 +15,7 @@ import logging
 import queue
 import threading
 import weakref
+from typing import Any
 
 from ..store import PreparedSave, Store
 
@@ -26,13 +27,13 @@ class BackgroundWriter:
 
     def __init__(self, store: Store, maxsize: int = 64) -> None:
         self.store = store
-        self._queue: queue.Queue[PreparedSave | None] = queue.Queue(maxsize=maxsize)
+        self._queue: queue.Queue[PreparedSave[Any] | None] = queue.Queue(maxsize=maxsize)
         self._failed: dict[str, BaseException] = {}
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="pitstop-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, prepared: PreparedSave) -> None:
+    def submit(self, prepared: PreparedSave[Any]) -> None:
         """Queue a write (blocks while the queue is full); re-raises an earlier failure."""
         if prepared.run_id in self._failed:
             self.flush(prepared.run_id)

@@ -47,6 +47,9 @@ import xxhash
 from . import parallel
 
 MANIFEST_VERSION: Final = 1
+MANIFEST_PATCHED: Final = 2
+"""The version of a dict's manifest with *patches* (:func:`patch_dict`): leaves after the
+base's that set keys again. An older pitstop refuses it rather than cut it wrongly."""
 CHUNKED_MIN: Final = 16 * 1024
 """Values serialising to fewer bytes are stored whole, as before. Low enough that a growing
 list is chunked early: until then each save rewrites it whole (sum over the saves: ~4x this)."""
@@ -240,7 +243,10 @@ def decode_manifest(data: bytes) -> Manifest:
         version, kind, items, meta, root = ormsgpack.unpackb(data)
     except Exception as exc:
         raise ValueError(f"unreadable manifest ({exc})") from None
-    if version != MANIFEST_VERSION:
+    if version == MANIFEST_PATCHED:
+        if kind != "dict" or _patch_meta(meta, root) is None:
+            raise ValueError("malformed patched manifest")
+    elif version != MANIFEST_VERSION:
         raise ValueError(f"manifest version {version} (written by a newer pitstop?)")
     if kind not in KINDS:
         raise ValueError(f"unknown chunked value kind {kind!r}")
@@ -254,6 +260,101 @@ def decode_manifest(data: bytes) -> Manifest:
                for e in entries):
         raise ValueError("malformed manifest (a root entry is not one)")
     return Manifest(kind, items, meta, entries)
+
+
+# -- patches: a Merge on a dict whose chunks are not known here --------------------------------
+#
+# A dict is decoded from its chunks joined, in one msgpack map: a key that comes twice takes
+# the later value and keeps its first place, which is what Merge does (``dict.update``). So
+# a Merge on a chunked dict can be written as chunks of the changed entries alone, after the
+# value's own: the *patch*. Its manifest is the parent's root with the patch's leaves added
+# (version MANIFEST_PATCHED, ``meta = ["patch", base, levels]``: the root's first ``base``
+# entries are the dict's chunks before any patch, the rest are patch entries, at those
+# levels: a leaf is level 0; PATCH_GROUP entries of one level become a node one level up,
+# so the root stays short and the tree shallow however many patches follow). Nothing of the
+# parent's value is read; the patch costs O(change). A save that has the whole value (a
+# handle that read it) writes it whole again, without the duplicates (see
+# ValueCodec._encode_chunked); a patch is refused once patches hold as many entries as the
+# dict had before them (:func:`may_patch`), so the duplicates stay at most as many as the
+# keys and the read that rewrites them is paid once per that many changes.
+
+PATCH_GROUP: Final = 16
+PATCH_MIN_ITEMS: Final = 4096
+"""A dict of fewer keys takes patches up to this many entries before one is refused."""
+
+
+def _patch_meta(meta: Any, root: Sequence[Any]) -> tuple[int, list[int]] | None:
+    """``(base, levels)`` of a patched manifest's meta, or None if it is not one."""
+    if (
+        type(meta) is not list
+        or len(meta) != 3
+        or meta[0] != "patch"
+        or type(meta[1]) is not int
+        or type(meta[2]) is not list
+        or not 0 <= meta[1] <= len(root)
+        or len(meta[2]) != len(root) - meta[1]
+        or not all(type(level) is int and 0 <= level < 16 for level in meta[2])
+    ):
+        return None
+    return meta[1], list(meta[2])
+
+
+def may_patch(manifest: Manifest, adding: int) -> bool:
+    """Whether a dict's manifest may take a patch of ``adding`` entries (else the value is
+    read and written whole, which drops the duplicates)."""
+    if manifest.kind != "dict":
+        return False
+    found = _patch_meta(manifest.meta, manifest.root)
+    if found is None:
+        return manifest.meta is None
+    base, _ = found
+    patched = sum(e.items for e in manifest.root[base:])
+    return patched + adding <= max(manifest.items - patched, PATCH_MIN_ITEMS)
+
+
+def patch_dict(
+    manifest: Manifest, entries: Mapping[str, Any], dumps: Dumps, format_id: int,
+    params: Params = DICT_PARAMS,
+) -> tuple[bytes, int, dict[bytes, bytes]]:
+    """The manifest of ``manifest``'s dict with ``entries`` set (see above), its size and
+    the new chunks (leaves and nodes) by key. ``TypeError`` for a key msgpack cannot hold as
+    a plain map key (the caller then applies the Merge to the value itself)."""
+    encodings = []
+    for name, value in entries.items():
+        encoded = _encode_dict_item(dumps, name, value)
+        if encoded is None:
+            raise TypeError("the dict has a key msgpack cannot hold as a plain map key")
+        encodings.append(encoded)
+    found = _patch_meta(manifest.meta, manifest.root)
+    base, levels = found if found is not None else (len(manifest.root), [])
+    root = list(manifest.root)
+    raws: dict[bytes, bytes] = {}
+    for first, stop, _ in _cuts(encodings, params):
+        raw = b"".join(encodings[first:stop])
+        key = chunk_key(format_id, raw)
+        raws[key] = raw
+        root.append(Entry(key, stop - first, len(raw), CUT))
+        levels.append(0)
+        # PATCH_GROUP entries of one level at the end: one node a level up.
+        while len(levels) >= PATCH_GROUP and len(set(levels[-PATCH_GROUP:])) == 1:
+            group = root[-PATCH_GROUP:]
+            packed = _pack_entries(group)
+            node = chunk_key(format_id, packed)
+            raws[node] = packed
+            level = levels[-1] + 1
+            del root[-PATCH_GROUP:], levels[-PATCH_GROUP:]
+            root.append(Entry(node, sum(e.items for e in group), sum(e.size for e in group),
+                              CUT | NODE))
+            levels.append(level)
+    items = manifest.items + len(encodings)
+    data = ormsgpack.packb([MANIFEST_PATCHED, "dict", items, ["patch", base, levels],
+                            [list(e) for e in root]])
+    return data, sum(e.size for e in root), raws
+
+
+def is_patched(layout: Layout) -> bool:
+    """Whether ``layout`` is a patched dict's (its items are not its keys' positions)."""
+    return layout.kind == "dict" and layout.meta is not None
 
 
 def expand(root: Sequence[Entry], nodes: Mapping[bytes, bytes | list[Entry]]) -> list[Entry]:
@@ -984,7 +1085,10 @@ def check_chunk(key: bytes, format_id: int, raw: bytes | memoryview) -> bool:
 __all__ = [
     "CHUNKED_MIN",
     "CUT",
+    "MANIFEST_PATCHED",
     "NODE",
+    "PATCH_GROUP",
+    "PATCH_MIN_ITEMS",
     "Entry",
     "Layout",
     "Manifest",
@@ -999,8 +1103,11 @@ __all__ = [
     "decode_manifest",
     "encode_manifest",
     "expand",
+    "is_patched",
     "kind_of",
     "list_groups",
+    "may_patch",
+    "patch_dict",
     "sealed",
     "split",
     "split_delta",

@@ -37,7 +37,7 @@ from ..errors import (
 )
 from ..model import RunStatus
 from ..observe import metrics, tracing
-from ..store import RetentionPolicy, Store
+from ..store import RetentionPolicy, RunControl, SaveOptions, SaveRequest, Store
 from .jetstream import JetStream
 from .keyed import ExpiringState, KeyedState, chain_ids, fold, needs_base
 from .records import Output, Position, Record
@@ -183,6 +183,9 @@ class Job:
         self.retry_backoff = retry_backoff
         self._attempts: dict[int, tuple[Position | None, int]] = {}
         """Partition: (where its handler last raised, failures there in a row)."""
+        self._claim_waits: dict[int, tuple[float, float]] = {}
+        """Partition: (monotonic time before which it is not claimed again, the backoff) after
+        a claim the store did not answer (a lock held by an owner cut off mid-transaction)."""
         # Expiry is checked per time bucket, an eighth of the ttl: a key goes between ttl
         # and ttl + 1/8 after it was last set.
         self._bucket_seconds = ttl / 8 if ttl is not None else 0.0
@@ -354,6 +357,7 @@ class Job:
                              metadata=metadata)
         self._started = time.time()
         self._attempts = {}
+        self._claim_waits = {}
         report = RunReport()
         owned: dict[int, _Partition] = {}
         refused: set[int] = set()
@@ -501,20 +505,31 @@ class Job:
         for index in range(self.source.partitions):
             if index in owned or index in refused:
                 continue
-            run_id = self.run_id(index)
-            run = store.get_run(run_id)
-            if run.status is RunStatus.FAILED and run.updated_at.timestamp() >= self._started:
-                # Failed while this run() goes on (here or in another process): retried by
-                # the next run(), not in a loop by every process.
-                refused.add(index)
+            if self._claim_waits.get(index, (0.0, 0.0))[0] > time.monotonic():
                 continue
-            if run.owner is not None and run.owner != me and run.lease_expires_at is not None \
-                    and run.lease_expires_at.timestamp() > time.time() \
-                    and not _owner_dead(run.owner):
-                continue  # owned: no write needed to learn it
+            run_id = self.run_id(index)
             try:
+                run = store.get_run(run_id)
+                if run.status is RunStatus.FAILED \
+                        and run.updated_at.timestamp() >= self._started:
+                    # Failed while this run() goes on (here or in another process): retried
+                    # by the next run(), not in a loop by every process.
+                    refused.add(index)
+                    continue
+                if run.owner is not None and run.owner != me \
+                        and run.lease_expires_at is not None \
+                        and run.lease_expires_at.timestamp() > time.time() \
+                        and not _owner_dead(run.owner):
+                    continue  # owned: no write needed to learn it
                 lease = acquire(store, run_id, me, self.lease_ttl)
-            except RunBusyError:
+            except RunBusyError as exc:
+                if exc.owner is None:  # a row lock held past the store's bounded wait
+                    self._claim_later(index, exc)
+                continue
+            except StoreError as exc:
+                if type(exc) is not StoreError:
+                    raise  # (schema, encryption key: no retry cures it)
+                self._claim_later(index, exc)
                 continue
             held = keeper.track(store, lease, self.lease_ttl)
             try:
@@ -526,13 +541,35 @@ class Job:
                 report.failed[index] = str(exc)
                 log.error("%s", exc)
                 continue
+            except StoreError as exc:
+                keeper.untrack(held)
+                if type(exc) is not StoreError:
+                    store.release(held.lease)
+                    raise
+                with suppress(Exception):  # else the lease simply expires
+                    store.release(held.lease)
+                self._claim_later(index, exc)
+                continue
             except BaseException:
                 keeper.untrack(held)
                 store.release(held.lease)
                 raise
+            self._claim_waits.pop(index, None)
             owned[index] = part
             log.info("stream job %r: partition %d owned by %s from position %s", self.name,
                      index, me, part.position)
+
+    def _claim_later(self, index: int, exc: StoreError | RunBusyError) -> None:
+        """A claim the store did not answer is no error of the job: the partition is not
+        available now. Typically another owner, cut off from the network in the middle of a
+        transaction, still holds its run's row lock until the server notices; the claim
+        waited for it until the store's bounded lock wait (a ``RunBusyError`` naming no
+        owner) or ``statement_timeout``. Tried again after a backoff (0.5 s, doubling up to
+        30 s); the partitions this process owns go on meanwhile."""
+        backoff = min(30.0, max(0.5, self._claim_waits.get(index, (0.0, 0.0))[1] * 2))
+        self._claim_waits[index] = (time.monotonic() + backoff, backoff)
+        log.warning("stream job %r: partition %d not claimed: its run is locked or the store "
+                    "did not answer (%s); trying again in %.1f s", self.name, index, exc, backoff)
 
     def _open(self, store: Store, index: int, held: Any) -> _Partition:
         loaded = self._load(store, index)
@@ -720,9 +757,16 @@ class Job:
             part.base = checkpoint.id
             part.since_base_keys = part.since_base_checkpoints = 0
             if previous_base is not None and not self.keep_history:
-                # Everything before the new base is folded into it.
-                store.prune(RetentionPolicy(keep_last=1, keep_milestones=False),
-                            run_id=part.run_id)
+                # Everything before the new base is folded into it. A store that does not
+                # answer now leaves them to the next base's prune (the checkpoint is safe).
+                try:
+                    store.prune(RetentionPolicy(keep_last=1, keep_milestones=False),
+                                run_id=part.run_id)
+                except StoreError as exc:
+                    if type(exc) is not StoreError:
+                        raise
+                    log.warning("stream job %r: partition %d: checkpoints before its new "
+                                "base not deleted yet (%s)", self.name, part.index, exc)
         else:
             part.since_base_keys += keys
             part.since_base_checkpoints += 1
@@ -737,11 +781,12 @@ class Job:
         backoff = 0.0
         while True:
             try:
-                return store.save(
-                    part.run_id, fields, lease=part.held.lease, status=status,
-                    workflow=self.workflow, metadata=metadata, release=release,
-                    changed=list(fields), schema_version=self.version,
-                )
+                return store.save_request(SaveRequest(
+                    part.run_id, fields, list(fields), metadata=metadata,
+                    schema_version=self.version,
+                    control=RunControl(status=status, workflow=self.workflow),
+                    options=SaveOptions(lease=part.held.lease, release=release),
+                ))
             except StoreError as exc:
                 if type(exc) is not StoreError or self._stop.is_set():
                     raise  # (schema, unknown scheme: not a passing outage)

@@ -1,23 +1,26 @@
-"""A stream job's partitions as an operator reads them (``pitstop stream status JOB``).
+"""A stream job's partitions as an operator reads them (``pitstop stream status JOB``,
+``pitstop runs``, ``pitstop show`` and the inspector).
 
-Everything comes from the partition runs and their last two checkpoints' summaries (no
-state is loaded): position, records and outbox size are in each checkpoint's metadata, the
-rate is the records between the last two checkpoints over their time apart. The lag of a
-Redis partition is the stream's ``entries-added`` less the records up to the position, one
-XINFO per partition; the lag of a JetStream partition is the number of messages of its
+Everything comes from the partition runs and their newest checkpoints' summaries (no state
+is loaded): position, records and outbox size are in each checkpoint's metadata, the rate is
+the records between the oldest and the newest of the last :data:`RATE_CHECKPOINTS`
+checkpoints over their time apart. The lag of a Redis partition is the stream's
+``entries-added`` less the records up to the position: one XINFO per partition, pipelined,
+one connection per server. The lag of a JetStream partition is the number of messages of its
 subject after its sequence, as the server counts them for a consumer created there (no ack,
-deleted at once), one connection per server. When the broker does not answer the lag is
-unknown (None).
+deleted at once), one connection per server. A source that cannot tell (an ``Iterable``), or
+a broker that does not answer, leaves the lag unknown (None).
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
+from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from ..model import Run
 from ..store import Store
 
 
@@ -42,41 +45,80 @@ class PartitionStatus:
         return asdict(self)
 
 
+RATE_CHECKPOINTS = 8
+"""A partition's records/s is taken over its newest checkpoints, this many at most."""
+
+
 def job_status(store: Store, job: str, *, lag: bool = True) -> list[PartitionStatus]:
     """The partitions of ``job`` (runs ``<job>/<n>``), in partition order."""
     runs = [r for r in store.runs(id_prefix=f"{job}/", workflow=f"stream:{job}", limit=None)
             if r.id.rsplit("/", 1)[1].isdigit()]
     runs.sort(key=lambda r: int(r.id.rsplit("/", 1)[1]))
-    out = []
+    return partitions_status(store, runs, lag=lag)
+
+
+def is_partition(run: Run) -> bool:
+    """Whether ``run`` is a stream job's partition (workflow ``stream:JOB``, id ``JOB/N``)."""
+    job, _, index = run.id.rpartition("/")
+    return run.workflow == f"stream:{job}" and index.isdigit()
+
+
+def partitions_status(store: Store, runs: Sequence[Run], *, lag: bool = True
+                      ) -> list[PartitionStatus]:
+    """The status of each partition run in ``runs`` (see :func:`is_partition`), in their
+    order; with ``lag``, each broker is asked once for all of its partitions."""
     now = time.time()
-    for run in runs:
-        last = store.history(run.id, limit=2)
-        meta: dict[str, Any] = dict(last[0].metadata.get("stream") or {}) if last else {}
-        rate = None
-        if len(last) == 2:
-            before = last[1].metadata.get("stream") or {}
-            seconds = (last[0].created_at - last[1].created_at).total_seconds()
-            done = int(meta.get("records", 0)) - int(before.get("records", 0))
-            if seconds > 0 and done >= 0:
-                rate = done / seconds
-        error = last[0].metadata.get("error") if last else None
-        out.append(PartitionStatus(
-            run_id=run.id,
-            partition=int(run.id.rsplit("/", 1)[1]),
-            status=run.status.value,
-            owner=run.owner,
-            position=meta.get("position"),
-            records=int(meta.get("records", 0)),
-            outbox=int(meta.get("outbox", 0)),
-            checkpoint_age=now - last[0].created_at.timestamp() if last else None,
-            records_per_second=rate,
-            lag=_redis_lag(run.metadata, meta) if lag else None,
-            error=f"{error.get('type')}: {error.get('message')}"
-            if isinstance(error, dict) else None,
-        ))
+    found = [_status(store, run, now) for run in runs]
+    out = [part for part, _ in found]
     if lag:
-        out = _with_jetstream_lag(out, {run.id: run.metadata for run in runs})
+        meta = {run.id: run.metadata for run in runs}
+        out = _with_redis_lag(out, meta, [offset for _, offset in found])
+        out = _with_jetstream_lag(out, meta)
     return out
+
+
+def _status(store: Store, run: Run, now: float) -> tuple[PartitionStatus, int | None]:
+    """The partition's status (its lag still unknown), and the records of its source up to
+    its position (None: no checkpoint says)."""
+    last = store.history(run.id, limit=RATE_CHECKPOINTS)
+    meta: dict[str, Any] = dict(last[0].metadata.get("stream") or {}) if last else {}
+    rate = None
+    if len(last) >= 2:
+        oldest = last[-1].metadata.get("stream") or {}
+        seconds = (last[0].created_at - last[-1].created_at).total_seconds()
+        done = int(meta.get("records", 0)) - int(oldest.get("records", 0))
+        if seconds > 0 and done >= 0:
+            rate = done / seconds
+    error = last[0].metadata.get("error") if last else None
+    offset = meta.get("offset")
+    position = meta.get("position")
+    return PartitionStatus(
+        run_id=run.id,
+        partition=int(run.id.rsplit("/", 1)[1]),
+        status=run.status.value,
+        owner=run.owner,
+        # (A checkpoint before the first record writes str(None).)
+        position=None if position in (None, "None") else str(position),
+        records=int(meta.get("records", 0)),
+        outbox=int(meta.get("outbox", 0)),
+        checkpoint_age=now - last[0].created_at.timestamp() if last else None,
+        records_per_second=rate,
+        lag=None,
+        error=f"{error.get('type')}: {error.get('message')}"
+        if isinstance(error, dict) else None,
+    ), offset if type(offset) is int else None
+
+
+def progress_text(part: PartitionStatus) -> str:
+    """A partition in one line: ``1,560 records · at 1733356347000-3 · lag 77 · 180/s``."""
+    words = [f"{part.records:,} records"]
+    if part.position is not None:
+        words.append(f"at {part.position}")
+    if part.lag is not None:
+        words.append(f"lag {part.lag:,}")
+    if part.records_per_second is not None:
+        words.append(f"{part.records_per_second:,.0f}/s")
+    return " · ".join(words)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,22 +158,37 @@ def summarise(parts: list[PartitionStatus]) -> JobSummary:
     )
 
 
-def _redis_lag(run_meta: Any, meta: dict[str, Any]) -> int | None:
-    source = run_meta.get("redis") if hasattr(run_meta, "get") else None
-    if not isinstance(source, dict) or "offset" not in meta:
-        return None
-    try:
-        import redis
-
-        client = redis.Redis.from_url(source["url"], socket_timeout=2.0,
-                                      socket_connect_timeout=2.0)
+def _with_redis_lag(parts: list[PartitionStatus], run_meta: dict[str, Any],
+                    offsets: list[int | None]) -> list[PartitionStatus]:
+    """Fill in the lag of Redis partitions: one pipelined XINFO STREAM per partition, one
+    connection per server (a server that does not answer within 2 s: unknown)."""
+    asks: dict[str, list[tuple[int, str, int]]] = {}
+    for i, part in enumerate(parts):
+        meta = run_meta.get(part.run_id)
+        source = meta.get("redis") if meta is not None else None
+        offset = offsets[i]
+        if not isinstance(source, dict) or offset is None:
+            continue
+        asks.setdefault(source["url"], []).append((i, source["stream"], offset))
+    for url, wanted in asks.items():
         try:
-            info = client.xinfo_stream(source["stream"])
-        finally:
-            client.close()
-    except Exception:  # no redis-py, broker down, no such stream: unknown
-        return None
-    return max(0, int(info.get("entries-added", 0)) - int(meta["offset"]))
+            import redis
+
+            client = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
+            try:
+                with client.pipeline(transaction=False) as pipe:
+                    for _, stream_name, _ in wanted:
+                        pipe.xinfo_stream(stream_name)
+                    infos = pipe.execute(raise_on_error=False)
+            finally:
+                client.close()
+        except Exception:  # no redis-py, broker down: unknown
+            continue
+        for (i, _, offset), info in zip(wanted, infos, strict=True):
+            if isinstance(info, dict):  # (an error: no such stream, unknown)
+                parts[i] = replace(parts[i], lag=max(
+                    0, int(info.get("entries-added", 0)) - offset))
+    return parts
 
 
 def _with_jetstream_lag(parts: list[PartitionStatus], run_meta: dict[str, Any]
@@ -147,6 +204,8 @@ def _with_jetstream_lag(parts: list[PartitionStatus], run_meta: dict[str, Any]
         after = int(position) if position.isdigit() else 0
         asks.setdefault(source["url"], []).append(
             (i, source["stream"], source["subject"], after))
+    import asyncio
+
     for url, wanted in asks.items():
         try:
             lags = asyncio.run(_jetstream_pending(url, wanted))
@@ -184,4 +243,5 @@ async def _jetstream_pending(url: str, wanted: list[tuple[int, str, str, int]]
         await nc.close()
 
 
-__all__ = ["JobSummary", "PartitionStatus", "job_status", "summarise"]
+__all__ = ["RATE_CHECKPOINTS", "JobSummary", "PartitionStatus", "is_partition", "job_status",
+           "partitions_status", "progress_text", "summarise"]

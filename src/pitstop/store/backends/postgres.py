@@ -84,7 +84,8 @@ from pitstop.store.encoding.blobs import BlobStore
 from pitstop.store.encoding.records import is_chunk_key
 from pitstop.store.engine.backend import Dialect, Tx
 from pitstop.store.engine.schema import CHECKPOINTS, UNATTACHED_COLUMNS
-from pitstop.store.engine.sql import SqlStore, WritePlan, head_update
+from pitstop.store.engine.sql import SqlStore
+from pitstop.store.engine.write import WritePlan, head_update
 from pitstop.store.transfer.runs import RunTransfer
 
 if TYPE_CHECKING:
@@ -117,6 +118,7 @@ POSTGRES = PostgresDialect(
     placeholder="%s",
     lock_row=" FOR UPDATE",
     skip_locked=" FOR UPDATE SKIP LOCKED",
+    bounded_lock_wait="SET LOCAL lock_timeout = '5s'",
     table_sample=" TABLESAMPLE SYSTEM (?)",
     index_ranges="SET LOCAL enable_bitmapscan TO off",
     table_size="SELECT reltuples, relpages, pg_relation_size(oid) / "
@@ -218,9 +220,15 @@ class _PipelinedCursor:
         self._cur.executemany(query, rows)
 
     def fetchone(self) -> Any:
+        self.sync()
         return self._cur.fetchone()
 
     def fetchall(self) -> list[Any]:
+        # Synced first: the results of an executemany still on their way otherwise
+        # became this cursor's result (a read after inserting references, in a save on a
+        # chunked value by a handle that had not seen its run's head: "the last operation
+        # didn't produce records (command status: INSERT 0 0)").
+        self.sync()
         return self._cur.fetchall()
 
     @property
@@ -552,7 +560,7 @@ class PostgresStore(SqlStore, RunTransfer):
 
     # -- the one-statement save -------------------------------------------------------------------
 
-    def _write_prepared(self, prepared: PreparedSave) -> Checkpoint:
+    def _write_prepared(self, prepared: PreparedSave[WritePlan]) -> Checkpoint:
         """A save in one statement and one round trip when it is the common case: a step
         continuing a run, with new values or none. Data-modifying CTEs move the head (under
         the same conditions as every backend's conditional UPDATE), insert the new values and
@@ -561,7 +569,7 @@ class PostgresStore(SqlStore, RunTransfer):
         refusal to explain, a fork's shared values, consumed inputs, a per-save durability,
         a caller-chosen id, a value large enough to probe for first — takes the shared path.
         """
-        plan: WritePlan = prepared.payload
+        plan = prepared.plan
         if not self._one_statement(plan):
             return super()._write_prepared(prepared)
         record = plan.record
@@ -821,6 +829,9 @@ class PostgresStore(SqlStore, RunTransfer):
             # Two first saves of one run: the retry sees the winner's row.
             return exc.diag.constraint_name == _RUNS_PKEY
         return False
+
+    def _lock_wait_expired(self, exc: BaseException) -> bool:
+        return isinstance(exc, pgerrors.LockNotAvailable)
 
     def _store_error(self, exc: Exception) -> Exception:
         """A database error left over after the retries, as a one-line StoreError (password

@@ -43,7 +43,9 @@ class AsyncStore:
         self.url = store.url
 
     save = _offload(Store.save)
+    save_request = _offload(Store.save_request)
     prepare = _offload(Store.prepare)
+    prepare_request = _offload(Store.prepare_request)
     commit = _offload(Store.commit)
     get = _offload(Store.get)
     get_many = _offload(Store.get_many)

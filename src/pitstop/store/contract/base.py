@@ -10,17 +10,17 @@ about any backend.
 
 from __future__ import annotations
 
-import enum
 import logging
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Final, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from ...errors import CheckpointNotFoundError
 from ...model import Checkpoint, CheckpointSummary, Run, RunStatus
+from .save import UNSET, Durability, PreparedSave, SaveRequest, Unset
 
 if TYPE_CHECKING:
     from ...serde import Serializer
@@ -29,22 +29,6 @@ if TYPE_CHECKING:
     from ..transfer.runs import RunExport
     from .aio import AsyncStore
 
-
-class Unset(enum.Enum):
-    """The type of :data:`UNSET` (for annotations: ``str | Unset | None``)."""
-
-    UNSET = "UNSET"
-
-    def __repr__(self) -> str:
-        return "UNSET"
-
-
-UNSET: Final = Unset.UNSET
-"""Marks an argument that was not given (where ``None`` is a meaningful value)."""
-
-Durability = Literal["full", "normal"]
-"""``full``: each commit is fsynced and survives power loss. ``normal``: each commit survives a
-crash of the process; the last commits may be lost if the machine loses power."""
 
 Progress = Callable[[int, int | None], None]
 """Called as ``progress(done, total)`` by long maintenance operations (total may be unknown)."""
@@ -64,22 +48,6 @@ class Lease:
     expires_at: float
     workflow: str | None = None
     """The run's workflow, when the store knows it (a claim does): what a worker executes."""
-
-
-@dataclass(slots=True)
-class PreparedSave:
-    """A checkpoint serialised and checked, not yet written: :meth:`Store.commit` writes it.
-
-    Splitting the two lets a caller take a consistent snapshot now (serialising on its own
-    thread) and pay for the write later, e.g. on a background writer thread. Its id is final.
-    """
-
-    checkpoint_id: str
-    run_id: str
-    parent_id: str | None
-    step: int
-    state: Mapping[str, Any]
-    payload: Any = field(repr=False, default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,7 +228,6 @@ class Store(ABC):
     marked on the run) when its workflow sets no ``size_warning`` of its own. Set it on the
     store object: ``store.size_warning = 50 * 2**20``."""
 
-    @abstractmethod
     def save(
         self,
         run_id: str,
@@ -328,8 +295,21 @@ class Store(ABC):
         Raises :class:`~pitstop.SerializationError` naming the run and field path before
         anything is written: the previous head stays the run's latest checkpoint.
         """
+        return self.save_request(SaveRequest.of(
+            run_id, state, parent_id=parent_id, step=step, metadata=metadata, changed=changed,
+            schema_version=schema_version, workflow=workflow, status=status,
+            expected_head=expected_head, lease=lease, release=release,
+            consumed_inputs=consumed_inputs, durability=durability,
+            checkpoint_id=checkpoint_id, effects=effects, attach=attach,
+        ))
 
     @abstractmethod
+    def save_request(self, request: SaveRequest) -> Checkpoint:
+        """:meth:`save` of a :class:`~pitstop.store.SaveRequest`: the form the runtime and
+        the integrations use (one typed record instead of keywords; its run control is
+        explicit, never read out of metadata)."""
+
+
     def prepare(
         self,
         run_id: str,
@@ -351,7 +331,7 @@ class Store(ABC):
         deliver_to: str | None = None,
         effects: Mapping[str, Mapping[str, Any]] | None = None,
         attach: Mapping[str, Mapping[str, Any]] | None = None,
-    ) -> PreparedSave:
+    ) -> PreparedSave[Any]:
         """The first half of :meth:`save`: serialise and check, write nothing.
 
         ``deliver_to`` names the parent of a child run: a save that completes or fails the
@@ -360,9 +340,21 @@ class Store(ABC):
         Serialisation errors are raised here. The prepared checkpoint's id is final, so the
         next checkpoint may name it as its parent before it is committed.
         """
+        return self.prepare_request(SaveRequest.of(
+            run_id, state, parent_id=parent_id, step=step, metadata=metadata, changed=changed,
+            schema_version=schema_version, workflow=workflow, status=status,
+            expected_head=expected_head, lease=lease, release=release,
+            consumed_inputs=consumed_inputs, durability=durability,
+            checkpoint_id=checkpoint_id, deliver_to=deliver_to, effects=effects, attach=attach,
+        ))
 
     @abstractmethod
-    def commit(self, prepared: PreparedSave) -> Checkpoint:
+    def prepare_request(self, request: SaveRequest) -> PreparedSave[Any]:
+        """:meth:`prepare` of a :class:`~pitstop.store.SaveRequest` (see :meth:`save_request`)."""
+
+
+    @abstractmethod
+    def commit(self, prepared: PreparedSave[Any]) -> Checkpoint:
         """The second half of :meth:`save`: write a prepared checkpoint, atomically.
 
         Prepared checkpoints of one run must be committed in the order they were prepared.
@@ -512,7 +504,7 @@ class Store(ABC):
     @abstractmethod
     def start_run(
         self,
-        prepared: PreparedSave,
+        prepared: PreparedSave[Any],
         *,
         metadata: Mapping[str, Any] | None = None,
         priority: int = 0,
@@ -533,7 +525,7 @@ class Store(ABC):
     def start_children(
         self,
         parent_run: str,
-        children: Sequence[tuple[PreparedSave, Mapping[str, Any]]],
+        children: Sequence[tuple[PreparedSave[Any], Mapping[str, Any]]],
         *,
         lease: Lease | None = None,
     ) -> None:

@@ -36,9 +36,10 @@ Optional (a working default here, right for a database with one writer at a time
     One statement as its own transaction (default: a transaction around it); a backend that
     can send a lone statement without ``BEGIN``/``COMMIT`` saves round trips here.
 ``_write_prepared(prepared)``
-    A specialised commit of a prepared save (default, in ``sql.py``: the shared path, one
-    transaction that moves the head and inserts). PostgreSQL writes the common save as one
-    statement and hands everything else to ``super()._write_prepared``.
+    A specialised commit of a prepared save's ``WritePlan`` (default, in ``sql.py``: one
+    transaction running ``write.write_checkpoint``). PostgreSQL writes the common save as one
+    statement built from the same plan and hands everything else to
+    ``super()._write_prepared``.
 ``_claim_write(sql, params)``
     The claim statement (default: ``_autocommit_write``); PostgreSQL keeps its plan from
     depending on the runs table's statistics.
@@ -104,6 +105,12 @@ class Dialect(ABC):
     """Appended to a SELECT to lock the rows read until commit (PostgreSQL: FOR UPDATE)."""
     skip_locked: str = ""
     """Appended to the claim query so concurrent workers skip each other's rows."""
+    bounded_lock_wait: str = ""
+    """A statement capping how long the rest of the transaction waits for a row lock
+    (PostgreSQL: ``SET LOCAL lock_timeout``). Taking a lease uses it: a run row locked for
+    longer is busy, typically by an owner cut off from the network in the middle of a
+    transaction, and waiting for ``statement_timeout`` would stall the caller for nothing.
+    Empty where the database locks whole files instead (SQLite: ``busy_timeout`` rules)."""
     without_rowid: str = ""
     """Table option for tables clustered on their primary key (SQLite: WITHOUT ROWID)."""
     null_safe_eq: str = "IS NOT DISTINCT FROM"
@@ -331,10 +338,10 @@ class SqlBackend(Store):
 
                     made = ValueCodec(*self._codec_options)
                     made.seal_chunks = not self.rewrites_in_place
-                    # A sealed blob store's ring seals the database's records too.
+                    # A sealed blob store's ring seals what the database keeps too.
                     encryption = getattr(self.blobs, "encryption", None)
                     if encryption is not None:
-                        made.seal(encryption)
+                        made.seal(encryption, self.blob_threshold)
                     self._codec = made
                 codec = self._codec
         return codec
@@ -472,6 +479,11 @@ class SqlBackend(Store):
                 return fn()
             except Exception as exc:
                 backoff = self._wait_before_retry(exc, backoff)
+
+    def _lock_wait_expired(self, exc: BaseException) -> bool:
+        """Backend hook: ``exc`` says a row lock was not granted within
+        :attr:`Dialect.bounded_lock_wait`. Default: never (no such bound)."""
+        return False
 
     def _wait_before_retry(self, exc: Exception, backoff: Backoff | None) -> Backoff:
         """Sleep before the next attempt after ``exc``; or raise, when ``exc`` is not worth

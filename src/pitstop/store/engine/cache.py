@@ -38,6 +38,8 @@ log = logging.getLogger("pitstop.store")
 
 _SELECT = f"SELECT {CACHE.column_list()} FROM pitstop_cache"
 _LIVE = "fields IS NOT NULL AND (expires_at IS NULL OR expires_at > ?)"
+# One string, made once: the backend's statement cache finds the prepared lookup by it.
+_GET = f"{_SELECT} WHERE key = ? AND {_LIVE}"
 _EXPIRED = "expires_at IS NOT NULL AND expires_at <= ?"
 
 
@@ -102,7 +104,7 @@ class ResultCache(Maintenance):
         # The usual entry holds its values inline: one autocommitted statement on the
         # primary key. Values stored apart are read with the row in one transaction.
         now = time.time()
-        first = self._autocommit_read(f"{_SELECT} WHERE key = ? AND {_LIVE}", (key, now))
+        first = self._autocommit_read(_GET, (key, now))
         if first is None:
             return None
         row = CacheRow(*first)
@@ -131,7 +133,7 @@ class ResultCache(Maintenance):
     ) -> tuple[CacheRow, FieldMap, dict[bytes, Any]] | None:
         # One statement on the primary key for the usual entry (values small enough to be
         # inline in its field map); the value table only for the values stored apart.
-        found = tx.one(f"{_SELECT} WHERE key = ? AND {_LIVE}", (key, now))
+        found = tx.one(_GET, (key, now))
         if found is None:
             return None
         row = CacheRow(*found)
@@ -152,20 +154,23 @@ class ResultCache(Maintenance):
         self, row: CacheRow, fields: FieldMap, values: Mapping[bytes, Any]
     ) -> dict[str, Any]:
         codec = self._value_codec
+        run_id = row.run_id
+        where = f"cache[{row.key!r}]."  # (once per entry, not once per value)
         out: dict[str, Any] = {}
         for name, ref in fields.items():
             if ref.manifest is not None:
                 out[name] = codec.decode_chunked(
-                    ref.manifest, values, run_id=row.run_id, field=f"cache[{row.key!r}].{name}"
+                    ref.manifest, values, run_id=run_id, field=where + name
                 )
                 continue
             inline = ref.inline
-            data = inline if inline is not None else values.get(ref.hash)
+            if inline is not None:  # the usual value: in the field map, its checksum checked
+                out[name] = codec.decode_value(inline, None, run_id=run_id, field=where + name)
+                continue
+            data = values.get(ref.hash)
             out[name] = codec.decode_value(
-                None if data is None else bytes(data),
-                None if inline is not None else ref.hash,
-                run_id=row.run_id,
-                field=f"cache[{row.key!r}].{name}",
+                None if data is None else bytes(data), ref.hash, run_id=run_id,
+                field=where + name,
             )
         return out
 

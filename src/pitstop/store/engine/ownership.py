@@ -36,11 +36,20 @@ class Leases(SqlBackend):
         self, run_id: str, owner: str, *, ttl: float = 30.0, takeover: str | None = None
     ) -> Lease:
         def write(tx: Tx) -> Lease:
-            row = tx.one(
-                "SELECT lease_owner, lease_expires, fence FROM pitstop_runs WHERE run_id = ?"
-                + self.dialect.lock_row,
-                (run_id,),
-            )
+            if self.dialect.bounded_lock_wait:
+                tx.run(self.dialect.bounded_lock_wait)
+            try:
+                row = tx.one(
+                    "SELECT lease_owner, lease_expires, fence FROM pitstop_runs WHERE run_id = ?"
+                    + self.dialect.lock_row,
+                    (run_id,),
+                )
+            except Exception as exc:
+                if self._lock_wait_expired(exc):
+                    # Whoever holds the row lock may be alive (a long save) or cut off
+                    # mid-transaction; either way the run is not ours to take now.
+                    raise RunBusyError(run_id, owner=None, expires_at=None) from None
+                raise
             if row is None:
                 raise RunNotFoundError(run_id)
             now = time.time()
