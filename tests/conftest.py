@@ -127,6 +127,23 @@ def store(open_store: Callable[..., Store]) -> Store:
     return open_store()
 
 
+@pytest.fixture
+def open_shared(shared_url: str) -> Iterator[Callable[..., Store]]:
+    """Opens stores on ``shared_url`` (a SQLite file or a PostgreSQL schema, several handles
+    at once); closes them all at the end. The blob-store and encryption tests make their
+    ``opener`` from it with ``functools.partial`` (their blob store, their threshold)."""
+    opened: list[Store] = []
+
+    def opener(**options: Any) -> Store:
+        s = pitstop.open_store(shared_url, **options)
+        opened.append(s)
+        return s
+
+    yield opener
+    for s in opened:
+        s.close()
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Tests asking for ``store``/``store_url`` run once per backend, unless they choose."""
     already = any("store_url" in m.args[0] for m in metafunc.definition.iter_markers("parametrize"))

@@ -4,10 +4,11 @@ with the blobs in a directory and in a bucket (moto's S3 server on loopback)."""
 from __future__ import annotations
 
 import base64
+import functools
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -47,19 +48,8 @@ def blobs(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def opener(shared_url: str, blobs: str) -> Iterator[Callable[..., pitstop.Store]]:
-    opened: list[pitstop.Store] = []
-
-    def open_(**options: Any) -> pitstop.Store:
-        options.setdefault("blobs", blobs)
-        options.setdefault("blob_threshold", 100_000)
-        store = pitstop.open_store(shared_url, **options)
-        opened.append(store)
-        return store
-
-    yield open_
-    for store in opened:
-        store.close()
+def opener(open_shared: Callable[..., pitstop.Store], blobs: str) -> Callable[..., pitstop.Store]:
+    return functools.partial(open_shared, blobs=blobs, blob_threshold=100_000)
 
 
 def stored_bytes(blobs: str) -> list[tuple[str, bytes]]:
@@ -386,3 +376,44 @@ def test_rekey_beside_saves_and_prunes_loses_nothing(
             for summary in only_k2.history(run.id, limit=None):
                 only_k2.get(summary.id)  # opens under k2 alone
         assert only_k2.verify() == []
+
+
+def test_a_large_save_into_a_directory_is_streamed_into_one_sealed_pack(
+    tmp_path: Path,
+) -> None:
+    """12 MiB (past the size from which sealing and writing overlap, a few MiB a batch):
+    one pack of sealed chunks, no plaintext in it, the array read back whole."""
+    np = pytest.importorskip("numpy")
+    array = np.arange(3 << 20, dtype=np.float32)
+    url = f"sqlite:///{tmp_path / 'big.db'}"
+    blobs = str(tmp_path / "blobs")
+    with pitstop.open_store(url, blobs=blobs, encryption=ring("k1"),
+                            durability="full") as store:
+        saved = store.save("r", {"w": array})
+    (pack,) = (tmp_path / "blobs").rglob("*.pack")
+    data = pack.read_bytes()
+    assert len(data) == array.nbytes + 12 * (1 + OVERHEAD)  # 12 chunks, a header byte each
+    assert array.tobytes()[4096:8192] not in data
+    with pitstop.open_store(url, blobs=blobs, encryption=ring("k1")) as fresh:
+        np.testing.assert_array_equal(fresh.get(saved.id).state["w"], array)
+        assert fresh.verify() == []
+
+
+def test_a_forked_child_draws_its_own_nonces() -> None:
+    """Nonces are a per-process random prefix and a count: a child must not repeat its
+    parent's (the same key, the same nonce, two values would give the key away)."""
+    from pitstop.store.encoding.sealed import _nonce
+
+    first = _nonce()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.write(write, _nonce())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    child = os.read(read, 12)
+    os.close(read)
+    os.close(write)
+    ours = _nonce()
+    assert len(child) == 12 and child[:8] != ours[:8]
+    assert ours[:8] == first[:8] and ours != first

@@ -3,10 +3,11 @@ moto's server on loopback (tests/s3server.py), reached over HTTP by the client w
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,19 +26,9 @@ BIG2 = os.urandom(300_000)
 
 
 @pytest.fixture
-def opener(shared_url: str, s3_blobs: str) -> Iterator[Callable[..., pitstop.Store]]:
-    opened: list[pitstop.Store] = []
-
-    def open_(**options: Any) -> pitstop.Store:
-        options.setdefault("blobs", s3_blobs)
-        options.setdefault("blob_threshold", 100_000)
-        store = pitstop.open_store(shared_url, **options)
-        opened.append(store)
-        return store
-
-    yield open_
-    for store in opened:
-        store.close()
+def opener(open_shared: Callable[..., pitstop.Store], s3_blobs: str
+           ) -> Callable[..., pitstop.Store]:
+    return functools.partial(open_shared, blobs=s3_blobs, blob_threshold=100_000)
 
 
 def objects_in(url: str) -> list[str]:

@@ -80,6 +80,13 @@ def _sqlite(url: str, options: dict[str, Any]) -> Store:
 def _memory(url: str, options: dict[str, Any]) -> Store:
     from .backends.memory import MemoryStore
 
+    if options.get("encryption") is not None:
+        # Refused rather than dropped: code that asked for encryption must not run unsealed
+        # believing otherwise, and a memory store has nothing at rest to seal.
+        raise UnsupportedStoreError(
+            f"{url}: a memory store keeps nothing at rest, so encryption= has nothing to "
+            "seal; drop it there, or use a file (sqlite:///runs.db)"
+        )
     return MemoryStore(**_pick(options, "serializer", "compress_threshold", "chunk_hash"))
 
 

@@ -219,6 +219,40 @@ class DirectoryBlobStore(BlobStore):
                 _fsync_dir(directory)
         return slots
 
+    def put_pack_streamed(
+        self, sizes: Sequence[tuple[bytes, int]], batches: Iterable[Pieces], sync: bool
+    ) -> dict[bytes, Slot]:
+        """One pack of the values ``sizes`` names (key, bytes), in that order, their bytes
+        given by ``batches``: each batch of pieces is written before the next is asked for,
+        so whoever makes them may reuse one buffer (a sealed store seals a chunk into the
+        buffer the file was just written from: no fresh page per byte of the save). Written,
+        synced and renamed as :meth:`_put_pack` does."""
+        name = os.urandom(12).hex()
+        path = self._pack_name(name)
+        slots: dict[bytes, Slot] = {}
+        offset = 0
+        for key, size in sizes:
+            slots[key] = Slot(name, offset, size)
+            offset += size
+        try:
+            done = _write_file(path, (), sync, batches)
+            if done.size != offset:
+                with contextlib.suppress(OSError):
+                    os.unlink(done.tmp)
+                raise OSError(f"pack {name}: {done.size} bytes written, {offset} expected")
+            try:
+                os.replace(done.tmp, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(done.tmp)
+                raise
+        except OSError as exc:
+            raise StoreError(f"blob directory {self.root}: {exc}") from exc
+        if sync:
+            for directory in (os.path.dirname(path), *done.made):
+                _fsync_dir(directory)
+        return slots
+
     def _pack_name(self, name: str) -> str:
         return f"{self._root_text}/{_PACKS}/{name[:2]}/{name}{_PACK_SUFFIX}"
 
@@ -542,11 +576,15 @@ class _Written(NamedTuple):
     path: str
     made: tuple[str, ...]
     """Directories made for it, whose entries are in their parents (synced with them)."""
+    size: int = 0
+    """Bytes written."""
 
 
-def _write_file(path: str, pieces: Pieces, sync: bool) -> _Written:
-    """The pieces in a temporary file next to ``path`` (synced if ``sync``), its directories
-    made if missing. The name is unique to this process and call: no random name drawn."""
+def _write_file(path: str, pieces: Pieces, sync: bool,
+                batches: Iterable[Pieces] = ()) -> _Written:
+    """The pieces (then those of each of ``batches``, each written before the next is asked
+    for) in a temporary file next to ``path`` (synced if ``sync``), its directories made if
+    missing. The name is unique to this process and call: no random name drawn."""
     parent = os.path.dirname(path)
     tmp = f"{parent}/{_TEMPORARY}{os.getpid()}-{_TOKEN}-{next(_names)}"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC
@@ -558,13 +596,16 @@ def _write_file(path: str, pieces: Pieces, sync: bool) -> _Written:
         made = _make_dirs(parent)
         fd = os.open(tmp, flags, 0o666)
     try:
+        written = 0
         try:
-            views = [v for v in (memoryview(piece).cast("B") for piece in pieces) if v.nbytes]
-            while views:
-                done = os.writev(fd, views[:_IOV_MAX])  # a chunk's header and body at once
-                if done <= 0:
-                    raise OSError(f"{tmp}: write returned {done}")
-                _consume(views, done)  # a short write: go on from there
+            for batch in itertools.chain((pieces,), batches):
+                views = [v for v in (memoryview(piece).cast("B") for piece in batch) if v.nbytes]
+                while views:
+                    done = os.writev(fd, views[:_IOV_MAX])  # a chunk's header and body at once
+                    if done <= 0:
+                        raise OSError(f"{tmp}: write returned {done}")
+                    written += done
+                    _consume(views, done)  # a short write: go on from there
             if sync:
                 os.fsync(fd)
         finally:
@@ -573,7 +614,7 @@ def _write_file(path: str, pieces: Pieces, sync: bool) -> _Written:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    return _Written(tmp, path, made)
+    return _Written(tmp, path, made, written)
 
 
 def _make_dirs(path: str) -> tuple[str, ...]:

@@ -11,9 +11,10 @@ What it covers, exactly: the bytes in the blob store, i.e. every value of at lea
 ``blob_threshold`` stored bytes (1 MiB by default) and every chunk of a large array or
 buffer; and, in the database, the records of a run (inputs, effects' results, attached
 writes: :meth:`Encryption.seal_small`, under a keyed content address,
-:meth:`Encryption.address`), sealed by the value codec whichever the backend. The state's
-values kept in the database (small fields, a conversation's small chunks) and their content
-keys, run ids, step names, metadata and sizes stay plaintext there.
+:meth:`Encryption.address`) and the state's values kept there (inline fields,
+:meth:`Encryption.seal_small`; value rows and chunks, :meth:`Encryption.seal_row`), sealed
+by the value codec whichever the backend (:mod:`pitstop.store.encoding.sealing`). The
+state's content keys, run ids, step names, metadata and sizes stay plaintext there.
 
 A sealed value is ``magic (4) | key id (16, NUL-padded) | nonce (12) | ciphertext | tag (16)``:
 a fixed 48 bytes more than the value, so a row's recorded size still locates it in its pack.
@@ -28,8 +29,10 @@ Every value is written into a pack (also a save's single value, which a plain st
 its content key): object and file names are random, so whoever can list the bucket learns
 sizes and times, not which values equal which.
 
-Sealing runs on several threads for a large save (``cryptography``'s AES-GCM releases the
-GIL): bench/objects.py measures it against ``cryptography`` alone.
+A large save into a directory is sealed a batch at a time by one thread while another
+writes the batch before it to the pack (no buffer the size of the save); into a bucket,
+on several threads (``cryptography``'s AES-GCM releases the GIL). bench/encryption.py
+measures it against ``cryptography`` alone and against an unsealed save.
 """
 
 from __future__ import annotations
@@ -56,7 +59,43 @@ OVERHEAD: Final = len(MAGIC) + _KEY_ID_SIZE + _NONCE_SIZE + _TAG_SIZE
 """Bytes a sealed value has beyond its plaintext."""
 
 _PARALLEL_FROM: Final = 8 << 20
-"""Bytes of a save from which values are sealed by several threads."""
+"""Bytes of a save from which values are sealed by several threads (or, into a directory,
+streamed: sealed by one thread while another writes)."""
+_STREAM_BUFFERS: Final = 2
+_STREAM_BATCH: Final = 8 << 20
+"""Bytes sealed into one of a streamed save's buffers while another is written. Batches of
+1 to 64 MiB and two to eight buffers were tried at load 12-16 on 2 cores: none was
+consistently faster than another (sealing one batch after writing the last, on one thread,
+was slower than all)."""
+
+
+class _Nonces:
+    """Fresh 96-bit AES-GCM nonces: 8 random bytes drawn once per process (and again in a
+    forked child, which must not repeat its parent's), then a 32-bit count (NIST SP
+    800-38D's deterministic construction: unique per key, which is all GCM asks).
+    ``os.urandom(12)`` per value was a ``getrandom`` call each: ~17 us of a small sealed
+    step's ~150 us on the loaded machine, where this is a fraction of one."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._draw()
+        os.register_at_fork(after_in_child=self._draw)
+
+    def _draw(self) -> None:
+        self._prefix = os.urandom(8)
+        self._count = itertools.count()
+
+    def __call__(self) -> bytes:
+        n = next(self._count)  # (atomic under the GIL)
+        if n >> 32:
+            with self._lock:  # 2**32 values sealed by this process: a new prefix
+                if next(self._count) >> 32:
+                    self._draw()
+            return self()
+        return self._prefix + n.to_bytes(4, "big")
+
+
+_nonce = _Nonces()
 
 
 @dataclass(frozen=True)
@@ -148,7 +187,7 @@ class Encryption:
         this runs at ~93% of it (bench/encryption.py)."""
         from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-        nonce = os.urandom(_NONCE_SIZE)
+        nonce = _nonce()
         head = len(MAGIC) + _KEY_ID_SIZE
         target[: len(MAGIC)] = MAGIC
         target[len(MAGIC) : head] = _padded(self.current)
@@ -171,9 +210,40 @@ class Encryption:
         attached write) sealed under the current key, bound to its content key ``key``: the
         same layout as :meth:`seal_into`, by AES-GCM's one-shot form (~1 us for 64 bytes,
         where the streaming form's objects cost several)."""
-        nonce = os.urandom(_NONCE_SIZE)
+        nonce = _nonce()
         body: bytes = self._ciphers[self.current].encrypt(nonce, data, key)
         return MAGIC + _padded(self.current) + nonce + body
+
+    def seal_row(self, key: bytes, data: bytes) -> bytes:
+        """A row of the value table (a small value or chunk of a state, under its content
+        key ``key``) sealed under the current key, bound to ``key``: :meth:`seal_small`'s
+        layout, with the nonce a keyed BLAKE2b of ``key`` and ``data`` (a synthetic IV) in
+        place of a random one. The same value sealed twice under one key is then the same
+        bytes: a save that sends a chunk stored already (another run's, a fork's) finds it
+        equal where the row's bytes are compared (PostgreSQL's one-statement save, the
+        collision check), which a random nonce would report as a clash every time. Equal
+        rows are one row anyway (their key says so), so this tells nobody more; distinct
+        values get distinct nonces but with the chance of a 96-bit collision."""
+        hasher = hashlib.blake2b(bytes((len(key),)) + key, digest_size=_NONCE_SIZE,
+                                 key=self._derived(b"pitstop row nonce v1"))
+        hasher.update(data)
+        nonce = hasher.digest()
+        body: bytes = self._ciphers[self.current].encrypt(nonce, data, key)
+        return MAGIC + _padded(self.current) + nonce + body
+
+    def _derived(self, info: bytes) -> bytes:
+        """A 32-byte secret for ``info`` derived from the current key by HKDF-SHA256 (kept
+        apart from the AES key, and from each other)."""
+        secret = self._address_keys.get(self.current + "\0" + info.decode())
+        if secret is None:
+            from cryptography.hazmat.primitives import hashes
+            from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+            secret = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(
+                bytes(self.keys[self.current])
+            )
+            self._address_keys[self.current + "\0" + info.decode()] = secret
+        return secret
 
     def address(self, format_id: int, raw: bytes) -> bytes:
         """The content key of a value a sealed store keeps in the database, in place of
@@ -185,16 +255,7 @@ class Encryption:
         HKDF keeps the address secret apart from the AES key. A key rotation changes the
         addresses of new values only: an address is never recomputed on reading (the seal
         binds it, as authenticated data), so ``rekey`` leaves it as it is."""
-        secret = self._address_keys.get(self.current)
-        if secret is None:
-            from cryptography.hazmat.primitives import hashes
-            from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-
-            secret = HKDF(
-                algorithm=hashes.SHA256(), length=32, salt=None,
-                info=b"pitstop content address v1",
-            ).derive(bytes(self.keys[self.current]))
-            self._address_keys[self.current] = secret
+        secret = self._derived(b"pitstop content address v1")
         hasher = hashlib.blake2b(bytes((format_id,)), digest_size=32, key=secret)
         hasher.update(raw)
         return hasher.digest()
@@ -276,6 +337,11 @@ class SealedBlobStore(BlobStore):
             return {}
         keys = list(todo)
         sizes = [sum(memoryview(p).nbytes for p in todo[key]) for key in keys]
+        if sum(sizes) >= _PARALLEL_FROM and len(keys) > 1:
+            from .blobs import DirectoryBlobStore
+
+            if isinstance(self.inner, DirectoryBlobStore):
+                return self._put_streamed(self.inner, keys, sizes, todo, sync)
         # One buffer for the whole save: a fresh 1 MiB buffer per chunk costs its allocation
         # and page faults on top of the cipher (256 of them per 256 MiB). An anonymous
         # mapping: its pages are faulted in by the sealing threads as they write, where
@@ -301,6 +367,57 @@ class SealedBlobStore(BlobStore):
         slots = self.inner.put_many(
             [(key, (body,)) for key, body in zip(keys, sealed, strict=True)], sync=sync,
             pack=True,
+        )
+        return {key: Slot(s.pack, s.offset, s.size - OVERHEAD) for key, s in slots.items()}
+
+    def _put_streamed(self, inner: Any, keys: list[bytes], sizes: list[int],
+                      todo: dict[bytes, Pieces], sync: bool) -> dict[bytes, Slot]:
+        """A large save into a directory: one pack, its values sealed a batch of ~8 MiB at a
+        time into one of a few buffers by a thread while this one writes another batch to
+        the file. Sealing the whole save into a buffer of its own first took ~0.6-1.4 s of
+        page faults for 256 MiB on the loaded 2-core machine, where sealing into a buffer
+        used again took 0.09 s (bench/encryption.py: a sealed save 1.83-2.05x the plain
+        one before, 1.2-1.8x after, at load 12-16; docs/benchmarks.md)."""
+        from collections import deque
+        from concurrent.futures import ThreadPoolExecutor
+
+        groups: list[range] = []
+        start = room = 0
+        for i, size in enumerate(sizes):
+            room += sealed_size(size)
+            if room >= _STREAM_BATCH:
+                groups.append(range(start, i + 1))
+                start, room = i + 1, 0
+        if start < len(keys):
+            groups.append(range(start, len(keys)))
+        capacity = max(sum(sealed_size(sizes[i]) for i in group) for group in groups)
+        buffers = [memoryview(bytearray(capacity))
+                   for _ in range(min(_STREAM_BUFFERS, len(groups)))]
+
+        def seal(number: int) -> list[memoryview]:
+            buffer = buffers[number % len(buffers)]
+            at = 0
+            out = []
+            for i in groups[number]:
+                done = self.encryption.seal_into(keys[i], todo[keys[i]], buffer[at:])
+                out.append(buffer[at : at + done])
+                at += done
+            return out
+
+        def batches() -> Iterator[list[memoryview]]:
+            # The sealing thread runs up to a buffer per batch ahead of the writer; batch n
+            # takes the buffer batch n - len(buffers) was written from, once it has been.
+            ahead = len(buffers)
+            with ThreadPoolExecutor(1) as pool:
+                pending = deque(pool.submit(seal, number) for number in range(ahead))
+                for number in range(len(groups)):
+                    yield pending.popleft().result()
+                    if number + ahead < len(groups):  # (batch `number` is written now)
+                        pending.append(pool.submit(seal, number + ahead))
+
+        slots = inner.put_pack_streamed(
+            [(key, size + OVERHEAD) for key, size in zip(keys, sizes, strict=True)],
+            batches(), sync,
         )
         return {key: Slot(s.pack, s.offset, s.size - OVERHEAD) for key, s in slots.items()}
 

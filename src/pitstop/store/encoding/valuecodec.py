@@ -7,13 +7,17 @@ pools; a store imports this module when it first encodes or decodes a value.
 
 from __future__ import annotations
 
-import operator
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from ...delta import Append, Applied, Merge, MergePatch, dirty_positions
-from ...errors import CorruptCheckpointError, MalformedValueError, SerializationError
+from ...errors import (
+    CorruptCheckpointError,
+    EncryptionKeyError,
+    MalformedValueError,
+    SerializationError,
+)
 from ...model import Checkpoint
 from ...serde import Serializer, digest, frame, partchunks, unframe
 from ...serde import chunks as chunking
@@ -23,6 +27,7 @@ from ...serde.framing import (
     unframe_view,
 )
 from .blobs import Deferred
+from .chunktrees import ChunkTrees, Reader, _bytes_of
 from .leafrows import list_from_rows, plain_chunks
 from .records import (
     _CHUNK_COMPRESS_MIN,
@@ -40,27 +45,24 @@ from .records import (
     check_chunk_hash,
     field_path,
     is_chunk_key,
-    stored_hashes,
 )
+from .sealing import INLINE_AAD, Sealing
 
 if TYPE_CHECKING:
     from ...serde.codec import MsgpackSerializer
-    from .sealed import Encryption
 
 
 class RowsReleased(Exception):
     """A decode that dropped rows of the read it was given (``consume=True``) needs them
     again: read the values again and decode without ``consume`` (it then names the error)."""
 
-Reader = Callable[[list[bytes]], Mapping[bytes, bytes]]
-"""Stored rows by key (those found), for walking a chunked value's nodes."""
 
 
 _INLINE_HEADS: dict[int, bytes] = {}
 """Format id -> the frame header of an inline value in that format (a save's every field)."""
 
 
-class ValueCodec:
+class ValueCodec(ChunkTrees, Sealing):
     """Turns values into stored values and back, verified; a state into a field map.
 
     A stored value is serialised by the store's :class:`~pitstop.serde.Serializer`, framed
@@ -88,11 +90,6 @@ class ValueCodec:
         self._chunk_format = self.serializer.format_id | (
             chunking.SHA256_KEYS if chunk_hash == "sha256" else 0
         )
-        self.sealer: Encryption | None = None
-        """A sealed store's key ring (``encryption=``, set by :meth:`seal`): the values
-        :meth:`encode_value` makes (inputs, effects' results, attached writes) are sealed
-        with it, under a keyed content address
-        (:meth:`~pitstop.store.encoding.sealed.Encryption.address`)."""
         self.seal_chunks = False
         """Seal a grown field's open last chunk instead of extending it (and never make a
         superseded chunk an alias): see :func:`pitstop.serde.chunks.sealed`; and cut dicts
@@ -370,139 +367,6 @@ class ValueCodec:
             for k, raw in raws.items()
         }
 
-    def chunks_below(self, ref: FieldRef, read: Reader) -> set[bytes]:
-        """Every chunk key a chunked field references, its nodes' children included: from
-        the layout if this process knows it, else by reading the nodes (``read`` returns
-        stored rows by key)."""
-        assert ref.manifest is not None
-        layout = self._layouts.get(ref.manifest)
-        if layout is not None:
-            return layout.keys()
-        try:
-            root = chunking.decode_manifest(ref.manifest).root
-        except ValueError:
-            return set()
-        keys = {e.key for e in root}
-        pending = [e.key for e in root if e.flags & chunking.NODE]
-        while pending:
-            found = read(pending)
-            pending = []
-            for data in found.values():
-                try:
-                    raw = unframe(bytes(data))[1]
-                    entries = chunking.unpack_entries(raw)
-                except ValueError:
-                    continue  # verify and loads report a bad node
-                for entry in entries:
-                    if entry.key not in keys:
-                        keys.add(entry.key)
-                        if entry.flags & chunking.NODE:
-                            pending.append(entry.key)
-        return keys
-
-    def referenced(self, fields: FieldMap, read: Reader) -> set[bytes]:
-        """Every value-table key a field map references, chunks under nodes included."""
-        out = stored_hashes(fields)
-        for ref in fields.values():
-            if ref.manifest is not None:
-                out |= self.chunks_below(ref, read)
-        return out
-
-    def referenced_by_all(self, field_maps: Iterable[FieldMap], read: Reader) -> set[bytes]:
-        """:meth:`referenced` of many field maps (a run's checkpoints): each node read once,
-        however many of them share it, a level of all their trees per ``read``."""
-        out: set[bytes] = set()
-        walked: set[bytes] = set()  # nodes whose children are in `out` or pending
-        pending: list[bytes] = []
-        for fields in field_maps:
-            out |= stored_hashes(fields)  # (a manifest's root entries among them)
-            for ref in fields.values():
-                if ref.manifest is None:
-                    continue
-                layout = self._layouts.get(ref.manifest)
-                if layout is not None:
-                    out |= layout.keys()
-                    walked.update(layout.nodes)
-                    continue
-                try:
-                    root = chunking.decode_manifest(ref.manifest).root
-                except ValueError:
-                    continue
-                for entry in root:
-                    out.add(entry.key)
-                    if entry.flags & chunking.NODE and entry.key not in walked:
-                        walked.add(entry.key)
-                        pending.append(entry.key)
-        while pending:
-            found = read(pending)
-            pending = []
-            for data in found.values():
-                try:
-                    entries = chunking.unpack_entries(unframe(bytes(data))[1])
-                except ValueError:
-                    continue  # verify and loads report a bad node
-                for entry in entries:
-                    out.add(entry.key)
-                    if entry.flags & chunking.NODE and entry.key not in walked:
-                        walked.add(entry.key)
-                        pending.append(entry.key)
-        return out
-
-    def load_keys(self, fields: FieldMap) -> list[bytes]:
-        """The value-table keys a load of ``fields`` reads first, when what it reads will be
-        decoded with ``partial=True`` (see :meth:`decode_checkpoint`): whole values, the
-        leaves of each chunked value whose layout this process knows (its decode takes the
-        nodes from that layout, so their rows are not read: one query, not two, and a
-        conversation's 60-odd node rows fewer), and the root entries of the others."""
-        out: dict[bytes, None] = {}
-        for ref in fields.values():
-            if ref.manifest is None:
-                if ref.inline is None:
-                    out[ref.hash] = None
-                continue
-            layout = self._layouts.get(ref.manifest)
-            if layout is not None:
-                out.update(dict.fromkeys(map(_FIRST, layout.leaves)))
-            else:
-                out.update(dict.fromkeys(_manifest_roots(ref.manifest)))
-        return list(out)
-
-    def missing_below(
-        self, fields: FieldMap, blobs: Mapping[bytes, Stored], *, nodes: bool = True
-    ) -> list[bytes]:
-        """Keys under the nodes already in ``blobs`` that ``blobs`` does not hold yet: what a
-        load reads next (a level of the tree per query). ``nodes=False``: of a value whose
-        layout this process knows, only the leaves (see :meth:`load_keys`)."""
-        out: list[bytes] = []
-        for ref in fields.values():
-            if ref.manifest is None:
-                continue
-            layout = self._layouts.get(ref.manifest)
-            if layout is not None:  # known here: every key at once, no node decoded
-                keys = layout.keys() if nodes else map(_FIRST, layout.leaves)
-                out.extend(key for key in keys if key not in blobs)
-                continue
-            try:
-                root = chunking.decode_manifest(ref.manifest).root
-            except ValueError:
-                continue
-            pending = [e for e in root if e.flags & chunking.NODE]
-            while pending:
-                node = pending.pop()
-                data = _bytes_of(blobs.get(node.key))
-                if data is None:
-                    continue
-                try:
-                    entries = chunking.unpack_entries(unframe(bytes(data))[1])
-                except ValueError:
-                    continue
-                for entry in entries:
-                    if entry.key not in blobs:
-                        out.append(entry.key)
-                    elif entry.flags & chunking.NODE:
-                        pending.append(entry)
-        return out
-
     def decode_chunked(
         self,
         manifest: bytes,
@@ -534,6 +398,9 @@ class ValueCodec:
                 if partial:  # perhaps a node not read (its layout was known then): read all
                     raise RowsReleased
                 raise corrupt(f"chunk {key.hex()[2:18]} is missing from the store")
+            if data[:1] == b"\xff":  # a sealed row the read could not open: say why
+                data = self.opened_frame(key, bytes(data), lambda message: corrupt(
+                    f"chunk {key.hex()[2:18]}: {message}"))
             try:
                 fmt, raw = unframe_view(data if type(data) is bytes else bytes(data))
             except ValueError as exc:
@@ -711,6 +578,8 @@ class ValueCodec:
         if not is_chunk_key(key):
             self.decode_value(data, key, strict=False)
             return
+        if data[:1] == b"\xff":  # a sealed row, as the table holds it
+            data = self.opened_frame(key, bytes(data), CorruptCheckpointError)
         fmt, raw = unframe(bytes(data))
         if not chunking.check_chunk(key, fmt, raw):
             raise CorruptCheckpointError("chunk checksum mismatch (truncated or altered)")
@@ -730,28 +599,12 @@ class ValueCodec:
 
     def encode_value(self, value: Any, *, run_id: str, path: str) -> NewBlob:
         """A value as a separately stored, content-addressed blob (inputs, effects). (A
-        sealed store's codec has :meth:`_encode_sealed` in its place: see :meth:`seal`.)"""
+        sealed store's codec has :meth:`encode_sealed` in its place: see :meth:`seal`.)"""
         raw = self._dumps(value, run_id, path)
         fmt = self.serializer.format_id
         return NewBlob(
             digest(fmt, raw), frame(raw, fmt, compress_threshold=self.compress_threshold)
         )
-
-    def _encode_sealed(self, value: Any, *, run_id: str, path: str) -> NewBlob:
-        """:meth:`encode_value` of a sealed store: sealed, under a keyed content address."""
-        assert self.sealer is not None
-        raw = self._dumps(value, run_id, path)
-        fmt = self.serializer.format_id
-        key = self.sealer.address(fmt, raw)
-        framed = frame(raw, fmt, compress_threshold=self.compress_threshold)
-        return NewBlob(key, self.sealer.seal_small(key, framed))
-
-    def seal(self, encryption: Encryption) -> None:
-        """Seal the records this codec encodes from now on with ``encryption`` (a sealed
-        store's ring). :meth:`encode_value` is replaced rather than made to ask on every
-        call: a plain store's records cost what they did."""
-        self.sealer = encryption
-        self.encode_value = self._encode_sealed  # type: ignore[method-assign]
 
     def encode_state(
         self,
@@ -850,7 +703,11 @@ class ValueCodec:
                     continue
                 raws[name] = raw
             if len(raw) < INLINE_MAX:
-                ref = FieldRef(b"", len(raw) + 1, inline_head + raw)  # = frame(raw, fmt)
+                if self.sealer is None:
+                    ref = FieldRef(b"", len(raw) + 1, inline_head + raw)  # = frame(raw, fmt)
+                else:
+                    inline = self.seal_inline(inline_head + raw)
+                    ref = FieldRef(b"", len(inline), inline)
             else:
                 blob = NewBlob(
                     digest(fmt, raw), frame(raw, fmt, compress_threshold=self.compress_threshold)
@@ -862,6 +719,8 @@ class ValueCodec:
                 fields[name] = ref
                 if ref.inline is None:
                     new[blob.hash] = blob
+        if self.sealer is not None and new:
+            new = self.seal_rows(new)
         return fields, new, raws, aliases
 
     def decode_value(
@@ -884,8 +743,14 @@ class ValueCodec:
             raise corrupt(f"value {missing} is missing from the store")
         if type(data) is TextInBlobColumn:
             raise corrupt(f"value {TEXT_IN_BLOB}")
-        if self.sealer is not None and data[:1] == b"\xff":  # (no plain frame's header)
-            fmt, raw = self._open_sealed(data, expected_hash, corrupt)
+        if data[:1] == b"\xff":
+            # Sealed (no plain frame's header): an inline value, or a row the read could not
+            # open (altered, or under a key the ring lacks), named here.
+            try:
+                fmt, raw = unframe(self.opened_frame(
+                    INLINE_AAD if expected_hash is None else expected_hash, data, corrupt))
+            except ValueError as exc:
+                raise corrupt(str(exc)) from None
         else:
             # (Opened without its keys, a sealed value raises EncryptionKeyError here.)
             try:
@@ -898,54 +763,6 @@ class ValueCodec:
         return self._load_raw(
             fmt, raw, strict=strict, checkpoint_id=checkpoint_id, run_id=run_id, field=field
         )
-
-    def _open_sealed(
-        self, data: bytes, expected_hash: bytes | None,
-        corrupt: Callable[[str], CorruptCheckpointError],
-    ) -> tuple[int, bytes]:
-        """The frame of a sealed value, opened: AES-GCM authenticates it and binds it to
-        ``expected_hash`` (its authenticated data), so no digest is computed again. An
-        unknown key id raises :class:`~pitstop.EncryptionKeyError`; an altered value, or
-        one moved from another's place, is damage."""
-        from .sealed import key_id_of
-
-        assert self.sealer is not None
-        plain = None if expected_hash is None else self.sealer.open(expected_hash, data)
-        if plain is None:
-            raise corrupt(
-                f"sealed value fails authentication under key {key_id_of(data)!r} (altered, "
-                "or moved from another value's place)"
-            )
-        try:
-            return unframe(plain)
-        except ValueError as exc:
-            raise corrupt(str(exc)) from None
-
-    def plain_record(self, data: bytes, key: bytes) -> tuple[bytes, bytes]:
-        """``(value, content key)`` of a record (an input, an effect's result, an attached
-        write) as an export carries it: opened if sealed, under its SHA-256, so an archive
-        imports into any store (:meth:`sealed_record` seals it again there)."""
-        if self.sealer is None or data[:1] != b"\xff":
-            return data, key
-        plain = self.sealer.open(key, data)
-        if plain is None:
-            from .sealed import key_id_of
-
-            raise CorruptCheckpointError(
-                f"sealed record {key.hex()[:16]} fails authentication under key "
-                f"{key_id_of(data)!r} (altered, or moved from another value's place)"
-            )
-        fmt, raw = unframe(plain)
-        return plain, digest(fmt, raw)
-
-    def sealed_record(self, data: bytes, key: bytes) -> tuple[bytes, bytes]:
-        """``(value, content key)`` of a plain record (checked against its SHA-256 already:
-        an import's) as a sealed store keeps it (as it is in any other)."""
-        if self.sealer is None or data[:1] == b"\xff":
-            return data, key
-        fmt, raw = unframe(data)
-        address = self.sealer.address(fmt, raw)
-        return self.sealer.seal_small(address, data), address
 
     def _list_from_rows(
         self,
@@ -1069,7 +886,20 @@ class ValueCodec:
         record.verify()
         fields = record.field_map()
         consume = consume and sum(ref.manifest is not None for ref in fields.values()) == 1
-        state = {
+        try:
+            state = self._decode_fields(record, fields, blobs, strict=strict, consume=consume,
+                                        partial=partial)
+        except EncryptionKeyError as exc:
+            raise EncryptionKeyError(
+                f"run {record.run_id!r}: checkpoint {record.id}: {exc}", key_id=exc.key_id
+            ) from None
+        return record.checkpoint(state)
+
+    def _decode_fields(
+        self, record: CheckpointRecord, fields: FieldMap, blobs: Mapping[bytes, Stored], *,
+        strict: bool, consume: bool, partial: bool,
+    ) -> dict[str, Any]:
+        return {
             name: self.decode_value(
                 ref.inline if ref.inline is not None else _bytes_of(blobs.get(ref.hash)),
                 None if ref.inline is not None else ref.hash,
@@ -1091,10 +921,8 @@ class ValueCodec:
             )
             for name, ref in fields.items()
         }
-        return record.checkpoint(state)
 
 
-_FIRST: Final = operator.itemgetter(0)
 _TREE_DEPTH: Final = 40
 """Levels of nodes a chunked value's tree may have when read (see decode_chunked)."""
 
@@ -1126,11 +954,6 @@ def _chunk_filler(
         target[:] = raw
 
     return fill
-
-
-def _bytes_of(data: Stored | None) -> bytes | None:
-    """A stored value's bytes, read now if it was left in the blob store."""
-    return data.read() if isinstance(data, Deferred) else data
 
 
 def _malformed(

@@ -334,10 +334,10 @@ class SqlBackend(Store):
 
                     made = ValueCodec(*self._codec_options)
                     made.seal_chunks = not self.rewrites_in_place
-                    # A sealed blob store's ring seals the database's records too.
+                    # A sealed blob store's ring seals what the database keeps too.
                     encryption = getattr(self.blobs, "encryption", None)
                     if encryption is not None:
-                        made.seal(encryption)
+                        made.seal(encryption, self.blob_threshold)
                     self._codec = made
                 codec = self._codec
         return codec

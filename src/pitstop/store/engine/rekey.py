@@ -3,8 +3,10 @@
 After a new key is made current (``Encryption(keys={"k2": ..., "k1": ...}, current="k2")``),
 new values are sealed under it and old ones still open under ``k1``. :func:`rekey` seals
 every value still under another key (or plaintext, written before the store was sealed)
-again under ``k2``, after which ``k1`` can be dropped from the ring; and so are the records
-a sealed store keeps in the database (inputs, effects' results, attached writes).
+again under ``k2``, after which ``k1`` can be dropped from the ring; and so is what a sealed
+store keeps in the database: records (inputs, effects' results, attached writes), the rows
+of the value table (a state's small values and chunks), and the values kept inline in
+checkpoint records (their record's checksum computed again over the new bytes).
 
 It runs beside normal work: a batch of values at a time, each read, sealed into a new pack,
 and its row pointed at the new copy in a short transaction of its own. A pack (or a file
@@ -80,7 +82,113 @@ def rekey(store: Any, to: str, *, progress: Callable[[int, int], None] | None = 
         done += len(rows)
         if progress:
             progress(done, total)
-    return resealed + _reseal_records(store, blobs.encryption, blobs.encryption.with_current(to))
+    ring, under = blobs.encryption, blobs.encryption.with_current(to)
+    return (resealed + _reseal_records(store, ring, under) + _reseal_rows(store, ring, under)
+            + _reseal_inline(store, ring, under))
+
+
+def _reseal_rows(store: Any, ring: Encryption, target: Encryption) -> int:
+    """Seal again under ``target``'s current key the rows of the value table that hold
+    their value (a state's small values, chunks and chunk-tree nodes; see
+    :mod:`pitstop.store.encoding.sealing`), and seal those written before the store was
+    sealed; how many rows. Each is updated only if its bytes are still those read."""
+    resealed = 0
+    after = b""
+    while True:
+        rows = store._tx(lambda tx, after=after: tx.all(
+            "SELECT hash, data FROM pitstop_blobs WHERE location IS NULL AND alias IS NULL "
+            "AND hash > ? ORDER BY hash LIMIT ?", (after, _BATCH),
+        ))
+        if not rows:
+            break
+        after = bytes(rows[-1][0])
+        updates: list[tuple[Any, ...]] = []
+        for raw_hash, data in rows:
+            key, old = bytes(raw_hash), bytes(data)
+            if is_sealed(old):
+                if key_id_of(old) == target.current:
+                    continue
+                plain = ring.open(key, old)
+                if plain is None:
+                    raise StoreError(
+                        f"{store.url}: rekey: value {key.hex()[:16]} fails authentication "
+                        f"under key {key_id_of(old)!r} (altered); `pitstop verify` lists what "
+                        "is damaged"
+                    )
+            elif old:
+                plain = old
+            else:
+                continue
+            new = target.seal_row(key, plain)
+            updates.append((new, len(new), key, old))
+        if updates:
+            store._tx(lambda tx, updates=updates: tx.many(
+                "UPDATE pitstop_blobs SET data = ?, size = ? WHERE hash = ? AND data = ? "
+                "AND location IS NULL AND alias IS NULL", updates), write=True)
+            resealed += len(updates)
+    return resealed
+
+
+def _reseal_inline(store: Any, ring: Encryption, target: Encryption) -> int:
+    """Seal again under ``target``'s current key the small values kept inline in checkpoint
+    records (and seal plain ones), the record's checksum computed again over its new field
+    map; how many values. A record that fails its checksum is left as it is (``verify``
+    names it). Each is updated only if its field map is still the one read."""
+    from ..encoding.records import CheckpointRecord, FieldRef, decode_field_map, encode_field_map
+    from ..encoding.sealing import INLINE_AAD
+    from .schema import CHECKPOINTS
+
+    resealed = 0
+    after = ""
+    while True:
+        rows = store._tx(lambda tx, after=after: tx.all(
+            f"SELECT {CHECKPOINTS.column_list()} FROM pitstop_checkpoints WHERE id > ? "
+            "ORDER BY id LIMIT ?", (after, _BATCH),
+        ))
+        if not rows:
+            break
+        after = str(rows[-1][0])
+        updates: list[tuple[Any, ...]] = []
+        for row in rows:
+            record = CheckpointRecord(*row)
+            if isinstance(record.fields, str):
+                continue
+            old_fields = bytes(record.fields)
+            record.fields = old_fields
+            try:
+                record.verify()
+                fields = decode_field_map(old_fields)
+            except Exception:
+                continue  # damaged: verify names it
+            changed = 0
+            for name, ref in fields.items():
+                if ref.inline is None:
+                    continue
+                if is_sealed(ref.inline):
+                    if key_id_of(ref.inline) == target.current:
+                        continue
+                    plain = ring.open(INLINE_AAD, ref.inline)
+                    if plain is None:
+                        raise StoreError(
+                            f"{store.url}: rekey: run {record.run_id!r}: checkpoint "
+                            f"{record.id}: field {name!r}: its sealed value fails "
+                            "authentication (altered); `pitstop verify` lists what is damaged"
+                        )
+                else:
+                    plain = ref.inline
+                sealed = target.seal_small(INLINE_AAD, plain)
+                fields[name] = FieldRef(b"", len(sealed), sealed)
+                changed += 1
+            if changed:
+                record.fields = encode_field_map(fields)
+                updates.append((record.fields, record.compute_checksum(), record.id,
+                                old_fields))
+                resealed += changed
+        if updates:
+            store._tx(lambda tx, updates=updates: tx.many(
+                "UPDATE pitstop_checkpoints SET fields = ?, checksum = ? "
+                "WHERE id = ? AND fields = ?", updates), write=True)
+    return resealed
 
 
 def _reseal_records(store: Any, ring: Encryption, target: Encryption) -> int:

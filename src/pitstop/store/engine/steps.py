@@ -95,7 +95,11 @@ class StepSaves(Effects):
                 raw = codec._dumps(value, run_id, "", name)
                 if len(raw) >= INLINE_MAX:
                     return None
-                ref = FieldRef(b"", len(raw) + 1, head + raw)
+                if codec.sealer is None:
+                    ref = FieldRef(b"", len(raw) + 1, head + raw)
+                else:  # a sealed store's (see pitstop.store.encoding.sealing)
+                    inline = codec.seal_inline(head + raw)
+                    ref = FieldRef(b"", len(inline), inline)
             else:
                 ref = before.get(name)  # type: ignore[assignment]
                 if ref is None:

@@ -14,7 +14,7 @@ read and release values through the methods here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from ...errors import StoreError
 from ..contract.base import Durability
@@ -206,9 +206,11 @@ class StoredValues(SqlBackend):
         stored = self._read_values(tx, present)
         for key in present:
             data = stored.get(key)
-            if data is not None and data != new[key].stored and _body(data) != _body(
-                new[key].stored
-            ):  # (the same bytes may be stored compressed, or by another zstd, or not)
+            sent = new[key].stored
+            if opened := self._row_opener():  # (read rows are opened: so is this one)
+                sent = opened(key, sent)
+            # (The same bytes may be stored compressed, or by another zstd, or not.)
+            if data is not None and data != sent and _body(data) != _body(sent):
                 field = next(
                     (name for name, ref in fields.items() if ref.manifest is not None
                      and key in self._value_codec.chunk_keys_of(ref)),
@@ -221,6 +223,13 @@ class StoredValues(SqlBackend):
                     "collision, most likely a value built to cause one); nothing was written"
                 )
         return set(present)
+
+    def _row_opener(self) -> Callable[[bytes, bytes], bytes] | None:
+        """What opens a sealed row of the table (a store opened with ``encryption=``; see
+        :mod:`pitstop.store.encoding.sealing`), or None."""
+        if getattr(self.blobs, "encryption", None) is None:
+            return None
+        return self._value_codec.open_row
 
     def _read_values_deferred(self, tx: Tx, hashes: Sequence[bytes]) -> dict[bytes, Stored]:
         """:meth:`_read_values`, with values in the blob store left unread (:class:`Deferred`,
@@ -235,13 +244,16 @@ class StoredValues(SqlBackend):
         # 2,000-message restore ~0.2 ms, and sorting an ``IN`` list of 256 keys ~0.1 ms more.
         out: dict[bytes, Stored] = {}
         other: list[bytes] = []
+        opened = self._row_opener()
         for i in range(0, len(hashes), CHUNK):
             part = hashes[i : i + CHUNK]
             for h, data in tx.all(_SELECT_PLAIN.format(keys=", ".join(["(?)"] * len(part))), part):
                 if data is None:
                     other.append(bytes(h))
-                else:
+                elif opened is None:
                     out[bytes(h)] = blob_column(data)
+                else:
+                    out[bytes(h)] = opened(bytes(h), blob_column(data))
         if other:
             out.update(self._read_rows(tx, other, defer=True))
         return out
@@ -309,6 +321,7 @@ class StoredValues(SqlBackend):
         out: dict[bytes, Stored] = {}
         aliases: dict[bytes, tuple[bytes, int]] = {}
         deferred: list[tuple[bytes, Slot | None]] = []
+        opened = self._row_opener()
         for h, data, location, alias, size, pack, pack_offset in tx.in_chunks(
             "SELECT hash, data, location, alias, size, pack, pack_offset FROM pitstop_blobs "
             "WHERE hash IN ({in})",
@@ -318,7 +331,7 @@ class StoredValues(SqlBackend):
             if alias is not None:
                 aliases[key] = (bytes(alias), int(size))
             elif location is None:
-                out[key] = blob_column(data)
+                out[key] = blob_column(data) if opened is None else opened(key, blob_column(data))
             elif defer and self.blobs is not None and location == self.blobs.url:
                 deferred.append((key, slot_of(pack, pack_offset, size)))
                 out[key] = Deferred(self.blobs, key, deferred[-1][1])

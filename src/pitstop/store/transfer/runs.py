@@ -264,20 +264,40 @@ _SELECT_EFFECTS = (
 _RECORD_VALUES = {INPUTS.name: ("payload", "hash"), EFFECTS.name: ("result", "hash")}
 """The value and content key columns of the tables of records (inputs, effects)."""
 _WRITES = CHECKPOINTS.columns.index("writes")
+_FIELDS = CHECKPOINTS.columns.index("fields")
+_CHECKSUM = CHECKPOINTS.columns.index("checksum")
 
 Convert = Callable[[bytes, bytes], tuple[bytes, bytes]]
 
 
-def _converted(convert: Convert, table_name: str) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+def _converted(convert: Convert, table_name: str,
+               inline: Callable[[bytes], bytes] | None = None,
+               ) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
     """A row of ``table_name`` with each record value in it (an input's, an effect's, the
     writes attached to a checkpoint) made ``convert(value, key)``: opened for an export of
-    a sealed store, sealed on import into one (see ``ValueCodec.plain_record``)."""
+    a sealed store, sealed on import into one (see ``ValueCodec.plain_record``); and each
+    value inline in a checkpoint's field map made ``inline(value)``, its checksum computed
+    again (only over a record that passed it: damage is carried as it is)."""
     if table_name == CHECKPOINTS.name:
         def checkpoint(row: Sequence[Any]) -> tuple[Any, ...]:
             out = list(row)
             if out[_WRITES] is not None:
                 out[_WRITES] = map_frames(bytes(out[_WRITES]), convert, run_id=str(out[1]),
                                           checkpoint_id=str(out[0]))
+            if inline is not None and isinstance(out[_FIELDS], bytes | bytearray | memoryview):
+                record = CheckpointRecord(*out)
+                record.fields = bytes(out[_FIELDS])
+                if record.checksum == record.compute_checksum():
+                    from ..encoding.sealing import map_inline
+
+                    try:
+                        fields = map_inline(record.fields, inline)
+                    except (ValueError, CorruptCheckpointError):
+                        fields = None  # the importer's verify names it
+                    if fields is not None:
+                        record.fields = fields
+                        out[_FIELDS] = fields
+                        out[_CHECKSUM] = record.compute_checksum()
             return tuple(out)
 
         return checkpoint
@@ -365,7 +385,8 @@ class RunTransfer(StoredValues):
             data.effects = [EffectRecord(*r) for r in tx.all(_SELECT_EFFECTS, (run_id,))]
             if self._value_codec.sealer is not None:  # records travel plain, as values do
                 opened = self._value_codec.plain_record
-                to_row = _converted(opened, CHECKPOINTS.name)
+                to_row = _converted(opened, CHECKPOINTS.name,
+                                    self._value_codec.plain_inline)
                 data.checkpoints = [CheckpointRecord(*to_row(c.row()))
                                     for c in data.checkpoints]
                 to_row = _converted(opened, INPUTS.name)
@@ -388,7 +409,8 @@ class RunTransfer(StoredValues):
         run_id = data.run.run_id
         opened = self._value_codec.plain_record if self._value_codec.sealer else None
         def plain(table: Table) -> Callable[[Sequence[Any]], Sequence[Any]] | None:
-            return None if opened is None else _converted(opened, table.name)
+            return None if opened is None else _converted(
+                opened, table.name, self._value_codec.plain_inline)
 
         data.checkpoints = spool_rows(tx, CHECKPOINTS, CheckpointRecord, run_id, order="id",
                                       convert=plain(CHECKPOINTS))
@@ -456,6 +478,8 @@ class RunTransfer(StoredValues):
                 held += blob.size
                 if len(part) < CHUNK and held < _BATCH_BYTES and n < len(whole):
                     continue
+                if self._value_codec.sealer is not None:  # (an archive's values are plain)
+                    part = self._value_codec.seal_rows(part)
                 packed = self._externalize(part.values())
                 self._insert_values(tx, part, now, packed)
                 done += len(part)
@@ -477,7 +501,8 @@ class RunTransfer(StoredValues):
             sealed = self._value_codec.sealed_record if self._value_codec.sealer else None
             keep: Callable[[Sequence[Any]], Sequence[Any]] = tuple
             for batch in _batches(data.checkpoints, CHUNK):
-                seal = keep if sealed is None else _converted(sealed, CHECKPOINTS.name)
+                seal = keep if sealed is None else _converted(
+                    sealed, CHECKPOINTS.name, self._value_codec.sealed_inline)
                 tx.many(INSERT_CHECKPOINT, [seal(c.row()) for c in batch])
                 done += len(batch)
                 if progress:
