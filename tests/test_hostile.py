@@ -143,6 +143,13 @@ def _edit(kind: str, **changes: Any) -> Callable[[list[dict[str, Any]]], None]:
     return apply
 
 
+def _drop(kind: str, key: str) -> Callable[[list[dict[str, Any]]], None]:
+    def apply(frames: list[dict[str, Any]]) -> None:
+        del next(f for f in frames if f["t"] == kind)[key]
+
+    return apply
+
+
 def _duplicate(kind: str) -> Callable[[list[dict[str, Any]]], None]:
     def apply(frames: list[dict[str, Any]]) -> None:
         frame = next(f for f in frames if f["t"] == kind)
@@ -157,6 +164,8 @@ HOSTILE: dict[str, tuple[Callable[[list[dict[str, Any]]], None], str]] = {
     "unknown status": (_edit("run", status="bogus"), "run record"),
     "created_at a string": (_edit("run", created_at="yesterday"), "run record"),
     "priority 2**63": (_edit("run", priority=2**63), "run record"),
+    # Every format-3 archive names the run's parent (format 3 came after parent_run).
+    "run without parent_run": (_drop("run", "parent_run"), "run record"),
     "size -1": (_edit("checkpoint", size=-1), "checkpoint"),
     "size a dict": (_edit("checkpoint", size={"a": 1}), "checkpoint"),
     "hash of the wrong type": (_edit("value", hash="abc"), "value"),
