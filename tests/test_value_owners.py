@@ -16,6 +16,7 @@ import pytest
 import xxhash
 
 import pitstop
+from oldstore import store_at, write_old
 from pitstop import RetentionPolicy
 from pitstop.serde import chunks
 from pitstop.store import Store
@@ -110,19 +111,21 @@ def test_two_runs_storing_the_same_value_each_keep_it(open_store: Callable[..., 
 
 @BACKENDS
 def test_a_store_from_before_owners_is_upgraded_and_collects_its_old_values(
-    store_url: str, monkeypatch: pytest.MonkeyPatch
+    store_url: str,
 ) -> None:
     rng = random.Random(4)
     docs = _docs(4)
-    with monkeypatch.context() as patch:
-        patch.setattr(store_schema, "LATEST_SCHEMA", 9)  # a release from before migration 10
-        with pitstop.open_store(store_url) as old:
-            for _ in range(5):
-                _edit(docs, rng)
-                old.save("r", {"docs": docs})
-            old.save("other", {"docs": docs})
-            old_refs = _count(old, "SELECT COUNT(*) FROM pitstop_blob_refs")
-            assert old_refs > 100
+
+    def write(old: Store) -> None:
+        for _ in range(5):
+            _edit(docs, rng)
+            old.save("r", {"docs": docs})
+        old.save("other", {"docs": docs})
+
+    write_old(store_url, 9, write)  # a release from before migration 10
+    with store_at(store_url, 9) as old:
+        old_refs = _count(old, "SELECT COUNT(*) FROM pitstop_blob_refs")
+        assert old_refs > 100
     with pitstop.open_store(store_url) as store:  # upgraded on open
         assert store.schema_version() == store_schema.LATEST_SCHEMA >= 10
         assert _count(store, "SELECT COUNT(*) FROM pitstop_blobs WHERE run_id IS NOT NULL") == 0
