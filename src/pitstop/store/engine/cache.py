@@ -169,7 +169,8 @@ class ResultCache(Maintenance):
                 continue
             data = values.get(ref.hash)
             out[name] = codec.decode_value(
-                None if data is None else bytes(data), ref.hash, run_id=run_id,
+                data if data is None or isinstance(data, bytes) else bytes(data), ref.hash,
+                run_id=run_id,
                 field=where + name,
             )
         return out
