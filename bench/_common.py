@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import statistics
+import struct
 import sys
 import time
 from collections.abc import Callable
@@ -170,3 +171,27 @@ def time_invoke(app: Any, state: dict[str, Any], steps: int, thread: str) -> flo
     elapsed = time.perf_counter() - t0
     assert out["i"] == steps
     return elapsed / steps
+
+
+def wal_commits(wal: Path | str) -> list[list[int]]:
+    """The pages each committed transaction wrote, in order, read from a SQLite WAL file:
+    its frames since SQLite last started the file over (those carrying the header's salts),
+    a commit's ending with the frame whose "database size" field is set."""
+    data = Path(wal).read_bytes()
+    if len(data) < 32:  # the WAL header
+        return []
+    page_size = struct.unpack(">I", data[8:12])[0]
+    salts = data[16:24]
+    commits: list[list[int]] = []
+    pages: list[int] = []
+    offset = 32
+    while offset + 24 + page_size <= len(data):  # a frame: a 24-byte header and the page
+        page, size_after = struct.unpack(">II", data[offset : offset + 8])
+        if data[offset + 8 : offset + 16] != salts:
+            break  # a frame of an earlier pass over the file
+        pages.append(page)
+        if size_after:
+            commits.append(pages)
+            pages = []
+        offset += 24 + page_size
+    return commits

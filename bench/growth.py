@@ -11,7 +11,11 @@ Workloads (random text, so that compression hides nothing: zstd keeps ~3/4 of it
   whole list, no hint. Bytes on disk against the final list's serialised size; a late save
   (the last 5% of turns) against one ``ormsgpack.packb`` of the same list, and a restore of
   the latest against one ``ormsgpack.unpackb`` of that buffer, both in interleaved rounds
-  (each ratio is the median of per-round ratios).
+  (each ratio is the median of per-round ratios). The restore twice: by the store that wrote
+  the run (it knows the list's layout) and, as a resume in a new process would, by a second
+  store on the same database whose codec has forgotten every layout before each restore
+  (``resume``: it reads the list's tree a level per statement).
+  ``--store-options compress_threshold=none`` opens the stores with those URL options.
 * ``append``: the same conversation through a ``Workflow`` whose step returns
   ``pitstop.Append([message])`` (SQLite, durability ``normal``): per-step time early
   (turns 50-150) and late (the last 100 turns), bytes, and the tail of every step (p50, p99,
@@ -128,7 +132,7 @@ def fresh_store(
     if backend == "sqlite":
         with tempfile.TemporaryDirectory(prefix="bench-growth-") as tmp:
             path = os.path.join(tmp, "growth.db")
-            store = pitstop.open_store(f"sqlite:///{path}?durability={durability}")
+            store = pitstop.open_store(f"sqlite:///{path}?durability={durability}{STORE_OPTIONS}")
             try:
                 yield store, lambda: sqlite_file_size(path) + directory_size(path + "-blobs")
             finally:
@@ -138,13 +142,17 @@ def fresh_store(
 
     schema = f"bench_growth_{uuid.uuid4().hex[:10]}"
     sep = "&" if "?" in PG_URL else "?"
-    store = pitstop.open_store(f"{PG_URL}{sep}schema={schema}")
+    store = pitstop.open_store(f"{PG_URL}{sep}schema={schema}{STORE_OPTIONS}")
     try:
         yield store, lambda: pg_schema_size(schema)
     finally:
         store.close()
         with psycopg.connect(PG_URL, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+STORE_OPTIONS = ""
+"""``&option=value...`` added to every store URL (``--store-options``)."""
 
 
 def interleaved(ops: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
@@ -181,14 +189,23 @@ def conversation(backend: str, turns: int, size: int, rounds: int) -> dict[str, 
                 early.append(took)
         final = ormsgpack.packb(msgs)
         on_disk = disk()
+        reader = pitstop.open_store(store.url)  # a second handle: a resume's own store
+
+        def resume() -> Any:
+            reader._value_codec._layouts.clear()  # as a new process: no layout known
+            return reader.latest("conversation")
+
         restore = interleaved(
             {
                 "latest": lambda: store.latest("conversation"),
+                "resume": resume,
                 "unpack": lambda: ormsgpack.unpackb(final),
             },
             rounds,
         )
         assert store.latest("conversation").state["messages"] == msgs  # type: ignore[union-attr]
+        assert resume().state["messages"] == msgs
+        reader.close()
     return {
         "backend": backend,
         "turns": turns,
@@ -200,6 +217,8 @@ def conversation(backend: str, turns: int, size: int, rounds: int) -> dict[str, 
         "late_save_per_packb": median_ratio(late, packs),
         "restore_s": statistics.median(restore["latest"]),
         "restore_per_unpack": median_ratio(restore["latest"], restore["unpack"]),
+        "resume_restore_s": statistics.median(restore["resume"]),
+        "resume_restore_per_unpack": median_ratio(restore["resume"], restore["unpack"]),
     }
 
 
@@ -394,12 +413,14 @@ def report(results: dict[str, Any]) -> str:
             [r["backend"], str(r["turns"]), fmt_bytes(r["final_bytes"]), fmt_bytes(r["disk_bytes"]),
              f"{r['disk_ratio']:.2f}x", fmt_time(r["late_save_s"]),
              f"{r['late_save_per_packb']:.2f}x", fmt_time(r["restore_s"]),
-             f"{r['restore_per_unpack']:.2f}x"]
+             f"{r['restore_per_unpack']:.2f}x", fmt_time(r["resume_restore_s"]),
+             f"{r['resume_restore_per_unpack']:.2f}x"]
             for r in results["conversation"]
         ]
         out.append("Conversation, store.save of the whole list (no hint):\n\n" + table(
             ["store", "turns", "final list", "on disk", "disk/final (<= 1.5)", "late save",
-             "save/packb (<= 2)", "restore", "restore/unpack (<= 3)"], rows))
+             "save/packb (<= 2)", "restore", "restore/unpack (<= 3)", "resume's restore",
+             "/unpack (PostgreSQL <= 5)"], rows))
     if "append" in results:
         runs = results["append"]
         out.append("Conversation through a Workflow returning pitstop.Append (SQLite normal):\n\n"
@@ -457,13 +478,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--no-pg", action="store_true")
+    parser.add_argument("--pg-only", action="store_true", help="PostgreSQL only")
+    parser.add_argument("--store-options", default="",
+                        help="URL options for every store, e.g. compress_threshold=none")
     parser.add_argument("--only", default="conversation,append,dict,array,langgraph")
     parser.add_argument("--torch", action="store_true",
                         help="append: run it again after importing torch (issue #33)")
     args = parser.parse_args(argv)
     turns = args.turns or (500 if args.quick else 2000)
     lg_steps = args.lg_steps or (100 if args.quick else 300)
-    backends = ["sqlite"] if args.no_pg else ["sqlite", "postgres"]
+    backends = ["sqlite"] if args.no_pg else ["postgres"] if args.pg_only else [
+        "sqlite", "postgres"]
+    global STORE_OPTIONS  # noqa: PLW0603 (read by fresh_store, deep in every workload)
+    STORE_OPTIONS = f"&{args.store_options}" if args.store_options else ""
     only = set(args.only.split(","))
     results: dict[str, Any] = {}
     if "conversation" in only:

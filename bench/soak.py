@@ -27,7 +27,12 @@ What it counts:
 * the long-lived worker's RSS after warm-up (the first fifth) and at the end;
 * the store's size (its tables and indexes, dead rows included until autovacuum reclaims
   them) sampled every 10 s: flat under retention (workflow runs: ``keep_last=2``, then
-  deleted 20 s after they finish; threads and loops: deleted once checked).
+  deleted 20 s after they finish; threads and loops: deleted once checked);
+* per relation, at each sample: every table's heap, indexes, TOAST and counted rows, every
+  index's size (``relation_growth``: medians over the first and last fifth of the steady
+  state), what each VACUUM left dead and the oldest transaction open then, and at the end
+  each table's size after ``VACUUM FULL`` (its live rows alone). ``--samples FILE`` writes
+  them as they are taken; ``--keep-schema`` leaves the store for inspection.
 """
 
 from __future__ import annotations
@@ -172,9 +177,11 @@ def autovacuum_on() -> bool:
     return bool(row) and row[0] == "on"
 
 
-def vacuum(schema: str) -> None:
+def vacuum(schema: str) -> dict[str, Any]:
     """A plain VACUUM of the store's tables: what autovacuum does (deleted rows' space made
-    reusable; nothing locked), for a server where it is off."""
+    reusable; nothing locked), for a server where it is off. Returns what it could not
+    remove (dead rows some snapshot may still see: ``n_dead_tup`` right after) and the oldest
+    transaction open in the database then (another session's snapshot holds those rows)."""
     import psycopg
     from psycopg import sql
 
@@ -183,6 +190,15 @@ def vacuum(schema: str) -> None:
             "SELECT relname FROM pg_stat_user_tables WHERE schemaname = %s", (schema,))]
         for table in tables:
             conn.execute(sql.SQL("VACUUM {}").format(sql.Identifier(schema, table)))
+        row = conn.execute(
+            "SELECT COALESCE(SUM(n_dead_tup), 0) FROM pg_stat_user_tables "
+            "WHERE schemaname = %s", (schema,)).fetchone()
+        oldest = conn.execute(
+            "SELECT COALESCE(MAX(EXTRACT(EPOCH FROM now() - xact_start)), 0) "
+            "FROM pg_stat_activity WHERE datname = current_database() "
+            "AND backend_xmin IS NOT NULL AND pid <> pg_backend_pid()").fetchone()
+    return {"dead_left": int(row[0]) if row else 0,
+            "oldest_xact_s": round(float(oldest[0]), 1) if oldest else 0.0}
 
 
 def store_bytes(schema: str) -> int:
@@ -194,6 +210,97 @@ def store_bytes(schema: str) -> int:
             "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s "
             "AND c.relkind IN ('r', 't', 'm')", (schema,)).fetchone()
     return int(row[0]) if row else 0
+
+
+def relation_sizes(schema: str) -> dict[str, dict[str, int]]:
+    """Per table: its heap, its indexes, its TOAST (with the TOAST index) and its live rows
+    (counted, not estimated); per index: its own size. What names the relation that grows."""
+    import psycopg
+    from psycopg import sql
+
+    out: dict[str, dict[str, int]] = {}
+    with psycopg.connect(PG, autocommit=True) as conn:
+        tables = conn.execute(
+            "SELECT c.oid, c.relname, pg_total_relation_size(c.oid), pg_relation_size(c.oid), "
+            "pg_indexes_size(c.oid), "
+            "COALESCE(pg_total_relation_size(NULLIF(c.reltoastrelid, 0)), 0) "
+            "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND c.relkind = 'r' ORDER BY c.relname", (schema,)).fetchall()
+        for _, name, total, heap, indexes, toast in tables:
+            row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
+                sql.Identifier(schema, name))).fetchone()
+            out[name] = {"total": total, "heap": heap, "indexes": indexes, "toast": toast,
+                         "rows": int(row[0]) if row else 0}
+        for name, size in conn.execute(
+                "SELECT c.relname, pg_relation_size(c.oid) FROM pg_class c "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = %s AND c.relkind = 'i' ORDER BY c.relname", (schema,)):
+            out[f"index {name}"] = {"total": size}
+    return out
+
+
+def relation_growth(samples: list[tuple[float, dict[str, dict[str, int]]]],
+                    start: float) -> dict[str, dict[str, Any]]:
+    """Each relation's median over the first and the last fifth of the steady state (from
+    ``start`` seconds on): which one grows, by how much, and whether its rows grew too."""
+    import statistics
+
+    steady = [rels for t, rels in samples if t >= start]
+    if len(steady) < 2:
+        return {}
+    fifth = max(1, len(steady) // 5)
+    first, last = steady[:fifth], steady[-fifth:]
+    growth: dict[str, dict[str, Any]] = {}
+    for name in sorted(set().union(*steady)):
+        entry: dict[str, Any] = {}
+        for field in ("total", "heap", "indexes", "toast", "rows"):
+            a = [r[name][field] for r in first if field in r.get(name, {})]
+            b = [r[name][field] for r in last if field in r.get(name, {})]
+            if a and b:
+                entry[field] = [statistics.median(a), statistics.median(b)]
+        growth[name] = entry
+    return growth
+
+
+def rows_of_deleted_runs(schema: str) -> dict[str, int]:
+    """Rows that name a run no longer in ``pitstop_runs`` (what a deletion left behind), and
+    value rows nothing references (no reference row, no alias, no live owner). All 0 when
+    retention deletes everything a run had."""
+    import psycopg
+    from psycopg import sql
+
+    gone = ("NOT EXISTS (SELECT 1 FROM {s}.pitstop_runs r WHERE r.run_id = t.run_id)")
+    checks = {table: f"SELECT count(*) FROM {{s}}.{table} t WHERE " + gone
+              for table in ("pitstop_checkpoints", "pitstop_effects", "pitstop_inputs",
+                            "pitstop_blob_refs")}
+    checks["pitstop_blobs owned by a deleted run"] = (
+        "SELECT count(*) FROM {s}.pitstop_blobs t WHERE t.run_id IS NOT NULL AND " + gone)
+    checks["pitstop_blobs unreferenced"] = (
+        "SELECT count(*) FROM {s}.pitstop_blobs t WHERE (t.run_id IS NULL OR " + gone + ") "
+        "AND NOT EXISTS (SELECT 1 FROM {s}.pitstop_blob_refs f WHERE f.hash = t.hash) "
+        "AND NOT EXISTS (SELECT 1 FROM {s}.pitstop_blobs a WHERE a.alias = t.hash)")
+    out: dict[str, int] = {}
+    with psycopg.connect(PG) as conn:  # one snapshot for every count
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        for name, query in checks.items():
+            row = conn.execute(sql.SQL(query).format(s=sql.Identifier(schema))).fetchone()
+            out[name] = int(row[0]) if row else 0
+    return out
+
+
+def compacted(schema: str) -> dict[str, int]:
+    """Each table's size (with indexes and TOAST) after ``VACUUM FULL`` rewrote it: what its
+    live rows take, against which the size before shows the free space kept for reuse."""
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(PG, autocommit=True) as conn:
+        tables = [r[0] for r in conn.execute(
+            "SELECT relname FROM pg_stat_user_tables WHERE schemaname = %s", (schema,))]
+        for table in tables:
+            conn.execute(sql.SQL("VACUUM FULL {}").format(sql.Identifier(schema, table)))
+    return {name: rel["total"] for name, rel in relation_sizes(schema).items()
+            if not name.startswith("index ")}
 
 
 def stream_checkpoint_rows(schema: str, job: str) -> int:
@@ -209,8 +316,14 @@ def stream_checkpoint_rows(schema: str, job: str) -> int:
 
 class Soak:
     def __init__(self, minutes: float, kill_every: float, vacuum_every: float | None,
-                 streams: bool = True) -> None:
+                 streams: bool = True, keep_schema: bool = False,
+                 samples_to: Path | None = None) -> None:
         self.streams = streams
+        self.keep_schema = keep_schema
+        self.samples_to = samples_to
+        self.relations: list[tuple[float, dict[str, dict[str, int]]]] = []
+        self.vacuums: list[tuple[float, dict[str, Any]]] = []
+        """After each VACUUM: the dead rows it left, the oldest transaction open then."""
         self.seconds = minutes * 60
         self.autovacuum = autovacuum_on()
         # pitstop leaves deleted rows to PostgreSQL's autovacuum (on by default); where the
@@ -438,9 +551,14 @@ class Soak:
                 self.sizes.append((now - started, store_bytes(self.schema)))
                 self.stream_rows.append((now - started, stream_checkpoint_rows(
                     self.schema, self.stream_name)))
+                self.relations.append((now - started, relation_sizes(self.schema)))
+                if self.samples_to is not None:  # as it goes: a cut-short run still tells
+                    self.samples_to.write_text(json.dumps(
+                        {"schema": self.schema, "sizes": self.sizes,
+                         "relations": self.relations, "vacuums": self.vacuums}))
                 next_sample = now + 10
             if self.vacuum_every and now >= next_vacuum:
-                vacuum(self.schema)
+                self.vacuums.append((now - started, vacuum(self.schema)))
                 next_vacuum = now + self.vacuum_every
             if now >= next_prune:
                 self.check_completed()
@@ -498,12 +616,21 @@ class Soak:
             "stream_checkpoint_rows_samples": [rows for _, rows in self.stream_rows],
             "steady_rss_kib_samples": [kib for _, kib in self.rss],
             "tables_at_end": tables,
+            "relations_at_end": relation_sizes(self.schema),
+            "rows_of_deleted_runs": rows_of_deleted_runs(self.schema),
+            # last, the workers stopped: VACUUM FULL locks each table while it rewrites it
+            "tables_after_vacuum_full": compacted(self.schema),
+            # steady state: after the first fifth (warm-up), as for the RSS
+            "relation_growth": relation_growth(self.relations, self.seconds / 5),
+            "vacuums": self.vacuums,
+            "schema": self.schema,
         }
         self.store.close()
-        import psycopg
+        if not self.keep_schema:
+            import psycopg
 
-        with psycopg.connect(PG, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
+            with psycopg.connect(PG, autocommit=True) as conn:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
         return result
 
 
@@ -526,10 +653,15 @@ def main() -> None:
                              "the server's autovacuum is off, else never)")
     parser.add_argument("--no-streams", action="store_true",
                         help="without the stream job (a baseline for the store's size)")
+    parser.add_argument("--keep-schema", action="store_true",
+                        help="leave the store's schema in place at the end (to inspect it)")
+    parser.add_argument("--samples", type=Path, default=None, metavar="FILE",
+                        help="write the per-relation samples to FILE as they are taken")
     parser.add_argument("--json", action="store_true")
     options = parser.parse_args()
     result = Soak(options.minutes, options.kill_every, options.vacuum_every,
-                  streams=not options.no_streams).run()
+                  streams=not options.no_streams, keep_schema=options.keep_schema,
+                  samples_to=options.samples).run()
     print(json.dumps(result, indent=None if options.json else 2))
 
 

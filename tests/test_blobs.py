@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 import pitstop
+from oldstore import write_old
 from pitstop import CorruptCheckpointError, RetentionPolicy, RunStatus, StoreError
 from pitstop.store.encoding.blobs import DirectoryBlobStore
 from pitstop.store.engine import schema as store_schema
@@ -214,18 +215,14 @@ def test_export_import_moves_external_values(opener: Callable[..., pitstop.Store
         assert target.verify() == []
 
 
-def test_sqlite_store_at_the_oldest_schema_is_upgraded_on_open(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_sqlite_store_at_the_oldest_schema_is_upgraded_on_open(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'old.db'}"
     oldest = store_schema.MIGRATIONS[0][0]
     assert oldest < store_schema.LATEST_SCHEMA  # there is something to upgrade
-    with monkeypatch.context() as patch:
-        patch.setattr(store_schema, "LATEST_SCHEMA", oldest)  # this pitstop as its first release
-        with pitstop.open_store(url) as old:
-            assert old.schema_version() == oldest  # type: ignore[attr-defined]
-            first = old.save("r", {"doc": "x" * 10_000, "n": 1}, workflow="wf",
-                             status=RunStatus.WAITING, metadata={"waiting_for": ["go"]})
+    first = write_old(url, oldest, lambda old: old.save(  # made by the first release
+        "r", {"doc": "x" * 10_000, "n": 1}, workflow="wf",
+        status=RunStatus.WAITING, metadata={"waiting_for": ["go"]},
+    ))
     with pytest.raises(pitstop.StoreSchemaError, match="migrate"):
         pitstop.open_store(url, auto_migrate=False)
     with pitstop.open_store(url) as new:

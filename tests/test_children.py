@@ -785,15 +785,3 @@ def test_an_exported_family_keeps_its_links_in_the_store_it_is_imported_into(
     assert {(r["id"], r["parent_run"]) for r in listed.json["runs"]} == {
         ("fam.0-0", "fam"), ("fam.0-1", "fam")}
 
-
-def test_an_archive_without_parent_links_imports_as_runs_without_parents(
-    tmp_path: Path,
-) -> None:
-    """Archives an older pitstop wrote have no ``parent_run`` in their run frame."""
-    from pitstop import archive as archives
-
-    with pitstop.open_store(f"sqlite:///{tmp_path / 'a.db'}") as store:
-        double.start(store, {"x": 1}, run_id="solo")
-        data = store.export_run("solo")
-    frame = {k: v for k, v in archives.asdict(data.run).items() if k != "parent_run"}
-    assert archives._known(archives.RunRecord, frame)["parent_run"] is None

@@ -542,18 +542,16 @@ def test_gc_never_deletes_a_chunk_a_concurrent_save_references(open_store: Any) 
     assert main.latest("conv").state["messages"] == msgs  # type: ignore[union-attr]
 
 
-def test_a_store_from_before_chunks_is_upgraded_and_keeps_its_values(
-    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_store_from_before_chunks_is_upgraded_and_keeps_its_values(tmp_path: Any) -> None:
+    from oldstore import write_old
     from pitstop.store.engine import schema as sqlmod
 
     url = f"sqlite:///{tmp_path / 'old.db'}"
     rng = random.Random(9)
     msgs = [_message(rng, i, 500) for i in range(10)]  # small: one ordinary value
-    with monkeypatch.context() as patch:
-        patch.setattr(sqlmod, "LATEST_SCHEMA", sqlmod.MIGRATIONS[0][0])  # the first release
-        with pitstop.open_store(url) as old:
-            first = old.save("conv", {"messages": msgs})
+    first = write_old(url, sqlmod.MIGRATIONS[0][0], lambda old: old.save(  # the first release
+        "conv", {"messages": list(msgs)}
+    ))
     with pitstop.open_store(url) as new:
         assert new.schema_version() == sqlmod.LATEST_SCHEMA  # type: ignore[attr-defined]
         for i in range(10, 120):

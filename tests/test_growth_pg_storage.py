@@ -24,6 +24,7 @@ import pytest
 
 import pitstop
 from conftest import PG_URL, drop_pg_schema, pg_schema_url
+from oldstore import store_at, write_old
 from pitstop.store.backends.sqlite import SQLITE
 from pitstop.store.engine import schema as store_schema
 
@@ -55,14 +56,9 @@ def pg_schema() -> Iterator[str]:
 
 
 @pytest.mark.postgres
-def test_postgres_keeps_value_bytes_uncompressed(
-    pg_schema: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_postgres_keeps_value_bytes_uncompressed(pg_schema: str) -> None:
     url = pg_schema_url(pg_schema)
-    with monkeypatch.context() as patch:
-        patch.setattr(store_schema, "LATEST_SCHEMA", 4)  # a release from before migration 5
-        with pitstop.open_store(url) as old:
-            old.save("r", {"doc": "y" * 100_000})
+    write_old(url, 4, lambda old: old.save("r", {"doc": "y" * 100_000}))  # before migration 5
     with pitstop.open_store(url) as store:  # upgraded on open
         assert store.schema_version() == store_schema.LATEST_SCHEMA >= 5
 
@@ -86,20 +82,16 @@ def _toast_rows(tx: Any) -> int:
 
 
 @pytest.mark.postgres
-def test_postgres_keeps_rows_of_a_few_kib_inline(
-    pg_schema: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_postgres_keeps_rows_of_a_few_kib_inline(pg_schema: str) -> None:
     """A 6 KiB value of random text (~4.7 KiB compressed) went to TOAST before migration 7;
     after it, a new one is a row of its own, and the old one still reads."""
     rng = random.Random(7)
     old_doc, new_doc = ("".join(rng.choices(string.ascii_letters, k=6000)) for _ in range(2))
     url = pg_schema_url(pg_schema)
-    with monkeypatch.context() as patch:
-        patch.setattr(store_schema, "LATEST_SCHEMA", 6)  # a release from before migration 7
-        with pitstop.open_store(url) as old:
-            old.save("r", {"doc": old_doc})
-            toasted = old._tx(_toast_rows)  # type: ignore[attr-defined]
-            assert toasted > 0
+    write_old(url, 6, lambda old: old.save("r", {"doc": old_doc}))  # before migration 7
+    with store_at(url, 6) as old:
+        toasted = old._tx(_toast_rows)
+        assert toasted > 0
     with pitstop.open_store(url) as store:  # upgraded on open
         assert store.schema_version() == store_schema.LATEST_SCHEMA >= 7
         options = store._tx(  # type: ignore[attr-defined]
@@ -121,15 +113,11 @@ def _reloptions(store: Any, table: str) -> list[str]:
 
 
 @pytest.mark.postgres
-def test_postgres_checkpoint_pages_keep_room_for_attached_records(
-    pg_schema: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_postgres_checkpoint_pages_keep_room_for_attached_records(pg_schema: str) -> None:
     url = pg_schema_url(pg_schema)
-    with monkeypatch.context() as patch:
-        patch.setattr(store_schema, "LATEST_SCHEMA", 8)  # a release from before migration 9
-        with pitstop.open_store(url) as old:
-            first = old.save("r", {"n": 0})
-            assert _reloptions(old, "pitstop_checkpoints") == []
+    first = write_old(url, 8, lambda old: old.save("r", {"n": 0}))  # before migration 9
+    with store_at(url, 8) as old:
+        assert _reloptions(old, "pitstop_checkpoints") == []
     with pitstop.open_store(url) as store:  # upgraded on open
         assert store.schema_version() == store_schema.LATEST_SCHEMA >= 9
         assert "fillfactor=85" in _reloptions(store, "pitstop_checkpoints")

@@ -79,6 +79,32 @@ def test_a_known_layout_and_a_fresh_process_restore_the_same(
     assert reader.latest("conv").state["messages"] == msgs  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("store_url", ["sqlite", "postgres"], indirect=True)
+def test_a_fresh_process_unpacks_each_node_once_to_find_the_next_level(
+    open_store: Callable[..., Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A load that does not know the layout reads the tree a level per query, finding the
+    next level from the nodes it has: each node is unpacked once for that, not again at
+    every level below it, and once more by the decode. Counted, not timed."""
+    writer = open_store()
+    msgs = _conversation(writer)
+    head = writer.latest("conv")
+    assert head is not None
+    _leaves, nodes = _layout_keys(writer, head.id)
+    assert nodes
+    unpacked: list[bytes] = []
+    unpack_entries = chunking.unpack_entries
+
+    def counting(data: bytes) -> list[chunking.Entry]:
+        unpacked.append(data)
+        return unpack_entries(data)
+
+    monkeypatch.setattr(chunking, "unpack_entries", counting)
+    reader = open_store()  # knows no layout
+    assert reader.latest("conv").state["messages"] == msgs  # type: ignore[union-attr]
+    assert len(unpacked) <= 2 * len(nodes), (len(unpacked), len(nodes))
+
+
 @pytest.mark.parametrize("store_url", ["sqlite", "memory", "postgres"], indirect=True)
 def test_a_list_of_extension_values_restores_a_group_of_leaves_at_a_time(
     open_store: Callable[..., Store], store_url: str

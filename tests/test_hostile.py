@@ -99,10 +99,15 @@ def test_a_huge_int_in_state_shows_and_loads(tmp_path: Path, cli: Cli) -> None:
 
 
 def write_frames(path: Path, frames: list[Mapping[str, Any]]) -> None:
-    """An archive of exactly these frames (after the header), checksummed as a real one:
-    what a hostile writer who read archive.py can produce."""
+    """An archive of exactly these frames (after the header), checksummed as a real one, its
+    sizes declared honestly unless the header declares some: what a hostile writer who read
+    archive.py can produce."""
     from pitstop import archive
 
+    if "sizes" not in frames[0]:
+        lengths = [len(ormsgpack.packb(frame)) for frame in frames[1:]]
+        sizes = {"frames": sum(4 + n for n in lengths), "largest": max(lengths, default=0)}
+        frames = [{**frames[0], "sizes": sizes}, *frames[1:]]
     hasher = hashlib.sha256()
     body = bytearray()
     for frame in frames:
@@ -116,8 +121,11 @@ def write_frames(path: Path, frames: list[Mapping[str, Any]]) -> None:
 
 
 def export_frames(store: Store, run_id: str) -> list[dict[str, Any]]:
+    from pitstop import archive
+
     data = store.export_run(run_id)
-    header = {"t": "header", "format": "pitstop-archive", "version": 1, "created": "now",
+    header = {"t": "header", "format": "pitstop-archive", "version": archive.VERSION,
+              "created": "now",
               "source": {"kind": "sqlite"}, "run_id": run_id, "counts": {}}
     out: list[dict[str, Any]] = [header, {"t": "run", **asdict(data.run)}]
     out += [{"t": "value", "hash": h, "data": d} for h, d in data.blobs.items()]
@@ -131,6 +139,13 @@ def export_frames(store: Store, run_id: str) -> list[dict[str, Any]]:
 def _edit(kind: str, **changes: Any) -> Callable[[list[dict[str, Any]]], None]:
     def apply(frames: list[dict[str, Any]]) -> None:
         next(f for f in frames if f["t"] == kind).update(changes)
+
+    return apply
+
+
+def _drop(kind: str, key: str) -> Callable[[list[dict[str, Any]]], None]:
+    def apply(frames: list[dict[str, Any]]) -> None:
+        del next(f for f in frames if f["t"] == kind)[key]
 
     return apply
 
@@ -149,6 +164,8 @@ HOSTILE: dict[str, tuple[Callable[[list[dict[str, Any]]], None], str]] = {
     "unknown status": (_edit("run", status="bogus"), "run record"),
     "created_at a string": (_edit("run", created_at="yesterday"), "run record"),
     "priority 2**63": (_edit("run", priority=2**63), "run record"),
+    # Every format-3 archive names the run's parent (format 3 came after parent_run).
+    "run without parent_run": (_drop("run", "parent_run"), "run record"),
     "size -1": (_edit("checkpoint", size=-1), "checkpoint"),
     "size a dict": (_edit("checkpoint", size={"a": 1}), "checkpoint"),
     "hash of the wrong type": (_edit("value", hash="abc"), "value"),
@@ -208,24 +225,28 @@ def _zstd_bomb(path: Path, header: Mapping[str, Any], length: int) -> None:
 
 
 @pytest.mark.parametrize(
-    "sizes",
-    [None, {"frames": 2**31 + 10, "largest": 2**31 - 1}, {"frames": 1000, "largest": 500}],
-    ids=["undeclared", "declared-honestly", "declared-small"],
+    ("declared", "reason"),
+    [
+        ({"version": 1}, "archive format 1 is not supported"),  # no sizes: a pre-release format
+        ({"sizes": {"frames": 2**31 + 10, "largest": 2**31 - 1}}, "damaged archive"),
+        ({"sizes": {"frames": 1000, "largest": 500}}, "damaged archive"),
+    ],
+    ids=["format-1", "declared-honestly", "declared-small"],
 )
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="measures through /proc")
 @pytest.mark.slow
 def test_an_archive_inflating_to_2_gib_is_refused_in_little_memory(
-    tmp_path: Path, sizes: Mapping[str, int] | None
+    tmp_path: Path, declared: Mapping[str, Any], reason: str
 ) -> None:
     import subprocess
     import sys
 
     from conftest import ROOT
+    from pitstop import archive
 
-    header = {"t": "header", "format": "pitstop-archive", "version": 1, "created": "now",
-              "source": {"kind": "sqlite"}, "run_id": "bomb", "counts": {}}
-    if sizes is not None:
-        header["sizes"] = sizes
+    header = {"t": "header", "format": "pitstop-archive", "version": archive.VERSION,
+              "created": "now", "source": {"kind": "sqlite"}, "run_id": "bomb", "counts": {},
+              **declared}
     bomb = tmp_path / "bomb.pitstop"
     _zstd_bomb(bomb, header, 2**31 - 1)
     assert bomb.stat().st_size < 100_000
@@ -245,7 +266,7 @@ def test_an_archive_inflating_to_2_gib_is_refused_in_little_memory(
     )
     code, peak_mib = map(int, done.stdout.split())
     assert code == 2, done.stderr
-    assert "damaged archive" in one_line(done.stderr)
+    assert reason in one_line(done.stderr)
     assert peak_mib < 200, peak_mib  # the interpreter and pitstop: nothing of the 2 GiB
     assert not (tmp_path / "t.db").exists()
 
@@ -323,6 +344,29 @@ def test_declared_sizes_and_counts_must_match_the_frames(tmp_path: Path, cli: Cl
     write_frames(tmp_path / "exact.pitstop", frames)
     code, _, err = cli("import", str(tmp_path / "exact.pitstop"), store=url)
     assert code == 0, err
+
+
+@pytest.mark.parametrize(
+    ("header", "reason"),
+    [
+        ({"version": 1}, "archive format 1 is not supported; this pitstop reads format 3"),
+        ({"version": 2}, "archive format 2 is not supported; this pitstop reads format 3"),
+        ({"version": "3"}, "archive format '3' is not supported"),
+        ({"sizes": None}, "damaged archive (its declared sizes are None)"),
+    ],
+    ids=["format-1", "format-2", "version-not-a-number", "no-sizes"],
+)
+def test_an_archive_of_a_pre_release_format_is_refused(
+    tmp_path: Path, cli: Cli, header: Mapping[str, Any], reason: str
+) -> None:
+    """Archive formats 1 and 2 (the second without declared sizes or attached records) came
+    before the first release: nothing to import from them, so they are refused, not read."""
+    frames = _victim_frames(tmp_path)
+    frames[0] = {**frames[0], **header}
+    write_frames(tmp_path / "old.pitstop", frames)
+    code, _, err = cli("import", str(tmp_path / "old.pitstop"),
+                       store=f"sqlite:///{tmp_path / 't.db'}")
+    assert code == 2 and reason in one_line(err), err
 
 
 def test_an_export_declares_its_sizes_and_a_bad_value_is_refused_as_read(

@@ -28,6 +28,7 @@ psycopg = pytest.importorskip("psycopg")
 postgres = pytest.importorskip("pitstop.store.backends.postgres")
 
 from conftest import PG_URL, drop_pg_schema, pg_schema_url, run_python  # noqa: E402
+from oldstore import store_at, write_old  # noqa: E402
 from pitstop.store.engine import schema as store_schema  # noqa: E402
 
 PostgresStore = postgres.PostgresStore
@@ -91,23 +92,20 @@ def test_processes_opening_a_new_schema_at_once_all_succeed(url: str, schema: st
     assert applied == [(version, 1) for version, _, _ in store_schema.MIGRATIONS]
 
 
-def test_a_store_at_the_oldest_schema_is_upgraded_on_open(
-    url: str, schema: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_store_at_the_oldest_schema_is_upgraded_on_open(url: str, schema: str) -> None:
     oldest = store_schema.MIGRATIONS[0][0]
-    with monkeypatch.context() as patch:
-        # This pitstop, as a release that knew only the first migration.
-        patch.setattr(store_schema, "LATEST_SCHEMA", oldest)
-        with PostgresStore(url) as old:
-            assert old.schema_version() == oldest
-            first = old.save("r", {"doc": "x" * 10_000, "n": 1}, workflow="wf")
-            second = old.save("r", {"doc": "x" * 10_000, "n": 2})
-            # That release's INSERT (this one reads columns the first schema lacks).
-            old._tx(lambda tx: tx.run(  # type: ignore[attr-defined]
-                "INSERT INTO pitstop_runs (run_id, status, created_at, updated_at, metadata) "
-                "VALUES (?, ?, ?, ?, ?)",
-                ("queued", RunStatus.QUEUED.value, time.time(), time.time(), '{"k": "v"}'),
-            ), write=True)
+    # A store made by a release that knew only the first migration.
+    first, second = write_old(url, oldest, lambda old: (
+        old.save("r", {"doc": "x" * 10_000, "n": 1}, workflow="wf"),
+        old.save("r", {"doc": "x" * 10_000, "n": 2}),
+    ))
+    with store_at(url, oldest) as old:
+        # That release's INSERT (this one reads columns the first schema lacks).
+        old._tx(lambda tx: tx.run(
+            "INSERT INTO pitstop_runs (run_id, status, created_at, updated_at, metadata) "
+            "VALUES (?, ?, ?, ?, ?)",
+            ("queued", RunStatus.QUEUED.value, time.time(), time.time(), '{"k": "v"}'),
+        ), write=True)
     if oldest < store_schema.LATEST_SCHEMA:
         with pytest.raises(StoreSchemaError, match="migrate"):
             PostgresStore(url, auto_migrate=False)

@@ -7,6 +7,7 @@ there. ``rekey`` seals them again; a wrong key is refused naming the run and che
 from __future__ import annotations
 
 import functools
+import io
 import os
 import sqlite3
 import struct
@@ -21,6 +22,7 @@ from pitstop import CorruptCheckpointError, Encryption, EncryptionKeyError
 
 pytest.importorskip("cryptography")
 
+from pitstop import archive
 from pitstop.store.encoding.records import decode_field_map
 from pitstop.store.encoding.sealed import is_sealed, key_id_of
 from pitstop.store.engine.rekey import rekey
@@ -243,3 +245,111 @@ def test_a_value_just_under_the_threshold_is_sealed_wherever_it_goes(
     assert leaks(raw_rows(shared_url)) == []
     for path in (tmp_path / "blobs").rglob("*"):
         assert not path.is_file() or TEXT.encode() not in path.read_bytes()
+
+
+def whole_value_keys(url: str) -> set[bytes]:
+    """The content keys of the whole values (not chunks: 32 bytes) in a store's table."""
+    return {data for table, column, data in raw_rows(url)
+            if table == "pitstop_blobs" and column == "hash" and len(data) == 32}
+
+
+def plain_hashes(tmp_path: Path) -> set[bytes]:
+    """The SHA-256 content keys of :func:`fill`'s whole values, as a plain store has them."""
+    url = f"sqlite:///{tmp_path / 'plain-keys.db'}"
+    with pitstop.open_store(url) as plain:
+        fill(plain)
+    found = whole_value_keys(url)
+    assert found  # ("doc", at least)
+    return found
+
+
+def found_anywhere(url: str, wanted: set[bytes]) -> list[tuple[str, str]]:
+    return sorted({(table, column) for table, column, data in raw_rows(url)
+                   if any(key in data for key in wanted)})
+
+
+def test_whole_values_are_under_keyed_addresses(
+    opener: Callable[..., pitstop.Store], shared_url: str, tmp_path: Path
+) -> None:
+    """No plain SHA-256 of a whole value of the state is anywhere in a sealed store (the
+    value table's keys, the field maps): someone reading it cannot confirm a guess of a
+    value from its key. The same value under another key ring has another address."""
+    plain = plain_hashes(tmp_path)
+    store = opener(encryption=ring("k1"))
+    ids = fill(store)
+    assert found_anywhere(shared_url, plain) == []
+    addressed = whole_value_keys(shared_url)
+    assert len(addressed) == len(plain)  # deduplicated as before
+    other_url = f"sqlite:///{tmp_path / 'other.db'}"
+    with pitstop.open_store(other_url, encryption=ring("k2")) as other:
+        fill(other)
+    assert not addressed & whole_value_keys(other_url)
+    before = len(whole_value_keys(shared_url))
+    store.save("r", store.get(ids[-1]).state)  # unchanged: no new row
+    assert len(whole_value_keys(shared_url)) == before
+    with opener(encryption=ring("k1")) as fresh:
+        check(fresh, ids)
+        assert fresh.verify() == []
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_export_carries_plain_keys_and_an_import_addresses_them_again(
+    opener: Callable[..., pitstop.Store], tmp_path: Path, stream: bool
+) -> None:
+    """An archive of a sealed store has every value under its SHA-256 (any store can check
+    it); imported into a plain store it verifies, into a store sealed with another key its
+    values get that store's addresses."""
+    plain = plain_hashes(tmp_path)
+    source = opener(encryption=ring("k1"))
+    ids = fill(source)
+    out = io.BytesIO()
+    if stream:
+        archive.write_archive(source, "r", out)
+    else:
+        exported = source.export_run("r")
+        exported.verify()
+        archive._write(exported, source, out, None)
+    _, data = archive.read_archive(io.BytesIO(out.getvalue()))
+    assert {key for key in data.blobs if len(key) == 32} <= plain
+    plain_url = f"sqlite:///{tmp_path / 'into-plain.db'}"
+    with pitstop.open_store(plain_url) as into_plain:
+        into_plain.import_run(data)
+        check(into_plain, ids)
+        assert into_plain.verify() == []
+    sealed_url = f"sqlite:///{tmp_path / 'into-sealed.db'}"
+    with pitstop.open_store(sealed_url, blobs=str(tmp_path / "b2"),
+                            encryption=ring("k2")) as sealed:
+        _, data = archive.read_archive(io.BytesIO(out.getvalue()))
+        sealed.import_run(data)
+        check(sealed, ids)
+        assert sealed.verify() == []
+        sealed.save("r", {**sealed.get(ids[-1]).state, "note": "after import"})
+        assert sealed.verify() == []
+    assert found_anywhere(sealed_url, plain) == []
+    assert leaks(raw_rows(sealed_url)) == []
+
+
+def test_a_save_after_rotation_and_rekey(
+    opener: Callable[..., pitstop.Store], shared_url: str, tmp_path: Path
+) -> None:
+    """Values addressed under k1 read and verify once k1 has left the ring (the seal under
+    k2 binds the address); a save after the rotation (new values under k2's addresses)
+    reads back, verifies and exports to a plain store."""
+    plain = plain_hashes(tmp_path)
+    ids = fill(opener(encryption=ring("k1")))
+    with opener(encryption=ring("k2", "k1")) as both:
+        assert rekey(both, "k2") > 0
+    with opener(encryption=ring("k2")) as store:
+        check(store, ids)
+        assert store.verify() == []
+        state = store.get(ids[-1]).state
+        saved = store.save("r", {**state, "doc": f"{TEXT} rotated " * 40}).id
+        assert store.get(saved).state["doc"] == f"{TEXT} rotated " * 40
+        assert store.get(ids[0]).state["doc"] == f"{TEXT} " * 40
+        assert store.verify() == []
+        data = store.export_run("r")
+    assert found_anywhere(shared_url, plain) == []
+    with pitstop.open_store(f"sqlite:///{tmp_path / 'plain.db'}") as into_plain:
+        into_plain.import_run(data)
+        assert into_plain.get(saved).state["doc"] == f"{TEXT} rotated " * 40
+        assert into_plain.verify() == []

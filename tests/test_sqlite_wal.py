@@ -54,6 +54,24 @@ def test_the_thread_checkpoints_more_often_for_larger_transactions(tmp_path: Pat
         assert 1 <= store._wal.every <= 40
 
 
+def test_the_pace_counts_a_restarted_wal_whole_even_when_it_grew_longer(
+    tmp_path: Path,
+) -> None:
+    # A thread starved of CPU checkpoints late: the WAL it finds after a checkpoint that
+    # copied everything started over, yet can be longer than the last. Counting only its
+    # growth past the old length set ``every`` to 89 transactions of 11 pages (not ~23).
+    with pitstop.open_store(f"sqlite:///{tmp_path / 'runs.db'}") as store:
+        assert isinstance(store, SQLiteStore) and store._wal is not None
+        wal = store._wal
+        wal._pace(log=1408, commits=128, copied=1408)  # 128 commits of 11 pages, all copied
+        assert wal.every == 23
+        wal._pace(log=1540, commits=268, copied=1540)  # late: 140 more, in a restarted WAL
+        assert wal.every == 23
+        wal._pace(log=1760, commits=428, copied=1600)  # restarted; a reader kept 160 frames
+        wal._pace(log=1980, commits=448, copied=1980)  # so no restart: 20 commits, 220 frames
+        assert wal.every == 23
+
+
 def test_a_store_that_only_reads_starts_no_thread(tmp_path: Path) -> None:
     path = tmp_path / "runs.db"
     with pitstop.open_store(f"sqlite:///{path}") as store:

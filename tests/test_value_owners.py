@@ -16,6 +16,7 @@ import pytest
 import xxhash
 
 import pitstop
+from oldstore import store_at, write_old
 from pitstop import RetentionPolicy
 from pitstop.serde import chunks
 from pitstop.store import Store
@@ -110,19 +111,21 @@ def test_two_runs_storing_the_same_value_each_keep_it(open_store: Callable[..., 
 
 @BACKENDS
 def test_a_store_from_before_owners_is_upgraded_and_collects_its_old_values(
-    store_url: str, monkeypatch: pytest.MonkeyPatch
+    store_url: str,
 ) -> None:
     rng = random.Random(4)
     docs = _docs(4)
-    with monkeypatch.context() as patch:
-        patch.setattr(store_schema, "LATEST_SCHEMA", 9)  # a release from before migration 10
-        with pitstop.open_store(store_url) as old:
-            for _ in range(5):
-                _edit(docs, rng)
-                old.save("r", {"docs": docs})
-            old.save("other", {"docs": docs})
-            old_refs = _count(old, "SELECT COUNT(*) FROM pitstop_blob_refs")
-            assert old_refs > 100
+
+    def write(old: Store) -> None:
+        for _ in range(5):
+            _edit(docs, rng)
+            old.save("r", {"docs": docs})
+        old.save("other", {"docs": docs})
+
+    write_old(store_url, 9, write)  # a release from before migration 10
+    with store_at(store_url, 9) as old:
+        old_refs = _count(old, "SELECT COUNT(*) FROM pitstop_blob_refs")
+        assert old_refs > 100
     with pitstop.open_store(store_url) as store:  # upgraded on open
         assert store.schema_version() == store_schema.LATEST_SCHEMA >= 10
         assert _count(store, "SELECT COUNT(*) FROM pitstop_blobs WHERE run_id IS NOT NULL") == 0
@@ -212,3 +215,49 @@ def test_appends_on_sqlite_ask_the_table_for_no_owner(tmp_path: Any) -> None:
         latest: Any = store.latest("r")
         assert latest.state["log"][8:] == items
         assert store.verify() == []
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
+def test_two_runs_sharing_values_deleted_at_once_leave_none(
+    open_store: Callable[..., Store],
+) -> None:
+    """Two deletions each see the other run still holding the shared values before they take
+    the garbage-collection lock; the second to get it must still delete them (found by the
+    soak: values with no owner and no reference row, left for good)."""
+    import psycopg
+
+    store = open_store()
+    docs = _docs(5)
+    store.save("a", {"docs": docs})
+    store.save("b", {"docs": docs})  # "a" owns every chunk, "b" has reference rows
+    assert _count(store, "SELECT COUNT(*) FROM pitstop_blobs") > 0
+    errors: list[BaseException] = []
+
+    def delete(run_id: str) -> None:
+        try:
+            open_store().delete_run(run_id)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    key = store._gc_key  # type: ignore[attr-defined]
+    with psycopg.connect(store._conninfo, autocommit=True) as gate:  # type: ignore[attr-defined]
+        gate.execute("SELECT pg_advisory_lock(%s)", (key,))
+        threads = [threading.Thread(target=delete, args=(r,)) for r in "ab"]
+        for t in threads:
+            t.start()
+        for _ in range(600):  # both have looked and wait for the lock (at most 60 s)
+            row = gate.execute(
+                "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+                "AND classid::bigint = %s AND objid::bigint = %s",
+                ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
+            ).fetchone()
+            if row is not None and row[0] >= 2:
+                break
+            threading.Event().wait(0.1)
+        gate.execute("SELECT pg_advisory_unlock(%s)", (key,))
+        for t in threads:
+            t.join()
+    assert errors == []
+    assert _count(store, "SELECT COUNT(*) FROM pitstop_blobs") == 0
+    assert _count(store, "SELECT COUNT(*) FROM pitstop_blob_refs") == 0

@@ -6,27 +6,27 @@ stored bytes with their content hashes), the run's inputs and its effect records
 deserialised on the way, so an archive can carry values of classes the exporting or importing
 process does not know, and the imported checkpoints verify with their original checksums.
 
-File format, version 3 (2 is the same without checkpoints' attached records, 1 also without
-prefix values)::
+File format, version 3 (the only one this pitstop reads: versions 1 and 2 came before any
+release, and a reader refuses them)::
 
     MAGIC                  11 bytes, b"\\x89PITSTOP\\r\\n\\x1a\\n" (detects text-mode mangling)
     zstd stream of frames  each frame: 4-byte big-endian length, then one msgpack map
-        {"t": "header", "format": "pitstop-archive", "version": 1, "created": ISO-8601,
+        {"t": "header", "format": "pitstop-archive", "version": 3, "created": ISO-8601,
          "source": {"kind": "sqlite" | "postgresql" | ..., "pitstop": version}, "run_id": ...,
          "counts": {"checkpoints": n, "values": n, "inputs": n, "effects": n},
          "sizes": {"frames": bytes, "largest": bytes}}
         {"t": "run", ...the run's stored columns}
         {"t": "value", "hash": bytes, "data": bytes}          one per referenced value
-        {"t": "value", "hash": bytes, "prefix_of": bytes, "size": n}   (version 2) a value
-            stored as the first n stored bytes of the value prefix_of (written after it)
-        {"t": "checkpoint", ...the checkpoint's stored columns}   oldest first; (version 3)
-            with "writes", the records attached to it after it was saved, when it has any
+        {"t": "value", "hash": bytes, "prefix_of": bytes, "size": n}   a value stored as
+            the first n stored bytes of the value prefix_of (written after it)
+        {"t": "checkpoint", ...the checkpoint's stored columns}   oldest first, with
+            "writes", the records attached to it after it was saved (None if none)
         {"t": "input", ...}  {"t": "effect", ...}
         {"t": "end", "frames": n, "sha256": hex}    SHA-256 of every frame byte before it
 
-A reader refuses a file without the magic, an archive whose version is newer than it knows,
-a stream that ends before the ``end`` frame, and any checksum mismatch, before anything is
-written. Unknown keys in a frame are ignored, so a minor addition does not need a new version.
+A reader refuses a file without the magic, an archive of another version than 3, a stream
+that ends before the ``end`` frame, and any checksum mismatch, before anything is written.
+Unknown keys in a frame are ignored, so a minor addition does not need a new version.
 
 Sizes are bounded before memory is spent, since a few kilobytes of zstd can claim gigabytes:
 ``sizes`` declares the bytes of every frame between the header and the end frame (length
@@ -34,8 +34,7 @@ prefixes included) and the largest frame. A reader refuses a frame larger than d
 frames that add up to more or less than declared, counts that differ from the header's, a
 frame whose first byte does not start a map, a value whose hash does not match as soon as it
 is read, and declared sizes beyond this machine's memory; frame bodies are read in pieces, so
-a length prefix alone never allocates. An archive without ``sizes`` (an older pitstop wrote
-it) may hold frames of at most :data:`LEGACY_MAX_FRAME` bytes.
+a length prefix alone never allocates. An archive without ``sizes`` is refused.
 
 Importing under a new run id (:func:`renamed`) copies a run into a store that may already
 hold it: checkpoint and input ids are unique keys in a store, so the copy gets fresh ones (in
@@ -78,11 +77,10 @@ from pitstop.store.transfer.runs import (
 
 FORMAT = "pitstop-archive"
 VERSION = 3
-"""The archive version this pitstop writes, and the newest it reads. 2 added values stored as
-prefixes of others (a chunked list's superseded last chunks); 3 added a checkpoint's attached
-records (a LangGraph thread's pending writes). An older reader ignores unknown keys, so without
-the new version it would import such a checkpoint without its records, silently: it refuses
-a version 3 archive instead. Versions 1 and 2 still read."""
+"""The archive version this pitstop writes and the only one it reads. A reader ignores unknown
+keys, so an addition a reader must not drop (as 3 added a checkpoint's attached records) takes
+a new version, which older readers refuse. Versions 1 and 2 predate the first release: no
+released pitstop wrote them, and they are refused."""
 MAGIC = b"\x89PITSTOP\r\n\x1a\n"
 SUFFIX = ".pitstop"
 
@@ -92,8 +90,6 @@ _HEADER_MAX = 1 << 20
 """The header frame, read before any size is declared, is small."""
 _END_MAX = 1024
 """The end frame (frame count and digest) is not among the declared sizes."""
-LEGACY_MAX_FRAME = 256 << 20
-"""The largest frame read from an archive that declares no sizes."""
 _PIECE = 1 << 20
 """Frame bodies are read this much at a time: memory follows the bytes that arrive, not the
 length a frame claims."""
@@ -296,10 +292,15 @@ def _read(
     if header.get("t") != "header" or header.get("format") != FORMAT:
         raise ArchiveError(f"{name}: not a pitstop archive (no header)")
     version = header.get("version")
-    if not isinstance(version, int) or version > VERSION:
+    if isinstance(version, int) and version > VERSION:
         raise ArchiveError(
             f"{name}: archive format version {version} is newer than this pitstop reads "
             f"({VERSION}); upgrade pitstop to import it"
+        )
+    if version != VERSION:
+        raise ArchiveError(
+            f"{name}: archive format {version!r} is not supported; this pitstop reads "
+            f"format {VERSION}"
         )
     limits.declare(header.get("sizes"))
     run: RunRecord | None = None
@@ -425,15 +426,10 @@ def _check_counts(name: str, declared: Any, data: RunExport) -> None:
             )
 
 
-_ADDED = frozenset({"parent_run"})
-"""Fields added in a minor addition: an archive an older pitstop wrote lacks them (None)."""
-
-
 def _known(cls: type, frame: Mapping[str, Any]) -> dict[str, Any]:
-    """The frame's values for ``cls``'s fields (extra keys from a later minor version skipped;
-    fields added since, absent from an older archive, None)."""
-    return {f.name: frame[f.name] if f.name in frame or f.name not in _ADDED else None
-            for f in fields(cls)}
+    """The frame's values for ``cls``'s fields (extra keys from a later minor version
+    skipped)."""
+    return {f.name: frame[f.name] for f in fields(cls)}
 
 
 def _memory_bytes() -> int | None:
@@ -463,9 +459,6 @@ class _Limits:
         self.remaining: int | None = None
 
     def declare(self, sizes: Any) -> None:
-        if sizes is None:  # written before archives declared sizes
-            self.largest = LEGACY_MAX_FRAME
-            return
         total = _size(sizes, "frames")
         largest = _size(sizes, "largest")
         if total is None or largest is None:
@@ -484,11 +477,6 @@ class _Limits:
     def check(self, length: int) -> None:
         """Refuse a frame of ``length`` bytes, before reading it, if it is too big."""
         if length > max(self.largest, _END_MAX):
-            if self.declared is None and self.largest == LEGACY_MAX_FRAME:
-                raise ArchiveError(
-                    f"{self.name}: damaged archive (a frame of {length} bytes; an archive "
-                    f"that declares no sizes holds frames of at most {LEGACY_MAX_FRAME} bytes)"
-                )
             raise ArchiveError(
                 f"{self.name}: damaged archive (a frame of {length} bytes, larger than the "
                 f"{self.largest} it declares)"
@@ -693,7 +681,6 @@ def default_path(run_id: str) -> str:
 
 __all__ = [
     "FORMAT",
-    "LEGACY_MAX_FRAME",
     "MAGIC",
     "SPOOL_IN_MEMORY",
     "SUFFIX",

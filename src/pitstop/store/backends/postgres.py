@@ -736,7 +736,6 @@ class PostgresStore(SqlStore, RunTransfer):
         )
         return (
             not follows_and_expects_another
-            and self._owners
             and plan.new_run is None
             and not plan.consumed
             and plan.deliver_to is None

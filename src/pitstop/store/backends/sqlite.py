@@ -147,6 +147,7 @@ class _WalCheckpointer:
         """Write transactions counted by the pokes (by writers, which hold the store's lock)."""
         self._log = 0  # WAL frames at the last checkpoint, and the commits counted then
         self._commits_then = 0
+        self._all_copied = False  # the last checkpoint copied every frame: the WAL restarts
 
     def poke(self, commits: int = 0) -> None:
         """Wake the thread (started here if need be): ``commits`` write transactions were
@@ -173,13 +174,18 @@ class _WalCheckpointer:
             thread.join(timeout=5.0)
         self._thread = None
 
-    def _pace(self, log: int, commits: int) -> None:
-        """Set :attr:`every` from the WAL frames (``log`` now) written by the transactions
-        counted since the last checkpoint (``commits`` now): about :data:`_CHECKPOINT_PAGES`
-        pages between two checkpoints."""
-        grown = log - self._log if log >= self._log else log  # (else the WAL started over)
+    def _pace(self, log: int, commits: int, copied: int) -> None:
+        """Set :attr:`every` from the WAL frames (``log`` now, ``copied`` of them into the
+        database) written by the transactions counted since the last checkpoint (``commits``
+        now): about :data:`_CHECKPOINT_PAGES` pages between two checkpoints."""
+        # After a checkpoint that copied every frame the next writer starts the WAL over, so
+        # all of ``log`` is new, even when it is longer than the last one (a starved thread,
+        # checkpointing late, saw that). Where a reader kept it from starting over, this
+        # counts too much and checkpoints more often: the safe side.
+        restarted = self._all_copied or log < self._log
+        grown = log if restarted else log - self._log
         made = commits - self._commits_then
-        self._log, self._commits_then = log, commits
+        self._log, self._commits_then, self._all_copied = log, commits, copied >= log
         if grown > 0 and made > 0:
             self.every = max(1, min(_CHECKPOINT_EVERY, _CHECKPOINT_PAGES * made // grown))
 
@@ -201,9 +207,9 @@ class _WalCheckpointer:
                 with self._busy, contextlib.suppress(sqlite3.Error):
                     commits = self.commits
                     done = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-                    for busy, frames, _ in done:  # (busy, WAL frames, frames copied)
+                    for busy, frames, copied in done:  # (busy, WAL frames, frames copied)
                         if not busy:
-                            self._pace(int(frames), commits)
+                            self._pace(int(frames), commits, int(copied))
                 self.runs += 1
         finally:
             with self._busy:

@@ -206,6 +206,15 @@ class DirectoryBlobStore(BlobStore):
             offset += size
         try:
             done = _write_file(path, pieces, sync)
+        except OSError as exc:
+            raise StoreError(f"blob directory {self.root}: {exc}") from exc
+        self._install(done, path, sync)
+        return slots
+
+    def _install(self, done: _Written, path: str, sync: bool) -> None:
+        """Rename a written pack into place (its temporary file removed should that fail)
+        and, for a synced save, sync the directories that now name it."""
+        try:
             try:
                 os.replace(done.tmp, path)
             except BaseException:
@@ -217,7 +226,6 @@ class DirectoryBlobStore(BlobStore):
         if sync:
             for directory in (os.path.dirname(path), *done.made):
                 _fsync_dir(directory)
-        return slots
 
     def put_pack_streamed(
         self, sizes: Sequence[tuple[bytes, int]], batches: Iterable[Pieces], sync: bool
@@ -240,17 +248,9 @@ class DirectoryBlobStore(BlobStore):
                 with contextlib.suppress(OSError):
                     os.unlink(done.tmp)
                 raise OSError(f"pack {name}: {done.size} bytes written, {offset} expected")
-            try:
-                os.replace(done.tmp, path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(done.tmp)
-                raise
         except OSError as exc:
             raise StoreError(f"blob directory {self.root}: {exc}") from exc
-        if sync:
-            for directory in (os.path.dirname(path), *done.made):
-                _fsync_dir(directory)
+        self._install(done, path, sync)
         return slots
 
     def _pack_name(self, name: str) -> str:

@@ -126,11 +126,19 @@ class ChunkTrees:
         return list(out)
 
     def missing_below(
-        self, fields: FieldMap, blobs: Mapping[bytes, Stored], *, nodes: bool = True
+        self,
+        fields: FieldMap,
+        blobs: Mapping[bytes, Stored],
+        *,
+        nodes: bool = True,
+        unpacked: dict[bytes, list[chunking.Entry]] | None = None,
     ) -> list[bytes]:
         """Keys under the nodes already in ``blobs`` that ``blobs`` does not hold yet: what a
         load reads next (a level of the tree per query). ``nodes=False``: of a value whose
-        layout this process knows, only the leaves (see :meth:`load_keys`)."""
+        layout this process knows, only the leaves (see :meth:`load_keys`). ``unpacked``:
+        the nodes' entries, kept between the calls of one load, which walks the tree from
+        its root at each level: a node is then unpacked once, not again at every level below
+        it (a resume of a 2,000-turn conversation: ~2,000 unpacks of its ~500 nodes)."""
         out: list[bytes] = []
         for ref in fields.values():
             if ref.manifest is None:
@@ -147,13 +155,17 @@ class ChunkTrees:
             pending = [e for e in root if e.flags & chunking.NODE]
             while pending:
                 node = pending.pop()
-                data = _bytes_of(blobs.get(node.key))
-                if data is None:
-                    continue
-                try:
-                    entries = chunking.unpack_entries(unframe(bytes(data))[1])
-                except (ValueError, EncryptionKeyError):
-                    continue  # the decode names it, with the run and checkpoint
+                entries = unpacked.get(node.key) if unpacked is not None else None
+                if entries is None:
+                    data = _bytes_of(blobs.get(node.key))
+                    if data is None:
+                        continue
+                    try:
+                        entries = chunking.unpack_entries(unframe(bytes(data))[1])
+                    except (ValueError, EncryptionKeyError):
+                        continue  # the decode names it, with the run and checkpoint
+                    if unpacked is not None:
+                        unpacked[node.key] = entries
                 for entry in entries:
                     if entry.key not in blobs:
                         out.append(entry.key)

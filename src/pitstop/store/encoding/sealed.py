@@ -13,8 +13,9 @@ buffer; and, in the database, the records of a run (inputs, effects' results, at
 writes: :meth:`Encryption.seal_small`, under a keyed content address,
 :meth:`Encryption.address`) and the state's values kept there (inline fields,
 :meth:`Encryption.seal_small`; value rows and chunks, :meth:`Encryption.seal_row`), sealed
-by the value codec whichever the backend (:mod:`pitstop.store.encoding.sealing`). The
-state's content keys, run ids, step names, metadata and sizes stay plaintext there.
+by the value codec whichever the backend (:mod:`pitstop.store.encoding.sealing`). Records
+and the state's whole values are under keyed addresses (:meth:`Encryption.address`); chunk
+keys, run ids, step names, metadata and sizes stay plaintext there.
 
 A sealed value is ``magic (4) | key id (16, NUL-padded) | nonce (12) | ciphertext | tag (16)``:
 a fixed 48 bytes more than the value, so a row's recorded size still locates it in its pack.
@@ -231,23 +232,24 @@ class Encryption:
         body: bytes = self._ciphers[self.current].encrypt(nonce, data, key)
         return MAGIC + _padded(self.current) + nonce + body
 
-    def _derived(self, info: bytes) -> bytes:
-        """A 32-byte secret for ``info`` derived from the current key by HKDF-SHA256 (kept
-        apart from the AES key, and from each other)."""
-        secret = self._address_keys.get(self.current + "\0" + info.decode())
+    def _derived(self, info: bytes, key_id: str | None = None) -> bytes:
+        """A 32-byte secret for ``info`` derived from the key ``key_id`` (the current one by
+        default) by HKDF-SHA256 (kept apart from the AES key, and from each other)."""
+        key_id = self.current if key_id is None else key_id
+        secret = self._address_keys.get(key_id + "\0" + info.decode())
         if secret is None:
             from cryptography.hazmat.primitives import hashes
             from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
             secret = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(
-                bytes(self.keys[self.current])
+                bytes(self.keys[key_id])
             )
-            self._address_keys[self.current + "\0" + info.decode()] = secret
+            self._address_keys[key_id + "\0" + info.decode()] = secret
         return secret
 
     def address(self, format_id: int, raw: bytes) -> bytes:
-        """The content key of a value a sealed store keeps in the database, in place of
-        :func:`pitstop.serde.digest`'s SHA-256 (32 bytes too): BLAKE2b-256 keyed with a
+        """The content key of a record or whole value of the state a sealed store keeps, in
+        place of :func:`pitstop.serde.digest`'s SHA-256 (32 bytes too): BLAKE2b-256 keyed with a
         secret derived from the current key by HKDF-SHA256. Whoever lacks the key cannot
         tell which rows hold equal values, nor confirm a guess of a value from its key (a
         plain hash of a short value, "approved", is both). BLAKE2b's keyed mode is a PRF by
@@ -255,10 +257,22 @@ class Encryption:
         HKDF keeps the address secret apart from the AES key. A key rotation changes the
         addresses of new values only: an address is never recomputed on reading (the seal
         binds it, as authenticated data), so ``rekey`` leaves it as it is."""
-        secret = self._derived(b"pitstop content address v1")
+        return self._address(format_id, raw, None)
+
+    def _address(self, format_id: int, raw: bytes | memoryview, key_id: str | None) -> bytes:
+        secret = self._derived(b"pitstop content address v1", key_id)
         hasher = hashlib.blake2b(bytes((format_id,)), digest_size=32, key=secret)
         hasher.update(raw)
         return hasher.digest()
+
+    def addresses(self, format_id: int, raw: bytes | memoryview, key: bytes) -> bool:
+        """Whether ``key`` is the address (:meth:`address`) of ``raw`` under some key of the
+        ring: the check of a whole value of the state read back, whichever key was current
+        when it was saved (the current one tried first)."""
+        if self._address(format_id, raw, None) == key:
+            return True
+        return any(self._address(format_id, raw, key_id) == key
+                   for key_id in self.keys if key_id != self.current)
 
     def open(self, key: bytes, sealed: bytes | memoryview) -> bytes | None:
         """The plaintext of ``sealed`` (None: altered, or bound to another key). Raises
@@ -282,6 +296,18 @@ class Encryption:
             return bytes(cipher.decrypt(nonce, view[start + _NONCE_SIZE :], key))
         except InvalidTag:
             return None
+
+
+class Opened(bytes):
+    """The plaintext of a whole value of the state read back from a sealed store's value
+    table or blob store (:meth:`SealedBlobStore.get`, ``Sealing.open_row``): AES-GCM
+    authenticated it bound to its content key, so a load checks no hash of it again. Its
+    key is a keyed address (:meth:`Encryption.address`) computed under whichever key was
+    current when it was saved, which may have left the ring since (``rekey`` sealed it
+    again under the new key, the address as it was): the plaintext alone could not be
+    checked against it then."""
+
+    __slots__ = ()
 
 
 def sealed_size(size: int) -> int:
@@ -442,7 +468,8 @@ class SealedBlobStore(BlobStore):
                 f"fails authentication under key {key_id_of(data)!r} (altered, or moved "
                 "from another value's place)"
             )
-        return plain
+            return None
+        return Opened(plain) if len(key) == 32 else plain  # a whole value: see Opened
 
     def read_into(self, key: bytes, target: memoryview, slot: Slot | None = None) -> int | None:
         data = self.get(key, slot)
@@ -489,4 +516,5 @@ class SealedBlobStore(BlobStore):
         return f"SealedBlobStore({self.inner!r}, {self.encryption!r})"
 
 
-__all__ = ["OVERHEAD", "Encryption", "SealedBlobStore", "is_sealed", "key_id_of"]
+__all__ = [
+    "OVERHEAD", "Encryption", "Opened", "SealedBlobStore", "is_sealed", "key_id_of"]

@@ -7,8 +7,9 @@ values it keeps in the database:
 * a state's small values kept inline in the checkpoint record, each sealed on its own
   (:meth:`Sealing.seal_inline`; a fresh nonce each time, so an unchanged value saved again
   is new bytes and equal values in two records are not seen to be equal);
-* the rows of the value table a save inserts (whole values under the blob threshold, the
-  chunks and chunk-tree nodes of lists, dicts and small buffers): :meth:`Sealing.seal_rows`,
+* the rows of the value table a save inserts (whole values under the blob threshold, under
+  a keyed address (:meth:`.Encryption.address`) as records are, the chunks and chunk-tree
+  nodes of lists, dicts and small buffers): :meth:`Sealing.seal_rows`,
   each bound to its content key, deterministically (:meth:`.Encryption.seal_row`), and
   opened where rows are read (:meth:`Sealing.open_row`), so everything above the read sees
   the frames it always did;
@@ -25,7 +26,7 @@ nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from ...errors import CorruptCheckpointError
@@ -91,12 +92,15 @@ class Sealing:
         if self.sealer is None or not data or data[0] != SEALED_HEAD:
             return data
         from ...errors import EncryptionKeyError
+        from .sealed import Opened
 
         try:
             plain = self.sealer.open(key, data)
         except EncryptionKeyError:
             return data
-        return data if plain is None else plain
+        if plain is None:
+            return data
+        return Opened(plain) if len(key) == 32 else plain  # a whole value: see Opened
 
     def opened_frame(self, key: bytes, data: bytes,
                      corrupt: Callable[[str], CorruptCheckpointError]) -> bytes:
@@ -116,6 +120,19 @@ class Sealing:
                 "or moved from another value's place)"
             )
         return plain
+
+    def addressed(self, key: bytes, framed: bytes) -> bytes:
+        """The keyed address (:meth:`.Encryption.address`) a sealed store keeps a whole value
+        of the state under, given its key ``key`` elsewhere (an archive's SHA-256) and its
+        plain frame ``framed`` (checked against ``key`` already: an import's); ``key`` for
+        a chunk, whose key stays as it is."""
+        from ...serde import unframe
+        from .records import is_chunk_key
+
+        if self.sealer is None or is_chunk_key(key) or framed[:1] == b"\xff":
+            return key
+        fmt, raw = unframe(bytes(framed))
+        return self.sealer.address(fmt, raw)
 
     # -- records ------------------------------------------------------------------------------
 
@@ -173,20 +190,48 @@ class Sealing:
         return self.seal_inline(framed)
 
 
-def map_inline(fields: bytes, convert: Callable[[bytes], bytes]) -> bytes | None:
-    """The field map ``fields`` (encoded) with each inline value made ``convert(value)``,
-    or None if none changed."""
+def map_inline(fields: bytes, convert: Callable[[bytes], bytes] | None,
+               keys: Mapping[bytes, bytes] | None = None) -> bytes | None:
+    """The field map ``fields`` (encoded) with each inline value made ``convert(value)``
+    and each whole value's content key ``k`` in ``keys`` made ``keys[k]`` (re-addressed:
+    see :func:`plain_key`), or None if none changed."""
     from .records import FieldRef, decode_field_map, encode_field_map
 
     decoded = decode_field_map(fields)
     changed = False
     for name, ref in decoded.items():
         if ref.inline is not None:
+            if convert is None:
+                continue
             inline = convert(ref.inline)
             if inline != ref.inline:
                 decoded[name] = FieldRef(b"", len(inline), inline)
                 changed = True
+        elif ref.manifest is None and keys and ref.hash in keys:
+            decoded[name] = FieldRef(keys[ref.hash], ref.size)
+            changed = True
     return encode_field_map(decoded) if changed else None
 
 
-__all__ = ["INLINE_AAD", "Sealing", "map_inline"]
+def plain_key(key: bytes, framed: bytes) -> bytes | None:
+    """The SHA-256 content key (:func:`pitstop.serde.digest`) of a whole value of the
+    state a sealed store keeps under the keyed address ``key`` (``framed``: its plain
+    frame), or None if ``key`` is that already (a chunk, a value stored before the store
+    was sealed) or the value cannot be read (the importer's verify names it). An export
+    carries a value under this key, so that any store can check it; an import into a
+    sealed store addresses it again (:meth:`.Encryption.address`)."""
+    from ...errors import PitstopError
+    from ...serde import digest, unframe
+    from .records import is_chunk_key
+
+    if is_chunk_key(key):
+        return None
+    try:
+        fmt, raw = unframe(bytes(framed))
+    except (ValueError, PitstopError):
+        return None
+    plain = digest(fmt, raw)
+    return None if plain == key else plain
+
+
+__all__ = ["INLINE_AAD", "Sealing", "map_inline", "plain_key"]

@@ -288,10 +288,6 @@ class SqlBackend(Store):
     alias of the chunk that extends it; if not (PostgreSQL keeps the old row version until a
     vacuum), a grown list's last chunk is sealed and a save only inserts rows."""
 
-    _owners: bool = True
-    """Whether the store's value rows name the run that owns them (schema version 10 on; set
-    when the store is opened): see :mod:`pitstop.store.engine.values`."""
-
     def __init__(
         self,
         url: str,
@@ -551,9 +547,6 @@ class SqlBackend(Store):
                     found=version, needed=latest,
                 )
             self.migrate()
-        # Schema 10 names each value's owner; an older one (a test playing an earlier
-        # release) keeps every reference in pitstop_blob_refs.
-        self._owners = schema.LATEST_SCHEMA >= schema.VALUE_OWNERS
 
     def _schema_too_new(self, version: int) -> StoreSchemaError:
         latest = schema.LATEST_SCHEMA

@@ -169,7 +169,8 @@ class ResultCache(Maintenance):
                 continue
             data = values.get(ref.hash)
             out[name] = codec.decode_value(
-                None if data is None else bytes(data), ref.hash, run_id=run_id,
+                data if data is None or isinstance(data, bytes) else bytes(data), ref.hash,
+                run_id=run_id,
                 field=where + name,
             )
         return out
@@ -375,10 +376,12 @@ class ResultCache(Maintenance):
         ]
         if not held:
             return 0
-        freed, size = self._unshared_values(tx, reference, held)
+        _, size = self._unshared_values(tx, reference, held)
         self._lock_gc(tx)
         tx.run("DELETE FROM pitstop_blob_refs WHERE run_id = ?", (reference,))
-        self._delete_values(tx, reference, freed)
+        # All it held, re-checked under the lock: what ``_unshared_values`` found was decided
+        # before it, and a run deleted meanwhile may have been what made a value look shared.
+        self._delete_values(tx, reference, held)
         return size
 
     def cache_clear(

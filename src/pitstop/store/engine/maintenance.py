@@ -117,7 +117,9 @@ class Maintenance(StoredValues):
         for table in ("pitstop_checkpoints", "pitstop_blob_refs", "pitstop_inputs",
                       "pitstop_effects", "pitstop_runs"):
             tx.run(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
-        self._delete_values(tx, run_id, freed)
+        # Every value the run let go, not only ``freed``: that was decided before the lock,
+        # and a run deleted at the same time may have been what made one look shared.
+        self._delete_values(tx, run_id, stale)
         self._disown(tx, run_id, stale)
         self._forget_checkpoints(ids)
         self._heads.drop(run_id)
@@ -203,7 +205,7 @@ class Maintenance(StoredValues):
                       ids, run_id)
         tx.run_chunks("DELETE FROM pitstop_blob_refs WHERE run_id = ? AND hash IN ({in})",
                       stale, run_id)
-        self._delete_values(tx, run_id, freed)
+        self._delete_values(tx, run_id, stale)  # re-checked under the lock, as above
         self._disown(tx, run_id, stale)
         tx.run(
             "UPDATE pitstop_runs SET checkpoints = checkpoints - ?, "

@@ -91,7 +91,9 @@ class Reads(StoredValues):
         first = codec.load_keys(fields) if partial else list(stored_hashes(fields))
         values = self._read_values_deferred(tx, first)
         # A chunked value's tree, a level per query (a value of thousands of chunks is two).
-        while missing := codec.missing_below(fields, values, nodes=not partial):
+        unpacked: dict[bytes, list[Any]] = {}
+        while missing := codec.missing_below(fields, values, nodes=not partial,
+                                             unpacked=unpacked):
             found = self._read_values_deferred(tx, missing)
             if not found:
                 break  # missing chunks: the decode names the field
@@ -123,8 +125,10 @@ class Reads(StoredValues):
             hashes = list(dict.fromkeys(h for fields in maps for h in stored_hashes(fields)))
             values = self._read_values_deferred(tx, hashes) if hashes else {}
             # Chunked values' trees, a level per query for all the records at once.
+            unpacked: dict[bytes, list[Any]] = {}
             while missing := list(dict.fromkeys(
-                    h for fields in maps for h in self._value_codec.missing_below(fields, values))):
+                    h for fields in maps
+                    for h in self._value_codec.missing_below(fields, values, unpacked=unpacked))):
                 found = self._read_values_deferred(tx, missing)
                 if not found:
                     break  # missing chunks: the decode names the field

@@ -251,13 +251,11 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
     ),
 ]
 
-VALUE_OWNERS = 10
-"""The schema version from which a value's row names the run that owns it (``run_id``)."""
-
 LATEST_SCHEMA = MIGRATIONS[-1][0]
 """The schema version this pitstop reads and writes. Read as ``schema.LATEST_SCHEMA`` at call
 time (by :meth:`SqlBackend.migrate <pitstop.store.engine.backend.SqlBackend.migrate>`), so a
-test can play an older release by patching it."""
+test can create a store as an older release did (``tests/oldstore.py``); the rows in it are
+written with plain SQL, never by this pitstop's writer, which writes only today's rows."""
 
 SCHEMA_TABLE = (
     "CREATE TABLE IF NOT EXISTS pitstop_schema (version INTEGER PRIMARY KEY, "

@@ -59,10 +59,6 @@ not an alias (see :meth:`StoredValues._read_values_deferred`)."""
 class StoredValues(SqlBackend):
     """Writing, reading and deleting content-addressed values (a part of ``SqlStore``)."""
 
-    def _owner(self, run_id: str) -> str | None:
-        """The owner a save of ``run_id`` gives the rows it inserts (None: no owners)."""
-        return run_id if self._owners else None
-
     def _external(self, blob: NewBlob) -> bool:
         """Whether ``blob`` goes to the blob store rather than the table."""
         return self.blobs is not None and blob.size >= self.blob_threshold
@@ -181,13 +177,6 @@ class StoredValues(SqlBackend):
         inserted first (its insert made this one's wait) has that one's owner. One
         conditional INSERT per key, nothing read back (on PostgreSQL a fetch right after the
         pipelined inserts could be handed an INSERT's result)."""
-        if not self._owners:
-            tx.many(
-                "INSERT INTO pitstop_blob_refs (run_id, hash) VALUES (?, ?) "
-                "ON CONFLICT (run_id, hash) DO NOTHING",
-                [(run_id, h) for h in keys],
-            )
-            return
         tx.many(
             "INSERT INTO pitstop_blob_refs (run_id, hash) SELECT ?, ? WHERE NOT EXISTS "
             "(SELECT 1 FROM pitstop_blobs WHERE hash = ? AND run_id = ?) "
@@ -391,8 +380,6 @@ class StoredValues(SqlBackend):
         owned otherwise keeps its owner and becomes an alias where it is).
         """
         moved: set[bytes] = set()
-        if not self._owners:
-            return moved
         for alias in aliases:
             blob = new.get(alias.target)
             if (
@@ -494,15 +481,14 @@ class StoredValues(SqlBackend):
                 run_id,
             )
         }
-        if self._owners:
-            shared.update(
-                bytes(h)
-                for (h,) in tx.in_chunks(
-                    "SELECT hash FROM pitstop_blobs WHERE run_id <> ? AND hash IN ({in})",
-                    hashes,
-                    run_id,
-                )
+        shared.update(
+            bytes(h)
+            for (h,) in tx.in_chunks(
+                "SELECT hash FROM pitstop_blobs WHERE run_id <> ? AND hash IN ({in})",
+                hashes,
+                run_id,
             )
+        )
         freed = [h for h in hashes if h not in shared]
         size = sum(
             int(value_size)
@@ -515,11 +501,12 @@ class StoredValues(SqlBackend):
     def _delete_values(self, tx: Tx, run_id: str, hashes: Sequence[bytes]) -> None:
         """Delete the values of ``hashes`` that nothing references any more, now that the run
         ``run_id`` does not (the caller holds :meth:`_lock_gc`), their blob-store files once
-        the transaction has committed."""
-        owners: tuple[str, ...] = (run_id,) if self._owners else ()
+        the transaction has committed. ``hashes`` is every value the run let go, not only
+        those :meth:`_unshared_values` found unshared: that ran before the lock, and two runs
+        sharing a value and deleted at once each saw the other still holding it."""
         unreferenced = (
-            ("(pitstop_blobs.run_id IS NULL OR pitstop_blobs.run_id = ?) AND " if owners else "")
-            + "hash IN ({in}) AND NOT EXISTS "
+            "(pitstop_blobs.run_id IS NULL OR pitstop_blobs.run_id = ?) AND "
+            "hash IN ({in}) AND NOT EXISTS "
             "(SELECT 1 FROM pitstop_blob_refs r WHERE r.hash = pitstop_blobs.hash) "
             "AND NOT EXISTS (SELECT 1 FROM pitstop_blobs a WHERE a.alias = pitstop_blobs.hash)"
         )
@@ -530,14 +517,14 @@ class StoredValues(SqlBackend):
                 "SELECT hash, pack FROM pitstop_blobs WHERE location IS NOT NULL AND "
                 + unreferenced,
                 hashes,
-                *owners,
+                run_id,
             ):
                 if pack is None:
                     files.append(bytes(h))
                 else:
                     packs.add(str(pack))
         # Re-checked under the GC lock: a concurrent writer may have started sharing one.
-        tx.run_chunks("DELETE FROM pitstop_blobs WHERE " + unreferenced, hashes, *owners)
+        tx.run_chunks("DELETE FROM pitstop_blobs WHERE " + unreferenced, hashes, run_id)
         if packs:
             # A pack goes with the last row in it; saves never add to a pack, they write
             # their own, so no later save can put a row in one found empty here.
@@ -561,8 +548,6 @@ class StoredValues(SqlBackend):
         """The run ``run_id`` no longer references these values: of those it owns and that
         are still there (another run references them), it is no longer the owner. Their
         reference rows then decide, as for a row from before owners."""
-        if not self._owners:
-            return
         tx.run_chunks(
             "UPDATE pitstop_blobs SET run_id = NULL WHERE run_id = ? AND hash IN ({in})",
             hashes,

@@ -210,12 +210,12 @@ def write_checkpoint(store: SqlStore, tx: Tx, plan: WritePlan) -> None:
         # new value was grown in place (rows it owns) or the count says it was inserted.
         owned_all_new = not new
         if not counted:
-            store._insert_values(tx, new, now, plan.packed, owner=store._owner(run_id))
-        elif store._insert_counted(tx, new, now, store._owner(run_id)) < len(new):
+            store._insert_values(tx, new, now, plan.packed, owner=run_id)
+        elif store._insert_counted(tx, new, now, run_id) < len(new):
             store._check_chunk_collisions(tx, run_id, new, plan.fields)
         else:
             owned_all_new = True
-        if not (owned_all_new and store._owners and all(h in plan.new for h in plan.refs)):
+        if not (owned_all_new and all(h in plan.new for h in plan.refs)):
             store._reference_unowned(tx, run_id, plan.refs)
         if not plan.follow_head or any(h not in plan.new for h in plan.refs):
             store._ref_alias_targets(tx, run_id, [h for h in plan.refs if h not in plan.new])

@@ -20,7 +20,8 @@ from ...errors import ConflictError, CorruptCheckpointError, RunExistsError, Run
 from ...model import Run, RunStatus
 from ..contract.base import Progress
 from ..encoding.attached import map_frames, read_frames
-from ..encoding.records import CheckpointRecord, NewBlob, stored_hashes
+from ..encoding.records import CheckpointRecord, NewBlob, is_chunk_key, stored_hashes
+from ..encoding.sealing import plain_key
 from ..engine.backend import CHUNK, Tx
 from ..engine.rowcheck import (
     bytes_problem,
@@ -270,28 +271,32 @@ _CHECKSUM = CHECKPOINTS.columns.index("checksum")
 Convert = Callable[[bytes, bytes], tuple[bytes, bytes]]
 
 
-def _converted(convert: Convert, table_name: str,
+def _converted(convert: Convert | None, table_name: str,
                inline: Callable[[bytes], bytes] | None = None,
+               keys: Mapping[bytes, bytes] | None = None,
                ) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
     """A row of ``table_name`` with each record value in it (an input's, an effect's, the
     writes attached to a checkpoint) made ``convert(value, key)``: opened for an export of
-    a sealed store, sealed on import into one (see ``ValueCodec.plain_record``); and each
-    value inline in a checkpoint's field map made ``inline(value)``, its checksum computed
-    again (only over a record that passed it: damage is carried as it is)."""
+    a sealed store, sealed on import into one (see ``ValueCodec.plain_record``); and in a
+    checkpoint's field map each inline value made ``inline(value)`` and each whole value's
+    key ``k`` in ``keys`` made ``keys[k]`` (re-addressed: see
+    :func:`~pitstop.store.encoding.sealing.plain_key`), its checksum computed again (only
+    over a record that passed it: damage is carried as it is)."""
     if table_name == CHECKPOINTS.name:
         def checkpoint(row: Sequence[Any]) -> tuple[Any, ...]:
             out = list(row)
-            if out[_WRITES] is not None:
+            if out[_WRITES] is not None and convert is not None:
                 out[_WRITES] = map_frames(bytes(out[_WRITES]), convert, run_id=str(out[1]),
                                           checkpoint_id=str(out[0]))
-            if inline is not None and isinstance(out[_FIELDS], bytes | bytearray | memoryview):
+            if ((inline is not None or keys)
+                    and isinstance(out[_FIELDS], bytes | bytearray | memoryview)):
                 record = CheckpointRecord(*out)
                 record.fields = bytes(out[_FIELDS])
                 if record.checksum == record.compute_checksum():
                     from ..encoding.sealing import map_inline
 
                     try:
-                        fields = map_inline(record.fields, inline)
+                        fields = map_inline(record.fields, inline, keys)
                     except (ValueError, CorruptCheckpointError):
                         fields = None  # the importer's verify names it
                     if fields is not None:
@@ -302,6 +307,7 @@ def _converted(convert: Convert, table_name: str,
 
         return checkpoint
     value, key = (_columns(table_name).index(c) for c in _RECORD_VALUES[table_name])
+    assert convert is not None
 
     def record(row: Sequence[Any]) -> tuple[Any, ...]:
         out = list(row)
@@ -325,20 +331,26 @@ class LazyValues(CheckedValues):
     against their hashes as they are read (:meth:`Store.export_run` with ``stream=True``).
     Its keys are the values present when the run was read."""
 
-    def __init__(self, store: StoredValues, run_id: str, keys: list[bytes]) -> None:
+    def __init__(self, store: StoredValues, run_id: str, keys: list[bytes],
+                 stored: Mapping[bytes, bytes] | None = None) -> None:
         self._store = store
         self._run_id = run_id
         self._keys = dict.fromkeys(keys)
+        self._stored = stored or {}
+        """The key a value has in the store, by the key it has in the export, where they
+        differ (a sealed store's keyed addresses: see ``plain_key``)."""
 
     def __getitem__(self, key: bytes) -> bytes:
         if key not in self._keys:
             raise KeyError(key)
-        found = self._store._read_values_alone([key]).get(key)
+        at = self._stored.get(key, key)
+        found = self._store._read_values_alone([at]).get(at)
         what = f"value {key.hex()[:16]}"
         if found is None:
             raise CorruptCheckpointError(
                 f"{what} was deleted while the run was exported (pruned meanwhile?); export "
                 "it again", run_id=self._run_id)
+        found = found if type(found) is bytes else bytes(found)  # (not Opened: msgpack)
         check_value(found, key, run_id=self._run_id, what=what)
         return found
 
@@ -375,18 +387,26 @@ class RunTransfer(StoredValues):
                     if not found:
                         break  # the importer's verify names what is missing
                     blobs.update(found)
-            data.blobs = blobs
             data.prefixes = {
                 key: (target, size)
                 for key, (target, size) in self._prefix_rows(tx, list(blobs)).items()
                 if target in blobs and len(blobs[key]) == size
             }
+            keys: dict[bytes, bytes] = {}
+            if self._value_codec.sealer is not None:  # values travel under their SHA-256
+                for key, value in blobs.items():
+                    plain = plain_key(key, value)
+                    if plain is not None:
+                        keys[key] = plain
+                blobs = {keys.get(k, k): v if type(v) is bytes else bytes(v)
+                         for k, v in blobs.items()}
+            data.blobs = blobs
             data.inputs = [InputRecord(*r) for r in tx.all(_SELECT_INPUTS, (run_id,))]
             data.effects = [EffectRecord(*r) for r in tx.all(_SELECT_EFFECTS, (run_id,))]
             if self._value_codec.sealer is not None:  # records travel plain, as values do
                 opened = self._value_codec.plain_record
                 to_row = _converted(opened, CHECKPOINTS.name,
-                                    self._value_codec.plain_inline)
+                                    self._value_codec.plain_inline, keys)
                 data.checkpoints = [CheckpointRecord(*to_row(c.row()))
                                     for c in data.checkpoints]
                 to_row = _converted(opened, INPUTS.name)
@@ -424,7 +444,26 @@ class RunTransfer(StoredValues):
                 fields, lambda wanted: self._read_values(tx, wanted))))
         present = [bytes(h) for (h,) in tx.in_chunks(
             "SELECT hash FROM pitstop_blobs WHERE hash IN ({in})", list(keys))]
-        data.blobs = LazyValues(self, data.run.run_id, present)
+        plain_keys: dict[bytes, bytes] = {}
+        if opened is not None:  # values travel under their SHA-256: read each whole one
+            for key in present:
+                if not is_chunk_key(key):
+                    value = self._read_values(tx, [key]).get(key)
+                    unsealed = None if value is None else plain_key(key, value)
+                    if unsealed is not None:
+                        plain_keys[key] = unsealed
+        if plain_keys:  # the spooled records again, their field maps re-addressed
+            spooled = data.checkpoints
+            again: RecordSpool[CheckpointRecord] = RecordSpool(CheckpointRecord)
+            to_row = _converted(None, CHECKPOINTS.name, None, plain_keys)
+            for record in spooled:
+                again.add(to_row(record.row()))
+            if isinstance(spooled, RecordSpool):
+                spooled.close()
+            data.checkpoints = again
+        data.blobs = LazyValues(
+            self, data.run.run_id, [plain_keys.get(k, k) for k in present],
+            {unsealed: key for key, unsealed in plain_keys.items()})
         data.prefixes = {
             key: (target, size)
             for key, (target, size) in self._prefix_rows(tx, present).items()
@@ -450,6 +489,9 @@ class RunTransfer(StoredValues):
         whole = [h for h in hashes if h not in prefixes]
         total = len(hashes) + len(data.checkpoints)
 
+        addressed: dict[bytes, bytes] = {}
+        """A sealed store's keyed address of each whole value, by its key in the export."""
+
         def write(tx: Tx) -> None:
             if tx.one("SELECT 1 FROM pitstop_runs WHERE run_id = ?", (run.run_id,)):
                 raise RunExistsError(run.run_id)
@@ -474,7 +516,13 @@ class RunTransfer(StoredValues):
             for n, h in enumerate(whole, 1):
                 # Batches bounded by count and by bytes: values read from an archive's
                 # spool are in memory a batch at a time, not all at once.
-                part[h] = blob = NewBlob(h, data.blobs[h])
+                value = data.blobs[h]
+                stored = h
+                if self._value_codec.sealer is not None:  # (its own keyed address)
+                    stored = self._value_codec.addressed(h, value)
+                    if stored != h:
+                        addressed[h] = stored
+                part[stored] = blob = NewBlob(stored, value)
                 held += blob.size
                 if len(part) < CHUNK and held < _BATCH_BYTES and n < len(whole):
                     continue
@@ -496,13 +544,13 @@ class RunTransfer(StoredValues):
             tx.many(
                 "INSERT INTO pitstop_blob_refs (run_id, hash) VALUES (?, ?) "
                 "ON CONFLICT (run_id, hash) DO NOTHING",
-                [(run.run_id, h) for h in hashes],
+                list(dict.fromkeys((run.run_id, addressed.get(h, h)) for h in hashes)),
             )
             sealed = self._value_codec.sealed_record if self._value_codec.sealer else None
             keep: Callable[[Sequence[Any]], Sequence[Any]] = tuple
             for batch in _batches(data.checkpoints, CHUNK):
                 seal = keep if sealed is None else _converted(
-                    sealed, CHECKPOINTS.name, self._value_codec.sealed_inline)
+                    sealed, CHECKPOINTS.name, self._value_codec.sealed_inline, addressed)
                 tx.many(INSERT_CHECKPOINT, [seal(c.row()) for c in batch])
                 done += len(batch)
                 if progress:
