@@ -55,19 +55,16 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import re
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import errors as pgerrors
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from pitstop.errors import ConflictError, StoreError, UnsupportedStoreError
@@ -76,10 +73,16 @@ from pitstop.process import current_pid
 from pitstop.serde import Serializer
 from pitstop.store.backends.pgcheck import index_problems
 from pitstop.store.backends.pgconn import GuardedConnection, flush_all
+from pitstop.store.backends.pgurl import (
+    conninfo_params,
+    describe_target,
+    one_line,
+    split_url,
+    tcp_defaults,
+)
 from pitstop.store.contract.base import UNSET, Durability, PreparedSave, Unset
-from pitstop.store.contract.options import OPTIONS, parse_option
 from pitstop.store.contract.options import check as check_options
-from pitstop.store.contract.urls import check_text, redact
+from pitstop.store.contract.urls import redact
 from pitstop.store.encoding.blobs import BlobStore
 from pitstop.store.encoding.records import is_chunk_key
 from pitstop.store.engine.backend import Dialect, Tx
@@ -126,25 +129,6 @@ POSTGRES = PostgresDialect(
                "current_setting('block_size')::bigint FROM pg_class WHERE oid = ?::regclass",
     array_in=True,
 )
-
-# pitstop's own URL query options (parsed and checked by options.py); anything else is libpq's.
-_URL_OPTIONS = frozenset(OPTIONS)
-
-
-def _tcp_defaults(connect_timeout: float) -> dict[str, str]:
-    """libpq settings used unless the URL sets them, so a server that vanishes from the
-    network (no RST, no FIN) is noticed in about ``connect_timeout`` instead of the many
-    minutes TCP would wait by default: unacknowledged data gives up after it
-    (``tcp_user_timeout``), and an idle or waiting connection is probed from then on."""
-    seconds = max(1, math.ceil(connect_timeout))
-    return {
-        "keepalives": "1",
-        "keepalives_idle": str(seconds),
-        "keepalives_interval": str(max(1, seconds // 3)),
-        "keepalives_count": "3",
-        "tcp_user_timeout": str(seconds * 1000),
-    }
-
 
 # The only unique violation that is an expected race rather than a bug: two first saves of
 # one run both inserting its row. The loser retries and then sees the winner's head.
@@ -193,10 +177,6 @@ def _advisory_key(purpose: str, schema: str) -> int:
     """
     digest = hashlib.blake2b(f"pitstop-{purpose}\0{schema}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big", signed=True)
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 class _PipelinedCursor:
@@ -287,7 +267,7 @@ class PostgresStore(SqlStore, RunTransfer):
         encryption: Encryption | str | None = None,
     ) -> None:
         safe_url = redact(url)
-        conninfo, options = _split_url(url, safe_url)
+        conninfo, options = split_url(url, safe_url)
         given = {
             "pool_min": pool_min,
             "pool_max": pool_max,
@@ -344,17 +324,17 @@ class PostgresStore(SqlStore, RunTransfer):
             if self._stall_timeout is not None else None
         )
         self._conninfo = conninfo
-        params = _conninfo_params(conninfo, safe_url)
+        params = conninfo_params(conninfo, safe_url)
         password = params.get("password")
         self._password = re.compile(rf"(?<!\w){re.escape(password)}(?!\w)") if password else None
-        self._target = _describe_target(params)
+        self._target = describe_target(params)
         self._connect_kwargs: dict[str, Any] = {
             "autocommit": True,  # _transaction sends BEGIN/COMMIT itself, pipelined
             # libpq counts whole seconds and treats anything under 2 as 2.
             "connect_timeout": max(2, math.ceil(self.connect_timeout)),
             "application_name": str(options.get("application_name", "pitstop")),
             **{
-                k: v for k, v in _tcp_defaults(self.connect_timeout).items() if k not in params
+                k: v for k, v in tcp_defaults(self.connect_timeout).items() if k not in params
             },
         }
         self._lock = threading.Lock()
@@ -386,7 +366,7 @@ class PostgresStore(SqlStore, RunTransfer):
 
     def _clean(self, exc: BaseException) -> str:
         """One line describing ``exc``, with the password removed should it appear."""
-        text = _one_line(exc)
+        text = one_line(exc)
         if self._password is not None:
             text = self._password.sub("***", text)
         return redact(text)
@@ -977,45 +957,6 @@ class PostgresStore(SqlStore, RunTransfer):
         self._drop_listener()
         if pool is not None and self._pid == current_pid():
             pool.close()
-
-
-def _split_url(url: str, safe_url: str) -> tuple[str, dict[str, Any]]:
-    """The libpq conninfo (our options removed) and pitstop's options read from the URL."""
-    check_text(url)
-    if "://" not in url:
-        return url, {}  # a key=value conninfo string: options come as keywords only
-    try:
-        parts = urlsplit(url)
-        query = parse_qsl(parts.query, keep_blank_values=True)
-    except ValueError as exc:  # a bracketed host that is no IP address, text not UTF-8
-        raise UnsupportedStoreError(f"{safe_url}: malformed URL ({exc})") from None
-    if parts.scheme.lower() not in ("postgresql", "postgres"):
-        raise UnsupportedStoreError(f"{safe_url}: not a postgresql:// URL")
-    kept: list[tuple[str, str]] = []
-    options: dict[str, Any] = {}
-    for key, value in query:
-        if key not in _URL_OPTIONS:
-            kept.append((key, value))
-            continue
-        options[key] = parse_option(safe_url, key, value)
-    return urlunsplit(parts._replace(query=urlencode(kept))), options
-
-
-def _conninfo_params(conninfo: str, safe_url: str) -> dict[str, Any]:
-    try:
-        return conninfo_to_dict(conninfo)
-    except psycopg.Error as exc:
-        raise UnsupportedStoreError(f"{safe_url}: {redact(_one_line(exc))}") from None
-
-
-def _describe_target(params: dict[str, Any]) -> str:
-    """``host:port/db`` for messages, with libpq's defaults filled in."""
-    host = params.get("host") or params.get("hostaddr") or os.environ.get("PGHOST") or "localhost"
-    port = params.get("port") or os.environ.get("PGPORT") or "5432"
-    user = params.get("user") or os.environ.get("PGUSER") or ""
-    db = params.get("dbname") or os.environ.get("PGDATABASE") or user
-    where = f"{host}:{port}" if not str(host).startswith("/") else f"{host} (socket, port {port})"
-    return f"{where}/{db}"
 
 
 __all__ = ["POSTGRES", "PostgresDialect", "PostgresStore"]
