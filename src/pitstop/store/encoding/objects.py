@@ -18,8 +18,9 @@ array's 1 MiB chunks, a large document) as one object named by its content key,
 Writes are parallel: the values of one save are uploaded by several threads at once (obstore
 releases the GIL while it waits on the network), and a value larger than
 :data:`MULTIPART_FROM` goes up as a multipart upload of parallel parts. Reads are parallel
-too: an array's chunks are read by the load's threads, each its own GET straight into the
-array's buffer, and a large single value as parallel ranged GETs.
+too: a load tells the store where each of an array's chunks goes before any GET starts,
+and each pack's GET then streams its chunks straight into the array's memory (one copy, one
+set of fresh pages); a large single value is read as parallel ranged GETs.
 
 Settings come from the standard AWS environment variables (``AWS_ACCESS_KEY_ID``,
 ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION``/``AWS_DEFAULT_REGION``,
