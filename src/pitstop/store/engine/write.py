@@ -251,8 +251,9 @@ def write_checkpoint(store: SqlStore, tx: Tx, plan: WritePlan) -> None:
         store._notify(tx, run_id)  # an enqueued run's first checkpoint: workers may take it
     if plan.retention is not None:
         # Last, so the new checkpoint is the run's head and among its newest; the files of
-        # the values freed go once this transaction has committed (``_delete_values``).
-        report = store._prune_run(tx, run_id, plan.retention, dry_run=False)
+        # the values freed go once this transaction has committed, the packs on a
+        # background thread (``_delete_values``): not on this save's time.
+        report = store._prune_run(tx, run_id, plan.retention, dry_run=False, packs_later=True)
         plan.pruned = len(report.checkpoints)
 
 def _first_write_or_refusal(store: SqlStore, tx: Tx, plan: WritePlan, grown: int) -> None:
