@@ -152,9 +152,12 @@ class SqlStore(Reads, ResultCache, Schedules, Leases, Inputs, StepSaves, Childre
         """A save and its run's retention prune in one transaction, where the backend allows
         it (:attr:`prunes_in_save`) and the policy only prunes checkpoints: one commit and
         one sync instead of two. The values the prune frees leave the blob directory after
-        the commit (as any prune's): a file is never gone while a committed row names it."""
+        the commit (as any prune's): a file is never gone while a committed row names it.
+        Not for a save less durable than the store (a prune of its own would be synced
+        before its files go, this commit may not be)."""
         if not self.prunes_in_save or policy.finished_age is not None \
-                or not policy.prunes_checkpoints:
+                or not policy.prunes_checkpoints \
+                or request.options.durability not in (None, "full", self.durability):
             return super()._save_and_prune(request, policy)
         return self._save(request, policy)
 
