@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 from ...errors import StoreError
 from ..contract.base import Durability
@@ -567,6 +566,10 @@ class StoredValues(SqlBackend):
         pid = os.getpid()
         unlinker = self.__dict__.get("_pack_unlinker")
         if unlinker is None or unlinker[0] != pid:  # (a forked child has no such thread)
+            # Imported here: listing runs must not import concurrent.futures (test_cli_imports
+            # keeps the CLI's start-up small), and only a pruning save gets this far.
+            from concurrent.futures import ThreadPoolExecutor
+
             pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pitstop-unlink")
             unlinker = self.__dict__["_pack_unlinker"] = (pid, pool)
             self._call_before_close(self._stop_unlinking)
