@@ -110,14 +110,14 @@ def archive(data: bytes) -> None:
 
 def url(data: bytes) -> None:
     from pitstop.fieldpath import parse_path
-    from pitstop.store.backends.postgres import _conninfo_params, _split_url
+    from pitstop.store.backends.pgurl import conninfo_params, split_url
 
     text = data.decode("utf-8", "surrogateescape")
     for attempt in (
         lambda: pitstop.open_store("memory://?" + text).close(),
         lambda: pitstop.open_store("memory://" + text).close(),
-        lambda: _conninfo_params(*_split_url("postgresql://u@h/db?" + text, "pg")[:1], "pg"),
-        lambda: _split_url("postgresql://" + text, "pg"),
+        lambda: conninfo_params(*split_url("postgresql://u@h/db?" + text, "pg")[:1], "pg"),
+        lambda: split_url("postgresql://" + text, "pg"),
         lambda: pitstop.open_store(text[:1] + "://" + text[1:]).close()
         if text[:1] in ("m", "x") else None,
     ):

@@ -175,15 +175,15 @@ def small_model(torch: Any) -> dict[str, Any]:
 def small_model_rounds(rounds: int, tmp: Path, torch: Any) -> dict[str, list[float]]:
     """``Checkpointer.save`` (synchronous, ``full``, the default retention) of the small model
     against ``torch.save`` to a file + fsync, interleaved; every weight changes between saves
-    (as a training step changes them). Also the store's default ``blob_threshold`` against
-    1 MiB (the default before the tensors went to the blob directory from 128 KiB)."""
+    (as a training step changes them). Also the same with ``retention=None`` (no prune: what
+    the default retention adds to a save)."""
     sd = small_model(torch)
     times: dict[str, list[float]] = {}
     ckpts = {
         "Checkpointer.save (full)": pitstop.Checkpointer(
             f"sqlite:///{tmp / 'small.db'}?durability=full", "train"),
-        "Checkpointer.save (full), blob_threshold=1 MiB": pitstop.Checkpointer(
-            f"sqlite:///{tmp / 'small1m.db'}?durability=full&blob_threshold=1048576", "train"),
+        "Checkpointer.save (full), retention=None": pitstop.Checkpointer(
+            f"sqlite:///{tmp / 'smallkeep.db'}?durability=full", "train", retention=None),
     }
     pt = tmp / "small.pt"
 

@@ -339,3 +339,22 @@ def test_an_orphaned_pack_is_reported_and_swept(opener: Callable[..., pitstop.St
     store.prune(RetentionPolicy(keep_last=5))
     assert not pack.exists() and len(files(blob_dir)) == 1
     assert store.verify() == []
+
+
+def test_a_loops_retention_leaves_only_the_kept_checkpoints_files(
+        opener: Callable[..., pitstop.Store], blob_dir: Path) -> None:
+    """A ``Checkpointer`` prunes in its save's own transaction where the store can (SQLite)
+    and right after it elsewhere: either way the run keeps its newest 3 checkpoints, and the
+    packs of the pruned ones leave the directory (by the time the store is closed)."""
+    store = opener(durability="full")
+    with pitstop.Checkpointer(store, "train") as ckpt:
+        for step in range(6):
+            ckpt.save({"a": os.urandom(150_000), "b": os.urandom(150_000), "step": step})
+        assert [c.step for c in store.history("train", limit=None)] == [5, 4, 3]
+        state = ckpt.restore()
+        assert state["step"] == 5 and len(state["a"]) == 150_000
+    store.close()
+    assert len(files(blob_dir)) == 3  # one pack a save: those of the 3 kept
+    store = opener()
+    assert not store.verify()
+    assert store.prune(RetentionPolicy(keep_last=3), run_id="train").checkpoints == []

@@ -282,6 +282,46 @@ def test_a_short_pack_fails_the_load_naming_the_field(
         assert any("pack object" in p.message for p in fresh.verify())
 
 
+def test_an_array_load_streams_each_pack_into_the_array_and_checks_every_chunk(
+    opener: Callable[..., pitstop.Store], s3_blobs: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import obstore
+
+    np = pytest.importorskip("numpy")
+    store = opener()
+    rng = np.random.default_rng(7)
+    weights = rng.standard_normal(5 << 20, dtype=np.float32)  # 20 chunks
+    weights[: 3 << 18] = 1.5  # three equal chunks: one key, three places in the array
+    state = {"w": weights, "parts": {"a": rng.standard_normal(1 << 19), "b": np.ones(1 << 18)}}
+    bad = store.save("r", state)
+    streamed: list[int] = []
+    original = S3BlobStore._get_group_into
+
+    def counted(self: S3BlobStore, pack: str, group: Any, places: Any) -> Any:
+        streamed.append(sum(len(targets) for targets in places.values()))
+        return original(self, pack, group, places)
+
+    monkeypatch.setattr(S3BlobStore, "_get_group_into", counted)
+    with opener() as fresh:
+        loaded = fresh.latest("r").state  # type: ignore[union-attr]
+        np.testing.assert_array_equal(loaded["w"], weights)
+        np.testing.assert_array_equal(loaded["parts"]["a"], state["parts"]["a"])
+        np.testing.assert_array_equal(loaded["parts"]["b"], state["parts"]["b"])
+    assert sum(streamed) >= 20  # every chunk of `w` went straight into its place
+    good = store.save("r2", {"n": 1})
+    bucket = S3BlobStore(s3_blobs)
+    for pack in bucket.packs():  # one byte altered in the middle of each pack
+        path = bucket._pack_path(pack)
+        data = bytearray(obstore.get(bucket._store, path).bytes())
+        data[len(data) // 2] ^= 0xFF
+        obstore.put(bucket._store, path, bytes(data))
+    with opener() as fresh:
+        with pytest.raises(CorruptCheckpointError, match="checksum mismatch") as info:
+            fresh.latest("r")
+        assert info.value.checkpoint_id == bad.id
+        assert fresh.latest("r2").id == good.id  # type: ignore[union-attr]
+
+
 def test_credentials_from_a_named_profile(
     tmp_path: Path, s3_blobs: str, s3_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -233,14 +233,20 @@ class Checkpointer:
         self.schedule.taken(None if force else self._clock() - started)
 
     def _write(self, state: State, metadata: dict[str, Any]) -> None:
-        ckpt = self.store.save_request(SaveRequest(
+        request = SaveRequest(
             self.run_id,
             state,
             parent_id=self.checkpoint_id,
             metadata=metadata,
             options=SaveOptions(expected_head=self.checkpoint_id, lease=self._lease,
                                 durability=self.durability),
-        ))
+        )
+        if self.retention is None:
+            ckpt = self.store.save_request(request)
+        else:
+            # The prune in the save's own transaction where the store can (one commit, one
+            # sync a save); otherwise right after it.
+            ckpt = self.store._save_and_prune(request, self.retention)
         self.checkpoint_id = ckpt.id
         if self.size_warning is not None and not self._size_warned \
                 and ckpt.size >= self.size_warning:
@@ -249,8 +255,6 @@ class Checkpointer:
             self._size_warned = True
             flag_size(self.store, ckpt, self.size_warning, workflow=self._workflow,
                       lease=self._lease)
-        if self.retention is not None:
-            self.store.prune(self.retention, run_id=self.run_id)
 
     def _write_in_background(self, state: State, metadata: dict[str, Any]) -> None:
         try:

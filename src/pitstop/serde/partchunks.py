@@ -139,23 +139,31 @@ def segments(meta: Any, total: int) -> tuple[int, list[int]]:
 Fill = Callable[[Entry, memoryview], None]
 """Writes the raw bytes of the chunk ``entry`` names into the view (exactly its size)."""
 
+Plan = Callable[[Sequence[tuple[Entry, memoryview]]], None]
+"""Told every chunk's place before the first is filled: a store reading over a network
+starts its reads then, each writing straight into its places (the same views ``Fill`` is
+then called with)."""
+
 
 def assemble_parts(
-    meta: Any, total: int, leaves: Sequence[Entry], fill: Fill
+    meta: Any, total: int, leaves: Sequence[Entry], fill: Fill, plan: Plan | None = None
 ) -> tuple[bytes, list[Any]]:
     """The skeleton and one new writable buffer per array (a ``bytearray`` or a writable
     ``memoryview``), each filled chunk by chunk by ``fill`` (which reads, or copies, a
     chunk straight into its place: no joining)."""
     skeleton_size, lengths = segments(meta, total)
     targets = [bytearray(skeleton_size), *(uninitialised(n) for n in lengths)]
-    fill_buffers(targets, leaves, fill)
+    fill_buffers(targets, leaves, fill, plan)
     return bytes(targets[0]), targets[1:]
 
 
-def fill_buffers(targets: Sequence[Any], leaves: Sequence[Entry], fill: Fill) -> None:
+def fill_buffers(
+    targets: Sequence[Any], leaves: Sequence[Entry], fill: Fill, plan: Plan | None = None
+) -> None:
     """Fill ``targets`` (writable buffers, one after the other) with the chunks ``leaves``
     name, in their order: each chunk's place found first, then the chunks read (several
-    threads for a large value: each chunk has a place of its own)."""
+    threads for a large value: each chunk has a place of its own). ``plan`` is told every
+    place before the first chunk is read."""
     jobs: list[tuple[Entry, memoryview]] = []
     index, offset = 0, 0
     views = [memoryview(t) for t in targets]
@@ -172,6 +180,8 @@ def fill_buffers(targets: Sequence[Any], leaves: Sequence[Entry], fill: Fill) ->
         index, offset = index + 1, 0
     if index != len(views):
         raise ValueError("the chunks do not fill the buffers")
+    if plan is not None:
+        plan(jobs)
     parallel.each(lambda job: fill(*job), jobs, sum(v.nbytes for v in views))
 
 

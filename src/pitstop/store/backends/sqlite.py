@@ -436,6 +436,7 @@ class SQLiteStore(SqlStore, RunTransfer):
 
     dialect = SQLITE
     step_saves = True  # (one writer at a time, statements in-process: see store.steps)
+    prunes_in_save = True  # (one writer at a time: see SqlBackend.prunes_in_save)
 
     def __init__(
         self,

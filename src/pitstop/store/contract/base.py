@@ -309,6 +309,13 @@ class Store(ABC):
         the integrations use (one typed record instead of keywords; its run control is
         explicit, never read out of metadata)."""
 
+    def _save_and_prune(self, request: SaveRequest, policy: RetentionPolicy) -> Checkpoint:
+        """:meth:`save_request`, then :meth:`prune` of the request's run by ``policy``: what
+        a loop with retention does after every save. A store that can do both in the save's
+        own transaction (one commit, one sync) overrides this; here they are two."""
+        checkpoint = self.save_request(request)
+        self.prune(policy, run_id=request.run_id)
+        return checkpoint
 
     def prepare(
         self,

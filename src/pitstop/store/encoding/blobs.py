@@ -134,6 +134,12 @@ class BlobStore(ABC):
         whose reads wait on a network starts them all now, concurrently. A disk needs no
         such help."""
 
+    def place(self, places: Sequence[tuple[bytes, Slot | None, memoryview]]) -> None:  # noqa: B027
+        """A load now knows where the bodies of these prefetched values go (an array's
+        chunks, each ``(key, slot, target)``; a key may have several targets), before it
+        reads them by :meth:`read_into` with those targets: a store whose reads wait on a
+        network may start them now, writing straight into the targets. Others need not."""
+
     def why_missing(self, key: bytes, slot: Slot | None = None) -> str:
         """Why :meth:`get` found nothing under ``key`` (what ``verify`` reports)."""
         return f"file missing from {self}"

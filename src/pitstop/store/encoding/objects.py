@@ -18,8 +18,9 @@ array's 1 MiB chunks, a large document) as one object named by its content key,
 Writes are parallel: the values of one save are uploaded by several threads at once (obstore
 releases the GIL while it waits on the network), and a value larger than
 :data:`MULTIPART_FROM` goes up as a multipart upload of parallel parts. Reads are parallel
-too: an array's chunks are read by the load's threads, each its own GET straight into the
-array's buffer, and a large single value as parallel ranged GETs.
+too: a load tells the store where each of an array's chunks goes before any GET starts,
+and each pack's GET then streams its chunks straight into the array's memory (one copy, one
+set of fresh pages); a large single value is read as parallel ranged GETs.
 
 Settings come from the standard AWS environment variables (``AWS_ACCESS_KEY_ID``,
 ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION``/``AWS_DEFAULT_REGION``,
@@ -46,7 +47,7 @@ import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 from urllib.parse import parse_qsl, urlsplit
 
 from ...errors import StoreError
@@ -88,6 +89,9 @@ _KEY_NAME = re.compile(r"^[0-9a-f]{2,128}$")
 _URL_OPTIONS: Final = ("endpoint", "region")
 
 _NOT_PREFETCHED: Final = object()
+
+_STREAM_PIECE: Final = 1 << 20
+"""Bytes of a response handed over at a time when streamed into place."""
 
 _PENDING_MAX: Final = 4 << 30
 """Bytes of prefetched values kept for reads still to come (see S3BlobStore.prefetch)."""
@@ -133,7 +137,7 @@ class S3BlobStore(BlobStore):
         self.endpoint = given_endpoint
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
-        self._pending: dict[bytes, Future[Any]] = {}
+        self._pending: dict[bytes, Future[Any] | _Group] = {}
         self._pending_bytes = 0
         client: ClientConfig = {"allow_http": bool(given_endpoint) and str(
             given_endpoint).startswith("http://")}
@@ -273,13 +277,22 @@ class S3BlobStore(BlobStore):
     # -- reading ------------------------------------------------------------------------------
 
     def prefetch(self, values: Sequence[tuple[bytes, Slot | None]]) -> None:
-        """Start reading these values now, :data:`_THREADS` requests at once: the load's
+        """Get ready to read these values, :data:`_THREADS` requests at once: the load's
         own threads (two on two cores) then find them read or on their way. Packed values
         are read by ranged GETs of about :data:`READ_SIZE` bytes (values side by side in a
-        pack in one request), the others by a GET each. A value read is dropped from here;
-        what a failed load never read is dropped once the pending bytes pass
-        :data:`_PENDING_MAX` (the bytes under a key never change, so a value read before a
-        delete is still right)."""
+        pack in one request), the others by a GET each, started now.
+
+        The GETs of packs wait for the load to say where the values go (:meth:`place`: an
+        array's chunks, which a GET then writes into the array's memory as its bytes
+        arrive), or for the first read of one of them (then every one of this call starts,
+        each read into a buffer of its own). Why wait: a pack read whole and then copied
+        into a new array touches two sets of fresh pages, and on a busy machine those page
+        faults cost more than the download (bench/object_reads.py: 0.42-0.62x one GET's
+        throughput copied, 1.17-1.43x streamed into place).
+
+        A value read is dropped from here; what a failed load never read is dropped once
+        the pending bytes pass :data:`_PENDING_MAX` (the bytes under a key never change, so
+        a value read before a delete is still right)."""
         by_pack: dict[str, list[tuple[bytes, Slot]]] = {}
         alone: list[bytes] = []
         for key, slot in values:
@@ -288,9 +301,10 @@ class S3BlobStore(BlobStore):
             else:
                 by_pack.setdefault(slot.pack, []).append((key, slot))
         pool = self._executor()
-        pending: dict[bytes, Future[Any]] = {}
+        pending: dict[bytes, Future[Any] | _Group] = {}
         for key in alone:
             pending[key] = pool.submit(self._get_object, key)
+        batch: list[_Group] = []
         for name, members in by_pack.items():
             members.sort(key=lambda member: member[1].offset)
             group: list[tuple[bytes, Slot]] = []
@@ -301,9 +315,10 @@ class S3BlobStore(BlobStore):
                 ):
                     group.append(member)
                     continue
-                future = pool.submit(self._get_group, name, group)
+                waiting = _Group(name, group, batch)
+                batch.append(waiting)
                 for key, _ in group:
-                    pending[key] = future
+                    pending[key] = waiting
                 group = [member] if member is not None else []
         wanted = sum(PART_SIZE if slot is None else slot.size for _, slot in values)
         with self._lock:
@@ -315,6 +330,95 @@ class S3BlobStore(BlobStore):
                 self._pending_bytes = 0
             self._pending.update(pending)
             self._pending_bytes += wanted
+
+    def place(self, places: Sequence[tuple[bytes, Slot | None, memoryview]]) -> None:
+        """Start the GETs of the packs these prefetched values are in, each writing the
+        values' bodies straight into their targets as the response arrives (see
+        :meth:`prefetch`); a GET already started (a read came first) is left as it is."""
+        starting: dict[int, _Group] = {}
+        pool = self._executor()  # (takes the lock: before it)
+        with self._lock:
+            for key, _, target in places:
+                group = self._pending.get(key)
+                if isinstance(group, _Group) and group.future is None:
+                    group.places.setdefault(key, []).append(target)
+                    starting[id(group)] = group
+            for group in starting.values():
+                self._start(group, pool)
+
+    def _start(self, group: _Group, pool: ThreadPoolExecutor) -> None:
+        """(Under the lock.) Submit the GET of a waiting group."""
+        if group.places:
+            group.future = pool.submit(
+                self._get_group_into, group.pack, group.members, group.places)
+        else:  # (a load that never placed: the response's own buffer, no copy)
+            group.future = pool.submit(self._get_group, group.pack, group.members)
+
+    def _get_group_into(
+        self, pack: str, group: list[tuple[bytes, Slot]], places: dict[bytes, list[memoryview]]
+    ) -> dict[bytes, Any]:
+        """The values of ``group`` by one ranged GET streamed into place: the body of a
+        value in ``places`` into its (first) target, its header byte kept (:class:`_Placed`;
+        its other targets copied from the first), any other value into a buffer of its own.
+        None for a value the pack ends before."""
+        import obstore
+
+        start = group[0][1].offset
+        end = max(slot.offset + slot.size for _, slot in group)
+        # (pack offset where it starts, where it ends, the memory it goes to), in order
+        segments: list[tuple[int, int, memoryview]] = []
+        headers: dict[bytes, bytearray] = {}
+        own: dict[bytes, bytearray] = {}
+        for key, slot in group:
+            targets = places.get(key)
+            if targets and targets[0].nbytes + 1 == slot.size:
+                headers[key] = bytearray(1)
+                segments.append((slot.offset, slot.offset + 1, memoryview(headers[key])))
+                segments.append((slot.offset + 1, slot.offset + slot.size, targets[0]))
+            else:
+                own[key] = bytearray(slot.size)
+                segments.append((slot.offset, slot.offset + slot.size, memoryview(own[key])))
+        path = self._pack_path(pack)
+        try:
+            if start == 0 and end >= PACK_SIZE // 2:  # (see _get_range: no Range header)
+                result = obstore.get(self._store, path)
+            else:
+                result = obstore.get(self._store, path, options={"range": (start, end)})
+            at, index = start, 0
+            for piece in result.stream(min_chunk_size=_STREAM_PIECE):
+                data = memoryview(piece)
+                done, size = 0, data.nbytes
+                while done < size and index < len(segments):
+                    seg_start, seg_end, into = segments[index]
+                    if at < seg_start:  # a value of the pack not wanted here: skip it
+                        skip = min(seg_start - at, size - done)
+                        at, done = at + skip, done + skip
+                        continue
+                    n = min(seg_end - at, size - done)
+                    into[at - seg_start : at - seg_start + n] = data[done : done + n]
+                    at, done = at + n, done + n
+                    if at == seg_end:
+                        index += 1
+                if index == len(segments):
+                    break
+        except FileNotFoundError:
+            at = start  # the pack is missing: every value
+        except Exception as exc:
+            if "416" not in str(exc) and "InvalidRange" not in str(exc):
+                raise
+            at = start  # the pack ends before the range starts
+        out: dict[bytes, Any] = {}
+        for key, slot in group:
+            if slot.offset + slot.size > at:
+                out[key] = None
+            elif key in headers:
+                targets = places[key]
+                for other in targets[1:]:  # (a chunk the array holds more than once)
+                    other[:] = targets[0]
+                out[key] = _Placed(headers[key][0], targets)
+            else:
+                out[key] = own[key]
+        return out
 
     def _get_object(self, key: bytes) -> Any:
         import obstore
@@ -356,18 +460,36 @@ class S3BlobStore(BlobStore):
                 return None  # the pack ends before the range starts
             raise
 
-    def _prefetched(self, key: bytes) -> Any:
-        """The prefetched bytes of ``key`` (waiting for them; None: missing), or
-        ``_NOT_PREFETCHED``."""
+    def _prefetched(self, key: bytes, target: memoryview | None = None) -> Any:
+        """The prefetched bytes of ``key`` (waiting for them; None: missing; a
+        :class:`_Placed` if its body was streamed into place), or ``_NOT_PREFETCHED``. A
+        value placed into several targets stays pending until each has been asked for."""
+        pool = self._executor()  # (takes the lock: before it)
         with self._lock:
-            future = self._pending.pop(key, None)
-        if future is None:
-            return _NOT_PREFETCHED
+            found = self._pending.get(key)
+            if found is None:
+                return _NOT_PREFETCHED
+            if isinstance(found, _Group):
+                if found.future is None:  # a read before any place: start every GET
+                    for group in found.batch:
+                        if group.future is None:
+                            self._start(group, pool)
+                targets = found.places.get(key)
+                left = 0
+                if targets is not None and target is not None:
+                    left = found.unread.get(key, len(targets)) - 1
+                    found.unread[key] = left
+                if left <= 0:
+                    self._pending.pop(key)
+                found = found.future
+            else:
+                self._pending.pop(key)
+        assert found is not None
         try:
-            found = future.result()
+            result = found.result()
         except Exception as exc:
             raise self._failed(exc, f"read of {key.hex()[:16]}") from None
-        return found.get(key) if isinstance(found, dict) else found
+        return result.get(key) if isinstance(result, dict) else result
 
     def get(self, key: bytes, slot: Slot | None = None) -> bytes | None:
         data = self._read(key, slot)
@@ -377,11 +499,16 @@ class S3BlobStore(BlobStore):
         """The value's bytes as the client hands them over (no copy; None: missing):
         prefetched, or read now by a ranged GET of its slot, a GET, or parallel ranged GETs
         for a large one."""
-        import obstore
-
         data = self._prefetched(key)
+        if isinstance(data, _Placed):
+            return bytes((data.header,)) + bytes(data.targets[0])
         if data is not _NOT_PREFETCHED:
             return data
+        return self._read_now(key, slot)
+
+    def _read_now(self, key: bytes, slot: Slot | None) -> Any:
+        import obstore
+
         try:
             if slot is not None:
                 return self._get_group(slot.pack, [(key, slot)]).get(key)
@@ -415,7 +542,13 @@ class S3BlobStore(BlobStore):
         expected = target.nbytes + 1
         if slot is not None and slot.size != expected:
             return None
-        data = self._read(key, slot)  # straight from the client's buffer: one copy
+        data = self._prefetched(key, target)
+        if isinstance(data, _Placed):  # streamed into place (see place)
+            if not any(placed is target for placed in data.targets):
+                target[:] = data.targets[0]
+            return data.header
+        if data is _NOT_PREFETCHED:
+            data = self._read_now(key, slot)  # straight from the client's buffer: one copy
         if data is None or len(data) != expected:
             return None
         body = memoryview(data)
@@ -478,6 +611,31 @@ class S3BlobStore(BlobStore):
 
     def __repr__(self) -> str:
         return f"S3BlobStore({self.url!r})"
+
+
+class _Group:
+    """Values side by side in one pack, read by one GET (see S3BlobStore.prefetch): not
+    started yet while ``future`` is None."""
+
+    __slots__ = ("batch", "future", "members", "pack", "places", "unread")
+
+    def __init__(self, pack: str, members: list[tuple[bytes, Slot]], batch: list[_Group]):
+        self.pack = pack
+        self.members = members
+        self.batch = batch
+        """The groups of the same prefetch (a read of one before any place starts all)."""
+        self.future: Future[Any] | None = None
+        self.places: dict[bytes, list[memoryview]] = {}
+        """Where the bodies of its values go (given before the GET starts)."""
+        self.unread: dict[bytes, int] = {}
+        """Of a placed value, how many of its targets have not been asked for yet."""
+
+
+class _Placed(NamedTuple):
+    """A value whose body a GET wrote into ``targets`` (each a copy), and its header."""
+
+    header: int
+    targets: list[memoryview]
 
 
 def _forked(ref: weakref.ReferenceType[S3BlobStore]) -> None:

@@ -26,7 +26,7 @@ from ...serde.framing import (
     is_compressed,
     unframe_view,
 )
-from .blobs import Deferred
+from .blobs import BlobStore, Deferred, Slot
 from .chunktrees import ChunkTrees, Reader, _bytes_of
 from .leafrows import list_from_rows, plain_chunks
 from .records import (
@@ -507,7 +507,8 @@ class ValueCodec(ChunkTrees, Sealing):
         meta, items, root, leaves, nodes = tree
         fill = _chunk_filler(blobs, raw_of, formats, corrupt)
         try:
-            skeleton, buffers = partchunks.assemble_parts(meta, items, leaves, fill)
+            skeleton, buffers = partchunks.assemble_parts(
+                meta, items, leaves, fill, _chunk_planner(blobs))
         except ValueError as exc:
             raise corrupt(f"chunks do not make the stored arrays ({exc})") from None
         fmt = formats.pop() if len(formats) == 1 else self.serializer.format_id
@@ -561,7 +562,7 @@ class ValueCodec(ChunkTrees, Sealing):
         buffer = partchunks.uninitialised(items)
         fill = _chunk_filler(blobs, raw_of, formats, corrupt)
         try:
-            partchunks.fill_buffers([buffer], leaves, fill)
+            partchunks.fill_buffers([buffer], leaves, fill, _chunk_planner(blobs))
             if not shape or 0 in shape:
                 array = numpy.zeros(shape, dtype=dtype)  # as chunks.assemble builds it
             else:
@@ -965,6 +966,23 @@ def _chunk_filler(
         target[:] = raw
 
     return fill
+
+
+def _chunk_planner(blobs: Mapping[bytes, Stored]) -> partchunks.Plan:
+    """What tells the blob store where each chunk still in it goes, before the first is
+    read (object storage then streams each pack into the array's memory as it arrives)."""
+
+    def plan(jobs: Sequence[tuple[chunking.Entry, memoryview]]) -> None:
+        by_store: dict[int, tuple[BlobStore, list[tuple[bytes, Slot | None, memoryview]]]] = {}
+        for entry, target in jobs:
+            data = blobs.get(entry.key)
+            if isinstance(data, Deferred):
+                by_store.setdefault(id(data.store), (data.store, []))[1].append(
+                    (data.key, data.slot, target))
+        for store, places in by_store.values():
+            store.place(places)
+
+    return plan
 
 
 def _malformed(

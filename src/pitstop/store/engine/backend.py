@@ -287,6 +287,11 @@ class SqlBackend(Store):
     are reused by the next write). If so a growing list's superseded last chunk becomes an
     alias of the chunk that extends it; if not (PostgreSQL keeps the old row version until a
     vacuum), a grown list's last chunk is sealed and a save only inserts rows."""
+    prunes_in_save: bool = False
+    """Whether a save's retention prune may run in the save's own transaction (see
+    :meth:`SqlStore._save_and_prune`): where writers are one at a time (SQLite), nothing can
+    wait on the garbage-collection lock a save already holds shared; where they run
+    concurrently (PostgreSQL), taking it exclusively after that could deadlock two saves."""
 
     def __init__(
         self,

@@ -175,11 +175,13 @@ class Maintenance(StoredValues):
         return self._tx(write, write=True)
 
     def _drop_checkpoints(
-        self, tx: Tx, run_id: str, rows: Sequence[_Held], keep: set[str], report: PruneReport
+        self, tx: Tx, run_id: str, rows: Sequence[_Held], keep: set[str], report: PruneReport,
+        *, packs_later: bool = False,
     ) -> PruneReport:
         """Delete the checkpoints of ``rows`` (the whole run, newest first) not in ``keep``,
         with their effect records and the values nothing else uses. The caller holds the
-        run's row lock; the run's head is the caller's business."""
+        run's row lock; the run's head is the caller's business. ``packs_later``: see
+        :meth:`_delete_values`."""
         dry_run = report.dry_run
         doomed = [r for r in rows if r.id not in keep]
         if not doomed:
@@ -205,7 +207,8 @@ class Maintenance(StoredValues):
                       ids, run_id)
         tx.run_chunks("DELETE FROM pitstop_blob_refs WHERE run_id = ? AND hash IN ({in})",
                       stale, run_id)
-        self._delete_values(tx, run_id, stale)  # re-checked under the lock, as above
+        # re-checked under the lock, as above
+        self._delete_values(tx, run_id, stale, packs_later=packs_later)
         self._disown(tx, run_id, stale)
         tx.run(
             "UPDATE pitstop_runs SET checkpoints = checkpoints - ?, "
@@ -285,7 +288,8 @@ class Maintenance(StoredValues):
         that in passing (SQLite's incremental auto-vacuum); a no-op elsewhere."""
 
     def _prune_run(
-        self, tx: Tx, run_id: str, policy: RetentionPolicy, *, dry_run: bool
+        self, tx: Tx, run_id: str, policy: RetentionPolicy, *, dry_run: bool,
+        packs_later: bool = False,
     ) -> PruneReport:
         report = PruneReport(dry_run=dry_run)
         found = tx.one(
@@ -304,7 +308,7 @@ class Maintenance(StoredValues):
             keep.update(
                 r.id for r in rows if r.id not in keep and json.loads(r.metadata).get("tags")
             )
-        return self._drop_checkpoints(tx, run_id, rows, keep, report)
+        return self._drop_checkpoints(tx, run_id, rows, keep, report, packs_later=packs_later)
 
     def _sweep_blob_store(self) -> int:
         """Delete blob-store files no row references: what a crash between writing a large

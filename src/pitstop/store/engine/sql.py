@@ -50,7 +50,7 @@ from ...errors import (
 )
 from ...ids import new_id
 from ...model import Checkpoint, Run, RunStatus
-from ..contract.base import Lease
+from ..contract.base import Lease, RetentionPolicy
 from ..contract.save import PreparedSave, SaveRequest
 from ..encoding.records import (
     CheckpointRecord,
@@ -146,10 +146,30 @@ class SqlStore(Reads, ResultCache, Schedules, Leases, Inputs, StepSaves, Childre
         parent and build the write plan (:meth:`_prepare`), then write its rows in one
         transaction (:meth:`_write_prepared`, which runs
         :func:`~pitstop.store.engine.write.write_checkpoint`)."""
+        return self._save(request)
+
+    def _save_and_prune(self, request: SaveRequest, policy: RetentionPolicy) -> Checkpoint:
+        """A save and its run's retention prune in one transaction, where the backend allows
+        it (:attr:`prunes_in_save`) and the policy only prunes checkpoints: one commit and
+        one sync instead of two. The values the prune frees leave the blob directory after
+        the commit (as any prune's): a file is never gone while a committed row names it.
+        Not for a save less durable than the store (a prune of its own would be synced
+        before its files go, this commit may not be)."""
+        if not self.prunes_in_save or policy.finished_age is not None \
+                or not policy.prunes_checkpoints \
+                or request.options.durability not in (None, "full", self.durability):
+            return super()._save_and_prune(request, policy)
+        return self._save(request, policy)
+
+    def _save(self, request: SaveRequest, retention: RetentionPolicy | None = None) -> Checkpoint:
         while True:
             prepared = self._prepare(request, views=True)
+            prepared.plan.retention = retention
             try:
-                return self._answer(self._write_prepared(prepared))
+                checkpoint = self._answer(self._write_prepared(prepared))
+                if prepared.plan.pruned:
+                    self._give_space_back()
+                return checkpoint
             except HeadMoved:
                 # Another writer moved the head: the `changed` hint no longer describes the
                 # difference from the real parent, so compare every field by content instead.

@@ -14,6 +14,7 @@ read and release values through the methods here.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from ...errors import StoreError
@@ -498,12 +499,16 @@ class StoredValues(SqlBackend):
         )
         return freed, size
 
-    def _delete_values(self, tx: Tx, run_id: str, hashes: Sequence[bytes]) -> None:
+    def _delete_values(
+        self, tx: Tx, run_id: str, hashes: Sequence[bytes], *, packs_later: bool = False
+    ) -> None:
         """Delete the values of ``hashes`` that nothing references any more, now that the run
         ``run_id`` does not (the caller holds :meth:`_lock_gc`), their blob-store files once
         the transaction has committed. ``hashes`` is every value the run let go, not only
         those :meth:`_unshared_values` found unshared: that ran before the lock, and two runs
-        sharing a value and deleted at once each saw the other still holding it."""
+        sharing a value and deleted at once each saw the other still holding it.
+        ``packs_later``: the packs emptied are unlinked by a background thread after the
+        commit (:meth:`_unlink_packs_later`), off the caller's time."""
         unreferenced = (
             "(pitstop_blobs.run_id IS NULL OR pitstop_blobs.run_id = ?) AND "
             "hash IN ({in}) AND NOT EXISTS "
@@ -540,9 +545,41 @@ class StoredValues(SqlBackend):
 
             def delete() -> None:  # only once no row points at them
                 blobs.delete(files)
-                blobs.delete_packs(empty)
+                if packs_later:
+                    self._unlink_packs_later(empty)
+                else:
+                    blobs.delete_packs(empty)
 
             tx.on_commit(delete)
+
+    def _unlink_packs_later(self, names: Sequence[str]) -> None:
+        """Unlink these packs (no committed row is in them) on a background thread: a save
+        that pruned need not wait for the file system to free a superseded pack's blocks.
+        Only packs: their names are drawn at random and never written twice, so a later
+        save cannot be writing the file being unlinked (a value's own file, named by its
+        key, may be written again by the next save: those go at once). A pack left behind
+        (the process ends first) is only space: a later ``prune`` sweeps it (``verify`` names it).
+        The store's ``close`` waits for the unlinks queued."""
+        if not names or self.blobs is None:
+            return
+        blobs = self.blobs
+        pid = os.getpid()
+        unlinker = self.__dict__.get("_pack_unlinker")
+        if unlinker is None or unlinker[0] != pid:  # (a forked child has no such thread)
+            # Imported here: listing runs must not import concurrent.futures (test_cli_imports
+            # keeps the CLI's start-up small), and only a pruning save gets this far.
+            from concurrent.futures import ThreadPoolExecutor
+
+            pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pitstop-unlink")
+            unlinker = self.__dict__["_pack_unlinker"] = (pid, pool)
+            self._call_before_close(self._stop_unlinking)
+        unlinker[1].submit(blobs.delete_packs, list(names))
+
+    def _stop_unlinking(self) -> None:
+        """At close: wait for the unlinks queued (the files are gone once it returns)."""
+        unlinker = self.__dict__.pop("_pack_unlinker", None)
+        if unlinker is not None:
+            unlinker[1].shutdown(wait=True)
 
     def _disown(self, tx: Tx, run_id: str, hashes: Sequence[bytes]) -> None:
         """The run ``run_id`` no longer references these values: of those it owns and that

@@ -42,7 +42,7 @@ from ...errors import (
     RunExistsError,
 )
 from ...model import RunStatus
-from ..contract.base import UNSET, Durability, Lease, Unset
+from ..contract.base import UNSET, Durability, Lease, RetentionPolicy, Unset
 from ..encoding.blobs import Slot
 from ..encoding.records import Alias, CheckpointRecord, FieldMap, NewBlob
 from .effects import Attachment, EffectRow
@@ -104,6 +104,11 @@ class WritePlan:
     new_run: NewRun | None = None
     """A run's first save that creates its row (:meth:`Store.start_run`), never updating
     a row that exists."""
+    retention: RetentionPolicy | None = None
+    """A retention policy to prune the run by in the same transaction, after the checkpoint
+    is in (``SqlStore._save_and_prune``; only where ``prunes_in_save``)."""
+    pruned: int = 0
+    """How many checkpoints that prune deleted (set by the write)."""
 
 
 class NewRun(NamedTuple):
@@ -244,6 +249,12 @@ def write_checkpoint(store: SqlStore, tx: Tx, plan: WritePlan) -> None:
         store._wake_if_delivered(tx, run_id, plan.waiting_json)
     if plan.status is RunStatus.QUEUED:
         store._notify(tx, run_id)  # an enqueued run's first checkpoint: workers may take it
+    if plan.retention is not None:
+        # Last, so the new checkpoint is the run's head and among its newest; the files of
+        # the values freed go once this transaction has committed, the packs on a
+        # background thread (``_delete_values``): not on this save's time.
+        report = store._prune_run(tx, run_id, plan.retention, dry_run=False, packs_later=True)
+        plan.pruned = len(report.checkpoints)
 
 def _first_write_or_refusal(store: SqlStore, tx: Tx, plan: WritePlan, grown: int) -> None:
     """The conditional UPDATE matched nothing: a new run (create it), or a refusal."""
