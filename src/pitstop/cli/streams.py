@@ -26,7 +26,7 @@ def _age(seconds: float | None) -> str:
 @click.option("--no-lag", is_flag=True, help="Do not ask the broker for each partition's lag.")
 def stream(s: Session, action: str, job: str, no_lag: bool) -> int:
     """Show a stream job's partitions: status, owner, position, lag (records behind the
-    stream's end), records/s between the last two checkpoints, the last checkpoint's age and
+    stream's end), records/s over the last 8 checkpoints, the last checkpoint's age and
     its outbox (outputs not yet known delivered). Exits 1 if a partition failed."""
     from pitstop.stream.status import job_status
 

@@ -36,7 +36,7 @@ class PartitionStatus:
     checkpoint_age: float | None
     """Seconds since the partition's last checkpoint."""
     records_per_second: float | None
-    """Between its last two checkpoints."""
+    """Records/s over its last :data:`RATE_CHECKPOINTS` checkpoints (None: fewer than two)."""
     lag: int | None
     """Records in the source after the position (None: unknown)."""
     error: str | None

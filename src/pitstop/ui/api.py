@@ -321,7 +321,7 @@ class StreamPartition(BaseModel):
     outbox: int = Field(description="Outputs in the last checkpoint not yet known delivered.")
     checkpoint_age: float | None = Field(description="Seconds since the last checkpoint.")
     records_per_second: float | None = Field(
-        description="Between the partition's last two checkpoints.")
+        description="Records/s over the partition's last 8 checkpoints.")
     lag: int | None = Field(description="Records in the source after the position "
                                         "(None: unknown, or not asked).")
     error: str | None
