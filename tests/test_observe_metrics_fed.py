@@ -97,3 +97,43 @@ def test_stream_checkpoints_and_lag(store: Store, counted: metrics.Metrics) -> N
     for partition in ("0", "1"):
         assert counted.registry.get_sample_value(
             "pitstop_stream_lag", {"stream": "fed-stream", "partition": partition}) == 0
+
+
+def test_no_count_is_lost_across_threads_and_threads_that_end() -> None:
+    """Steps count in per-thread lists without a lock: threads switching every microsecond,
+    and threads that end (their lists are folded into the totals), lose no increment."""
+    import sys
+    import threading
+
+    counted = metrics.Metrics()
+    per_thread, rounds = 3_000, 4
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(rounds):  # each round's threads end before the next round's register
+            workflow = counted.for_workflow("threads")
+
+            def count(workflow: metrics.WorkflowMetrics = workflow) -> None:
+                for _ in range(per_thread):
+                    workflow.ok.inc()
+                    workflow.saved_checkpoint("running", 0.0003, 900)
+                    counted.cache_lookup("call", True)
+
+            threads = [threading.Thread(target=count) for _ in range(4)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+    finally:
+        sys.setswitchinterval(switch)
+    expected = per_thread * 4 * rounds
+    assert _sample(counted, "pitstop_steps_total", workflow="threads", outcome="ok") == expected
+    assert _sample(counted, "pitstop_checkpoints_total", workflow="threads",
+                   status="running") == expected
+    assert _sample(counted, "pitstop_checkpoint_seconds_count", workflow="threads") == expected
+    assert _sample(counted, "pitstop_checkpoint_bytes_bucket", workflow="threads",
+                   le="1024.0") == expected
+    assert _sample(counted, "pitstop_checkpoint_bytes_sum", workflow="threads") == 900 * expected
+    assert _sample(counted, "pitstop_cache_hits_total", kind="call") == expected
+    # The lists of the threads that ended were folded: only the last round's remain.
+    assert len(counted.counts.tally.threads) <= 4 + 1

@@ -119,7 +119,8 @@ def test_size_warning_logs_counts_and_marks_the_run(store: Store, caplog: Any) -
         return {"small": 2}
 
     counting = metrics.enable()
-    before = counting.size_warnings.labels("big", "checkpoint")._value.get()
+    labels = {"workflow": "big", "kind": "checkpoint"}
+    before = counting.registry.get_sample_value("pitstop_size_warnings_total", labels) or 0
     with caplog.at_level(logging.WARNING, logger="pitstop.runtime"):
         result = wf.start(store, {})
     warnings = [r for r in caplog.records if "size_warning" in r.getMessage()]
@@ -127,7 +128,8 @@ def test_size_warning_logs_counts_and_marks_the_run(store: Store, caplog: Any) -
     assert "blob=" in warnings[0].getMessage()
     mark = store.get_run(result.run_id).metadata["size_warning"]
     assert mark["limit"] == 20_000 and mark["bytes"] >= 20_000 and mark["over"] == ["blob"]
-    assert counting.size_warnings.labels("big", "checkpoint")._value.get() == before + 1
+    assert counting.registry.get_sample_value("pitstop_size_warnings_total",
+                                              labels) == before + 1
 
     # The store's threshold applies when the workflow sets none.
     quiet = Workflow("quiet")

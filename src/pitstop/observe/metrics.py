@@ -6,7 +6,10 @@ ui`` do it); metrics live in their own registry (:func:`registry`), exposed by :
 or :func:`exposition`. OpenTelemetry: on once the application sets a global meter provider
 (as traces are), or after :func:`enable_otel`; the same instruments, names and labels (as
 attributes) on a meter named ``pitstop``. Until one of them is on nothing here imports
-either package, and each step and save checks one attribute. Labels are bounded: workflow
+either package, and each step and save checks one attribute. Once on, the runtime counts in
+plain Python (:class:`_Counts`: lists each thread adds to without a lock) and each sink reads
+the counts when scraped or collected, so a step calls neither library (but for
+OpenTelemetry's histograms, which have no asynchronous form). Labels are bounded: workflow
 names, statuses, step sources; never a run id.
 
 Counted by the runtime (in this process):
@@ -48,6 +51,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from itertools import accumulate
 from typing import Any
 
 log = logging.getLogger("pitstop.metrics")
@@ -56,59 +60,6 @@ log = logging.getLogger("pitstop.metrics")
 _SECONDS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                     0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _BYTES_BUCKETS = tuple(float(4 ** n) for n in range(3, 15))  # 64 B .. 256 MiB
-
-
-class _Histogram:
-    """One workflow's histogram: bucket counts in a list under a lock, exposed by
-    :class:`_HistogramCollector` (prometheus-client's own costs ~0.9 µs an observation, a
-    quarter of the 2% a small step can spare)."""
-
-    __slots__ = ("bounds", "counts", "lock", "total")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)  # the last: above every bound (+Inf only)
-        self.total = 0.0
-        self.lock = threading.Lock()
-
-    def observe(self, value: float) -> None:
-        slot = bisect.bisect_left(self.bounds, value)
-        with self.lock:
-            self.counts[slot] += 1
-            self.total += value
-
-
-class _HistogramCollector:
-    """Exposes per-workflow :class:`_Histogram` s as one Prometheus histogram family."""
-
-    def __init__(self, name: str, documentation: str, bounds: tuple[float, ...]) -> None:
-        self.name, self.documentation, self.bounds = name, documentation, bounds
-        self.children: dict[str, _Histogram] = {}
-        self.lock = threading.Lock()
-
-    def labels(self, workflow: str) -> _Histogram:
-        with self.lock:
-            child = self.children.get(workflow)
-            if child is None:
-                child = self.children[workflow] = _Histogram(self.bounds)
-            return child
-
-    def describe(self) -> list[Any]:
-        return list(self.collect())
-
-    def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import HistogramMetricFamily
-
-        family = HistogramMetricFamily(self.name, self.documentation, labels=["workflow"])
-        for workflow, child in list(self.children.items()):
-            with child.lock:
-                counts, total = list(child.counts), child.total
-            cumulative, buckets = 0, []
-            for bound, count in zip([*map(repr, self.bounds), "+Inf"], counts, strict=True):
-                cumulative += count
-                buckets.append((bound, float(cumulative)))
-            family.add_metric([workflow], buckets, total)
-        yield family
 
 
 # The runtime's instruments, the same in every sink: (attribute, name, kind, description,
@@ -153,73 +104,267 @@ STORE_GAUGES = (
 SCRAPE_ERRORS = ("pitstop_scrape_errors", "Scrapes that could not read the store")
 
 
-class _Prometheus:
-    """The instruments in a prometheus-client registry of their own."""
+# A histogram's sum is in the slot after its buckets (one per bound, one for +Inf).
+_SECONDS_SUM = len(_SECONDS_BUCKETS) + 1
+_BYTES_SUM = len(_BYTES_BUCKETS) + 1
 
-    def __init__(self, stores: list[Any]) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge
+
+class _Tally:
+    """Numbers that many threads add to without a lock: each thread adds to a list of its own
+    (a slot per number), and a reader sums the lists.
+
+    A step pays a ``threading.local`` look-up and a list item's ``+=``: no lock, no call into
+    prometheus-client (whose counter costs a lock and ~2 µs a step with its checks) and no
+    increment lost to a race, since only the thread that owns a list writes to it. Readers
+    (a scrape, a collection) hold ``lock``, as do slot allocation and thread registration. A
+    thread's list outlives the thread: when a new thread registers, the lists of threads
+    that ended are added into ``retired`` (so threads started and ended by ``ctx.map`` do
+    not make the tally grow)."""
+
+    __slots__ = ("local", "lock", "retired", "size", "threads")
+
+    def __init__(self) -> None:
+        self.local = threading.local()
+        self.lock = threading.Lock()
+        self.size = 0  # slots allocated
+        self.threads: list[tuple[threading.Thread, list[float]]] = []
+        self.retired: list[float] = []
+
+    def allocate(self, count: int) -> int:
+        """The first of ``count`` new slots."""
+        with self.lock:
+            first = self.size
+            self.size += count
+            return first
+
+    def cells(self) -> list[float]:
+        """This thread's list, with every slot allocated so far."""
+        try:
+            cells: list[float] = self.local.cells
+        except AttributeError:
+            cells = self._register()
+        missing = self.size - len(cells)
+        if missing > 0:
+            cells.extend([0] * missing)  # only this thread changes its list's length
+        return cells
+
+    def _register(self) -> list[float]:
+        cells: list[float] = []
+        with self.lock:
+            live = []
+            for thread, counted in self.threads:
+                if thread.is_alive():
+                    live.append((thread, counted))
+                else:  # it ended: nothing writes to its list any more
+                    _add_into(self.retired, counted)
+            live.append((threading.current_thread(), cells))
+            self.threads = live
+        self.local.cells = cells
+        return cells
+
+    def read(self) -> list[float]:
+        """Every slot summed over the threads (each slot as it was when its list was read)."""
+        with self.lock:
+            totals: list[float] = [0] * self.size  # counts stay int, sums become float
+            _add_into(totals, self.retired)
+            for _thread, counted in self.threads:
+                _add_into(totals, list(counted))
+        return totals
+
+
+def _add_into(totals: list[float], values: list[float]) -> None:
+    if len(totals) < len(values):
+        totals.extend([0] * (len(values) - len(totals)))
+    for slot, value in enumerate(values):
+        totals[slot] += value
+
+
+class _Counter:
+    """A counter's child: one slot of the tally."""
+
+    __slots__ = ("created", "local", "slot", "tally")
+
+    def __init__(self, tally: _Tally) -> None:
+        self.tally, self.local = tally, tally.local
+        self.slot = tally.allocate(1)
+        self.created = time.time()
+
+    def inc(self, amount: float = 1) -> None:
+        try:
+            self.local.cells[self.slot] += amount
+        except (AttributeError, IndexError):  # a thread's first count, or a new slot
+            self.tally.cells()[self.slot] += amount
+
+
+class _Histogram:
+    """A histogram's child: a slot per bucket (the last above every bound: +Inf only), then
+    one for the sum of the values observed."""
+
+    __slots__ = ("bounds", "first", "tally")
+
+    def __init__(self, tally: _Tally, bounds: tuple[float, ...]) -> None:
+        self.tally, self.bounds = tally, bounds
+        self.first = tally.allocate(len(bounds) + 2)
+
+    def observe(self, value: float) -> None:
+        cells = self.tally.cells()
+        cells[self.first + bisect.bisect_left(self.bounds, value)] += 1
+        cells[self.first + len(self.bounds) + 1] += value
+
+    def read(self, totals: list[float]) -> tuple[list[float], float]:
+        """(bucket counts, sum) in ``totals`` (a :meth:`_Tally.read`)."""
+        end = self.first + len(self.bounds) + 1
+        return totals[self.first:end], totals[end]
+
+
+class _Gauge:
+    """A gauge's child: the value last set (one store: no lock)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def set(self, value: float) -> None:
+        self.value = value
+
+
+class _Counts:
+    """What the runtime counts, in plain Python: per instrument, its children by label
+    values. Prometheus' collector and OpenTelemetry's callbacks read them when scraped or
+    collected; nothing on a step's path calls either library."""
+
+    def __init__(self) -> None:
+        self.tally = _Tally()
+        self.lock = threading.Lock()
+        self.children: dict[str, dict[tuple[str, ...], Any]] = {attr: {} for attr, *_ in _SPECS}
+        self.kinds = {attr: kind for attr, _name, kind, *_ in _SPECS}
+
+    def child(self, attr: str, values: tuple[str, ...]) -> Any:
+        children = self.children[attr]
+        found = children.get(values)
+        if found is None:
+            with self.lock:
+                found = children.get(values)
+                if found is None:
+                    kind = self.kinds[attr]
+                    found = _Counter(self.tally) if kind == "counter" else \
+                        _Histogram(self.tally, _BOUNDS[attr]) if kind == "histogram" else _Gauge()
+                    children[values] = found
+        return found
+
+    def children_of(self, attr: str) -> list[tuple[tuple[str, ...], Any]]:
+        """An instrument's children by label values (a copy: threads add more)."""
+        with self.lock:
+            return list(self.children[attr].items())
+
+    def read(self) -> tuple[list[float], dict[str, list[tuple[tuple[str, ...], Any]]]]:
+        """Per instrument, its children; and the tally's totals, read after them (so every
+        child's slot is in the totals)."""
+        with self.lock:
+            children = {attr: list(found.items()) for attr, found in self.children.items()}
+        return self.tally.read(), children
+
+
+def _since(totals: list[float], base: list[float]) -> list[float]:
+    """``totals`` less what was counted before ``base`` was read (a sink reports what was
+    counted since it was turned on)."""
+    return [total - (base[slot] if slot < len(base) else 0) for slot, total in enumerate(totals)]
+
+
+class _Prometheus:
+    """A prometheus-client registry of its own, whose collector reads :class:`_Counts` at
+    each scrape."""
+
+    def __init__(self, counts: _Counts, stores: list[Any]) -> None:
+        from prometheus_client import CollectorRegistry, Counter
 
         self.registry = r = CollectorRegistry(auto_describe=True)
-        self.families: dict[str, Any] = {}
-        for attr, name, kind, description, labels, _unit in _SPECS:
-            if kind == "histogram":
-                family: Any = _HistogramCollector(name, description, _BOUNDS[attr])
-                r.register(family)
-            elif kind == "gauge":
-                family = Gauge(name, description, labels, registry=r)
-            else:
-                family = Counter(name, description, labels, registry=r)
-            self.families[attr] = family
+        r.register(_RuntimeCollector(counts))
         self.scrape_errors = Counter(*SCRAPE_ERRORS, registry=r)
         r.register(_StoreCollector(self, stores))
 
-    def child(self, attr: str, labels: tuple[str, ...], values: tuple[str, ...]) -> Any:
-        return self.families[attr].labels(*values)
+
+class _RuntimeCollector:
+    """The runtime's instruments as Prometheus metric families, built from the counts when
+    scraped (what was counted since this collector was made)."""
+
+    def __init__(self, counts: _Counts) -> None:
+        self.counts = counts
+        self.base = counts.tally.read()
+
+    def describe(self) -> list[Any]:
+        return list(self.collect())
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
+
+        totals, children = self.counts.read()
+        totals = _since(totals, self.base)
+        for attr, name, kind, description, labels, _unit in _SPECS:
+            family: Any
+            if kind == "counter":
+                family = CounterMetricFamily(name, description, labels=labels)
+                for values, counter in children[attr]:
+                    family.add_metric(values, totals[counter.slot], created=counter.created)
+            elif kind == "histogram":
+                family = HistogramMetricFamily(name, description, labels=labels)
+                bounds = [*map(repr, _BOUNDS[attr]), "+Inf"]
+                for values, histogram in children[attr]:
+                    counts, total = histogram.read(totals)
+                    family.add_metric(values, list(zip(bounds, accumulate(counts),
+                                                       strict=True)), total)
+            else:
+                family = GaugeMetricFamily(name, description, labels=labels)
+                for values, gauge in children[attr]:
+                    family.add_metric(values, gauge.value)
+            yield family
 
 
 class _Both:
-    """One label set's child in two sinks (Prometheus and OpenTelemetry both on)."""
+    """A histogram's child and its OpenTelemetry instrument (OpenTelemetry on): a histogram
+    has no asynchronous form there, so each value is recorded to the SDK as well."""
 
-    __slots__ = ("first", "second")
+    __slots__ = ("counted", "recorded")
 
-    def __init__(self, first: Any, second: Any) -> None:
-        self.first, self.second = first, second
-
-    def inc(self, amount: float = 1) -> None:
-        self.first.inc(amount)
-        self.second.inc(amount)
+    def __init__(self, counted: _Histogram, recorded: Any) -> None:
+        self.counted, self.recorded = counted, recorded
 
     def observe(self, value: float) -> None:
-        self.first.observe(value)
-        self.second.observe(value)
-
-    def set(self, value: float) -> None:
-        self.first.set(value)
-        self.second.set(value)
+        self.counted.observe(value)
+        self.recorded.observe(value)
 
 
 class _Family:
-    """One instrument in every sink that is on; ``labels(*values)`` gives the child to
-    ``inc()``, ``observe()`` or ``set()`` (looked up once per label set: no lock)."""
+    """One instrument: ``labels(*values)`` gives the child to ``inc()``, ``observe()`` or
+    ``set()`` (cached per label values: a dictionary look-up)."""
 
-    __slots__ = ("attr", "children", "labelnames", "sinks")
+    __slots__ = ("attr", "children", "counts", "labelnames", "otel")
 
-    def __init__(self, attr: str, labelnames: tuple[str, ...], sinks: list[Any]) -> None:
-        self.attr, self.labelnames, self.sinks = attr, labelnames, sinks
+    def __init__(self, attr: str, labelnames: tuple[str, ...], counts: _Counts,
+                 otel: Any) -> None:
+        self.attr, self.labelnames, self.counts = attr, labelnames, counts
+        self.otel = otel if otel is not None and attr in _BOUNDS else None
         self.children: dict[tuple[str, ...], Any] = {}
 
     def labels(self, *values: str) -> Any:
         child = self.children.get(values)
         if child is None:
-            parts = [sink.child(self.attr, self.labelnames, values) for sink in self.sinks]
-            child = parts[0] if len(parts) == 1 else _Both(*parts)
+            child = self.counts.child(self.attr, values)
+            if self.otel is not None:
+                child = _Both(child, self.otel.child(self.attr, self.labelnames, values))
             self.children[values] = child  # two threads may both make it: the same child
         return child
 
 
 class Metrics:
-    """What the runtime records to: Prometheus (a registry of its own), OpenTelemetry (a
-    meter of the given provider), or both; per-workflow children cached for the hot path."""
+    """What the runtime records to: counts kept in plain Python (:class:`_Counts`), exposed
+    to Prometheus (a registry of its own), to OpenTelemetry (a meter of the given provider),
+    or both; per-workflow children cached for the hot path."""
 
     steps: _Family
     checkpoints: _Family
@@ -235,22 +380,24 @@ class Metrics:
 
     def __init__(self, prometheus: bool = True, meter_provider: Any = None) -> None:
         stores: list[Any] = []
-        self._join(_Prometheus(stores) if prometheus else None,
-                   None if meter_provider is None else _otel_sink(meter_provider, stores),
+        counts = _Counts()
+        self._join(counts, _Prometheus(counts, stores) if prometheus else None,
+                   None if meter_provider is None else _otel_sink(meter_provider, counts, stores),
                    stores)
 
     @classmethod
-    def _joined(cls, prometheus: _Prometheus | None, otel: Any, stores: list[Any]) -> Metrics:
+    def _joined(cls, counts: _Counts, prometheus: _Prometheus | None, otel: Any,
+                stores: list[Any]) -> Metrics:
         joined = cls.__new__(cls)
-        joined._join(prometheus, otel, stores)
+        joined._join(counts, prometheus, otel, stores)
         return joined
 
-    def _join(self, prometheus: _Prometheus | None, otel: Any, stores: list[Any]) -> None:
-        self.prometheus, self.otel, self._stores = prometheus, otel, stores
+    def _join(self, counts: _Counts, prometheus: _Prometheus | None, otel: Any,
+              stores: list[Any]) -> None:
+        self.counts, self.prometheus, self.otel, self._stores = counts, prometheus, otel, stores
         self.registry: Any = None if prometheus is None else prometheus.registry
-        sinks = [sink for sink in (prometheus, otel) if sink is not None]
         for attr, _name, _kind, _description, labels, _unit in _SPECS:
-            setattr(self, attr, _Family(attr, labels, sinks))
+            setattr(self, attr, _Family(attr, labels, counts, otel))
         self._by_workflow: dict[str, WorkflowMetrics] = {}
 
     def for_workflow(self, workflow: str) -> WorkflowMetrics:
@@ -275,41 +422,65 @@ class Metrics:
             self.stream_lag.labels(stream, str(partition)).set(lag)
 
 
-def _otel_sink(provider: Any, stores: list[Any]) -> Any:
+def _otel_sink(provider: Any, counts: _Counts, stores: list[Any]) -> Any:
     from .otel_metrics import OtelMetrics
 
-    return OtelMetrics(provider, stores, _SPECS, _BOUNDS)
+    return OtelMetrics(provider, counts, stores, _SPECS, _BOUNDS)
 
 
 class WorkflowMetrics:
-    """One workflow's label children, looked up once (a labels() call costs a lock and a
-    dictionary look-up; a step's budget for metrics is about a microsecond)."""
+    """One workflow's children, looked up once: a step adds 1 to its thread's slot, a save
+    adds to three (its status, a bucket of each histogram) and two sums, in one list."""
 
-    __slots__ = ("checkpoint_bytes", "checkpoint_seconds", "errors", "metrics", "ok",
-                 "saved", "workflow")
+    __slots__ = ("checkpoint_bytes", "checkpoint_seconds", "errors", "last", "local",
+                 "metrics", "ok", "otel_bytes", "otel_seconds", "saved", "tally", "workflow")
 
     def __init__(self, metrics: Metrics, workflow: str) -> None:
         self.metrics = metrics
         self.workflow = workflow
-        self.ok = metrics.steps.labels(workflow, "ok")
-        self.errors = metrics.steps.labels(workflow, "error")
-        self.checkpoint_seconds = metrics.checkpoint_seconds.labels(workflow)
-        self.checkpoint_bytes = metrics.checkpoint_bytes.labels(workflow)
-        self.saved: dict[str, Any] = {}
+        counts = metrics.counts
+        self.tally, self.local = counts.tally, counts.tally.local
+        self.ok: _Counter = counts.child("steps", (workflow, "ok"))
+        self.errors: _Counter = counts.child("steps", (workflow, "error"))
+        self.checkpoint_seconds: _Histogram = counts.child("checkpoint_seconds", (workflow,))
+        self.checkpoint_bytes: _Histogram = counts.child("checkpoint_bytes", (workflow,))
+        # With OpenTelemetry on, its histograms record each value too (no asynchronous form).
+        seconds = metrics.checkpoint_seconds.labels(workflow)
+        self.otel_seconds: Any = seconds.recorded if isinstance(seconds, _Both) else None
+        added = metrics.checkpoint_bytes.labels(workflow)
+        self.otel_bytes: Any = added.recorded if isinstance(added, _Both) else None
+        self.saved: dict[str, int] = {}  # status -> its counter's slot
+        self.last = self.tally.size  # a list this long holds every slot used here
 
     def effect(self, outcome: str) -> None:
         """A ``ctx.effect`` call: ``run``, ``replayed`` or ``repeated``."""
         self.metrics.effects.labels(self.workflow, outcome).inc()
 
     def saved_checkpoint(self, status: str, seconds: float, added: int | None) -> None:
-        counter = self.saved.get(status)
-        if counter is None:
-            counter = self.saved[status] = self.metrics.checkpoints.labels(self.workflow,
-                                                                           status)
-        counter.inc()
-        self.checkpoint_seconds.observe(seconds)
+        slot = self.saved.get(status)
+        if slot is None:
+            slot = self.saved[status] = self.metrics.counts.child(
+                "checkpoints", (self.workflow, status)).slot
+            self.last = max(self.last, slot + 1)
+        try:
+            cells = self.local.cells
+        except AttributeError:
+            cells = self.tally.cells()
+        if len(cells) < self.last:
+            cells = self.tally.cells()
+        # Each histogram's slots: its buckets, then its sum (see _Histogram).
+        cells[slot] += 1
+        seconds_at = self.checkpoint_seconds.first
+        cells[seconds_at + bisect.bisect_left(_SECONDS_BUCKETS, seconds)] += 1
+        cells[seconds_at + _SECONDS_SUM] += seconds
         if added is not None:
-            self.checkpoint_bytes.observe(added)
+            bytes_at = self.checkpoint_bytes.first
+            cells[bytes_at + bisect.bisect_left(_BYTES_BUCKETS, added)] += 1
+            cells[bytes_at + _BYTES_SUM] += added
+        if self.otel_seconds is not None:
+            self.otel_seconds.observe(seconds)
+            if added is not None:
+                self.otel_bytes.observe(added)
 
 
 class StoreGauges:
@@ -386,6 +557,7 @@ def _read_gauges(tx: Any) -> tuple[list[Any], Any, Any]:
 
 class _Current:
     metrics: Metrics | None = None  # what the runtime records to; None: off
+    counts: _Counts | None = None  # the process's counts, shared by the sinks
     prometheus: _Prometheus | None = None
     otel: Any = None  # the OpenTelemetry sink (an OtelMetrics), or None
     otel_forced: bool | None = None  # enable_otel()/disable_otel(); None: on when the
@@ -397,10 +569,16 @@ class _Current:
 _current = _Current()
 
 
+def _counts() -> _Counts:
+    if _current.counts is None:
+        _current.counts = _Counts()
+    return _current.counts
+
+
 def _rejoin() -> None:
     prometheus, otel = _current.prometheus, _current.otel
     _current.metrics = None if prometheus is None and otel is None else Metrics._joined(
-        prometheus, otel, _current.stores)
+        _counts(), prometheus, otel, _current.stores)
 
 
 def enable(store: Any = None) -> Metrics:
@@ -408,7 +586,7 @@ def enable(store: Any = None) -> Metrics:
     ``store``'s runs, queue and waits when scraped). Needs the ``metrics`` extra
     (prometheus-client)."""
     if _current.prometheus is None:
-        _current.prometheus = _Prometheus(_current.stores)
+        _current.prometheus = _Prometheus(_counts(), _current.stores)
         _rejoin()
     if store is not None:
         watch(store)
@@ -446,7 +624,7 @@ def watch(store: Any) -> None:
 
 def _use_otel(provider: Any) -> None:
     _current.provider = provider
-    _current.otel = _otel_sink(provider, _current.stores)
+    _current.otel = _otel_sink(provider, _counts(), _current.stores)
     _rejoin()
 
 

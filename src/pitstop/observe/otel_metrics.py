@@ -3,9 +3,12 @@
 provider. Imported only when OpenTelemetry metrics are on (``opentelemetry-api``, extra
 ``otel``); the SDK the application set up aggregates and exports them.
 
-Counters and histograms are recorded as the runtime counts; the stream lag (a gauge set at
-each checkpoint) and the store's gauges (runs, queue, oldest ages, read from the watched
-stores) are observed at each collection, the store read once per collection.
+Counters are observable: each collection reads what the runtime counted in plain Python
+(:class:`~pitstop.observe.metrics._Counts`, since this sink was made), so a step makes no
+call into the SDK for them. Histograms have no asynchronous form in OpenTelemetry: a save
+records its two values to the SDK. The stream lag (a gauge set at each checkpoint) and the
+store's gauges (runs, queue, oldest ages, read from the watched stores) are observed at each
+collection, the store read once per collection.
 """
 
 from __future__ import annotations
@@ -13,26 +16,17 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .metrics import SCRAPE_ERRORS, STORE_GAUGES, read_stores
+from .metrics import SCRAPE_ERRORS, STORE_GAUGES, _since, read_stores
 from .tracing import _release
+
+if TYPE_CHECKING:
+    from .metrics import _Counts
 
 # A store read serves every store gauge of one collection (they are observed one after the
 # other); a reader collecting more often than this reads again.
 _READ_FOR = 1.0
-
-
-class _Add:
-    """A counter's child: ``inc`` adds to the counter with its attributes."""
-
-    __slots__ = ("attributes", "instrument")
-
-    def __init__(self, instrument: Any, attributes: dict[str, str]) -> None:
-        self.instrument, self.attributes = instrument, attributes
-
-    def inc(self, amount: float = 1) -> None:
-        self.instrument.add(amount, self.attributes)
 
 
 class _Record:
@@ -47,42 +41,28 @@ class _Record:
         self.instrument.record(value, self.attributes)
 
 
-class _Last:
-    """A gauge's child: ``set`` keeps the value, which the gauge's callback observes."""
-
-    __slots__ = ("attributes", "values")
-
-    def __init__(self, values: dict[tuple[str, ...], Any], attributes: dict[str, str]) -> None:
-        self.values, self.attributes = values, attributes
-
-    def set(self, value: float) -> None:
-        self.values[tuple(self.attributes.values())] = (self.attributes, value)
-
-
 class OtelMetrics:
     """The instruments on a meter named ``pitstop``."""
 
-    def __init__(self, provider: Any, stores: list[Any],
+    def __init__(self, provider: Any, counts: _Counts, stores: list[Any],
                  specs: Iterable[tuple[str, str, str, str, tuple[str, ...], str]],
                  bounds: dict[str, tuple[float, ...]]) -> None:
         from opentelemetry.metrics import Observation
 
         self._observation = Observation
+        self.counts = counts
+        self.base = counts.tally.read()  # what was counted before: not this sink's
         meter = provider.get_meter("pitstop", _release())
         self.instruments: dict[str, Any] = {}
-        self.histograms: set[str] = set()
-        self.gauges: dict[str, dict[tuple[str, ...], Any]] = {}
-        for attr, name, kind, description, _labels, unit in specs:
+        for attr, name, kind, description, labels, unit in specs:
             if kind == "counter":
-                self.instruments[attr] = meter.create_counter(name, unit=unit,
-                                                              description=description)
+                meter.create_observable_counter(name, [self._counter(attr, labels)], unit=unit,
+                                                description=description)
             elif kind == "histogram":
                 self.instruments[attr] = _histogram(meter, name, unit, description,
                                                     bounds[attr])
-                self.histograms.add(attr)
             else:
-                values = self.gauges[attr] = {}
-                meter.create_observable_gauge(name, [self._observer(values)], unit=unit,
+                meter.create_observable_gauge(name, [self._gauge(attr, labels)], unit=unit,
                                               description=description)
         self.stores = stores
         self.failed = 0  # store reads that failed, all collections
@@ -102,17 +82,24 @@ class OtelMetrics:
                                         description=SCRAPE_ERRORS[1])
 
     def child(self, attr: str, labels: tuple[str, ...], values: tuple[str, ...]) -> Any:
-        attributes = dict(zip(labels, values, strict=True))
-        gauge = self.gauges.get(attr)
-        if gauge is not None:
-            return _Last(gauge, attributes)
-        kind = _Record if attr in self.histograms else _Add
-        return kind(self.instruments[attr], attributes)
+        """A histogram's child: records each value with its attributes."""
+        return _Record(self.instruments[attr], dict(zip(labels, values, strict=True)))
 
-    def _observer(self, values: dict[tuple[str, ...], Any]) -> Any:
+    def _counter(self, attr: str, labels: tuple[str, ...]) -> Any:
         def observe(options: Any) -> list[Any]:
-            return [self._observation(value, attributes)
-                    for attributes, value in list(values.values())]
+            totals, children = self.counts.read()
+            totals = _since(totals, self.base)
+            # A child never added to is left out, as a synchronous counter would be.
+            return [self._observation(totals[counter.slot],
+                                      dict(zip(labels, values, strict=True)))
+                    for values, counter in children[attr] if totals[counter.slot]]
+
+        return observe
+
+    def _gauge(self, attr: str, labels: tuple[str, ...]) -> Any:
+        def observe(options: Any) -> list[Any]:
+            return [self._observation(gauge.value, dict(zip(labels, values, strict=True)))
+                    for values, gauge in self.counts.children_of(attr)]
 
         return observe
 
