@@ -92,6 +92,13 @@ def _trace() -> Any:
     return sys.modules["opentelemetry.trace"]
 
 
+def _context() -> Any:
+    """``opentelemetry.context`` (imported with ``opentelemetry.trace``): a dictionary look-up,
+    where ``from opentelemetry import context`` in a function runs the import machinery
+    (~1 µs, at each step that made a span)."""
+    return sys.modules["opentelemetry.context"]
+
+
 def current_traceparent() -> str | None:
     """The W3C ``traceparent`` of the current span (None without one, or tracing off)."""
     if tracer() is None:
@@ -175,18 +182,24 @@ def _error(span: Any, error: BaseException) -> None:
     span.set_status(trace.Status(trace.StatusCode.ERROR, str(error)[:200]))
 
 
+_STEP_SPAN_NAMES: dict[str, str] = {}  # step name -> its span's (bounded: the steps defined)
+
+
 def traced_step(tracer: Any, parent: Any, fn: Callable[..., Any], attributes: dict[str, Any],
                 control: tuple[type[BaseException], ...]) -> Callable[..., Any]:
     """``fn`` (a step's invoke) run inside a ``pitstop.step`` span, current while it runs (an
     async step's span is current while it is awaited). ``control`` exceptions (a sleep, a
     wait for children) are not errors."""
-    from opentelemetry import context as otel_context
-
-    name = f"pitstop.step {attributes['pitstop.step.name']}"
+    step = attributes["pitstop.step.name"]
+    name = _STEP_SPAN_NAMES.get(step)
+    if name is None:
+        name = _STEP_SPAN_NAMES[step] = f"pitstop.step {step}"
+    context = _context()
+    in_span = _trace().set_span_in_context
 
     def call(*args: Any, **kwargs: Any) -> Any:
         span = tracer.start_span(name, context=parent, attributes=attributes)
-        token = otel_context.attach(_trace().set_span_in_context(span))
+        token = context.attach(in_span(span))
         try:
             result = fn(*args, **kwargs)
         except control as stop:
@@ -198,7 +211,7 @@ def traced_step(tracer: Any, parent: Any, fn: Callable[..., Any], attributes: di
             span.end()
             raise
         finally:
-            otel_context.detach(token)
+            context.detach(token)
         if hasattr(result, "__await__"):
             return _awaited(result, span, control)
         span.end()
@@ -208,8 +221,7 @@ def traced_step(tracer: Any, parent: Any, fn: Callable[..., Any], attributes: di
 
 
 async def _awaited(awaitable: Any, span: Any, control: tuple[type[BaseException], ...]) -> Any:
-    from opentelemetry import context as otel_context
-
+    otel_context = _context()
     token = otel_context.attach(_trace().set_span_in_context(span))
     try:
         return await awaitable
@@ -227,7 +239,7 @@ async def _awaited(awaitable: Any, span: Any, control: tuple[type[BaseException]
 def in_context(parent: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` (a step's invoke) run with ``parent`` (an unsampled run's context) current: the
     spans it makes are children of the run, sampled as it was; no span of its own."""
-    from opentelemetry import context as otel_context
+    otel_context = _context()
 
     def call(*args: Any, **kwargs: Any) -> Any:
         token = otel_context.attach(parent)
@@ -243,8 +255,7 @@ def in_context(parent: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 async def _awaited_in(awaitable: Any, parent: Any) -> Any:
-    from opentelemetry import context as otel_context
-
+    otel_context = _context()
     token = otel_context.attach(parent)
     try:
         return await awaitable

@@ -102,6 +102,9 @@ Loop = Generator[Op, Any, RunResult]
 _STOPS = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.WAITING})
 """Statuses a run stops executing at: their checkpoint releases the run's lease."""
 
+# Exceptions a step raises to stop the run for a while, not errors: its span says which.
+_CONTROL = (Suspend, WaitForChildren)
+
 
 def drive_sync(loop: Generator[Op, Any, T]) -> T:
     value: Any = None
@@ -366,7 +369,8 @@ class Execution:
                 self.metrics.saved_checkpoint(status.value, time.monotonic() - started,
                                               saved.added if saved is not None else None)
         if span_start is not None:
-            self._trace_save(span_start, prepared.checkpoint_id, status, source, saved)
+            self._trace_save(span_start, prepared.checkpoint_id, metadata["status"], source,
+                             saved)
         if self.size_warning is not None and saved is not None and not self.size_warned \
                 and saved.size >= self.size_warning:
             self._warn_size(saved, self.size_warning)
@@ -390,13 +394,13 @@ class Execution:
             self.schedule.taken(self.checkpointed_at - started)
         return prepared.checkpoint_id
 
-    def _trace_save(self, start: int, checkpoint_id: str, status: RunStatus, source: str,
+    def _trace_save(self, start: int, checkpoint_id: str, status: str, source: str,
                     saved: Checkpoint | None) -> None:
         """The ``pitstop.checkpoint.save`` span of a save that started at ``start`` (ns)."""
         assert self.run_span is not None
         attributes: dict[str, Any] = {
             "pitstop.run.id": self.run_id, "pitstop.checkpoint.id": checkpoint_id,
-            "pitstop.checkpoint.step": self.position, "pitstop.checkpoint.status": status.value,
+            "pitstop.checkpoint.step": self.position, "pitstop.checkpoint.status": status,
             "pitstop.checkpoint.source": source, "db.system.name": tracing.db_system(self.store),
             "db.operation.name": "save"}
         if saved is not None:
@@ -587,7 +591,7 @@ class Execution:
                     self.tracer, self.run_span.context, spec.invoke,
                     {"pitstop.run.id": self.run_id, "pitstop.step.name": spec.name,
                      "pitstop.step.position": self.position, "pitstop.step.attempt": attempt},
-                    (Suspend, WaitForChildren))
+                    _CONTROL)
             else:  # sampled out: the run's context only (user spans stay unsampled)
                 invoke = tracing.in_context(self.run_span.context, spec.invoke)
             began = time.time()
