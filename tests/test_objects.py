@@ -398,6 +398,32 @@ def test_a_read_before_any_place_starts_the_gets_of_its_own_load_only(s3_blobs: 
     assert bucket.get(keys["a2"], slots["a2"]) == values["a2"]
 
 
+def test_opening_a_store_does_not_list_its_values(
+    opener: Callable[..., pitstop.Store], s3_blobs: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check at open is one request whose answer is empty however many values are
+    stored alone under the prefix (a listing of them took a request per 1,000)."""
+    import obstore
+
+    store = opener()
+    for n in range(3):
+        store.save(f"r{n}", {"doc": os.urandom(150_000)})
+    assert len(list(S3BlobStore(s3_blobs).keys())) == 3
+    listed: list[Any] = []
+    original = obstore.list
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        for batch in original(*args, **kwargs):
+            listed.extend(batch)
+            yield batch
+
+    monkeypatch.setattr(obstore, "list", recorded)
+    monkeypatch.setattr(obstore, "list_with_delimiter", None)
+    with opener() as fresh:
+        assert listed == []
+        assert len(fresh.latest("r1").state["doc"]) == 150_000  # type: ignore[union-attr]
+
+
 def test_credentials_from_a_named_profile(
     tmp_path: Path, s3_blobs: str, s3_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -111,9 +111,10 @@ class S3BlobStore(BlobStore):
         check: bool = True,
     ) -> None:
         """``url``: ``s3://bucket/prefix``, optionally with ``?endpoint=...&region=...``.
-        ``check``: list the prefix once now, so a bucket that does not exist, an endpoint
-        that does not answer or credentials that are refused is one error at open (naming
-        the URL and the reason), not a failure at the first large save."""
+        ``check``: one LIST request now (whose answer is empty), so a bucket that does not
+        exist, an endpoint that does not answer or credentials that are refused is one
+        error at open (naming the URL and the reason), not a failure at the first large
+        save."""
         bucket, prefix, query = _parse(url)
         self.bucket = bucket
         self.prefix = prefix
@@ -195,9 +196,15 @@ class S3BlobStore(BlobStore):
         return self.url + (f" (endpoint {self.endpoint})" if self.endpoint else "")
 
     def _probe(self, store: Any) -> None:
+        """One LIST of the prefix, asking for the keys after ``~``, which sorts after any
+        name pitstop gives (hex, ``packs/``): the bucket and the credentials are checked as
+        by any listing, and the answer is empty however many objects the prefix holds (a
+        listing of the prefix itself took a request per 1,000 values stored alone, at
+        every open)."""
         import obstore
 
-        obstore.list_with_delimiter(store, self._path_prefix() or None)
+        prefix = self._path_prefix()
+        next(iter(obstore.list(store, prefix or None, offset=f"{prefix}~", chunk_size=1)), None)
 
     def _path_prefix(self) -> str:
         return f"{self.prefix}/" if self.prefix else ""
