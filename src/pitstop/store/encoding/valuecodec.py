@@ -26,7 +26,7 @@ from ...serde.framing import (
     is_compressed,
     unframe_view,
 )
-from .blobs import BlobStore, Deferred, Slot
+from .blobs import BlobStore, ChunkCheck, Deferred, Slot
 from .chunktrees import ChunkTrees, Reader, _bytes_of
 from .leafrows import list_from_rows, plain_chunks
 from .records import (
@@ -514,10 +514,11 @@ class ValueCodec(ChunkTrees, Sealing):
         """A ``parts`` value: each chunk checked and copied straight into the buffer of its
         array (one copy; no joined intermediate), the arrays built on those buffers."""
         meta, items, root, leaves, nodes = tree
-        fill = _chunk_filler(blobs, raw_of, formats, corrupt, self.chunk_keying)
+        check = _chunk_check(corrupt, self.chunk_keying)
+        fill = _chunk_filler(blobs, raw_of, formats, check)
         try:
             skeleton, buffers = partchunks.assemble_parts(
-                meta, items, leaves, fill, _chunk_planner(blobs))
+                meta, items, leaves, fill, _chunk_planner(blobs, check))
         except ValueError as exc:
             raise corrupt(f"chunks do not make the stored arrays ({exc})") from None
         fmt = formats.pop() if len(formats) == 1 else self.serializer.format_id
@@ -567,9 +568,10 @@ class ValueCodec(ChunkTrees, Sealing):
         except Exception as exc:
             raise corrupt(f"chunks do not make a {kind} ({type(exc).__name__}: {exc})") from None
         buffer = partchunks.uninitialised(items)
-        fill = _chunk_filler(blobs, raw_of, formats, corrupt, self.chunk_keying)
+        check = _chunk_check(corrupt, self.chunk_keying)
+        fill = _chunk_filler(blobs, raw_of, formats, check)
         try:
-            partchunks.fill_buffers([buffer], leaves, fill, _chunk_planner(blobs))
+            partchunks.fill_buffers([buffer], leaves, fill, _chunk_planner(blobs, check))
             if not shape or 0 in shape:
                 array = numpy.zeros(shape, dtype=dtype)  # as chunks.assemble builds it
             else:
@@ -948,29 +950,43 @@ _TREE_DEPTH: Final = 40
 """Levels of nodes a chunked value's tree may have when read (see decode_chunked)."""
 
 
+def _chunk_check(
+    corrupt: Callable[[str], CorruptCheckpointError], keys: chunking.ChunkKeys
+) -> ChunkCheck:
+    """What checks a plain chunk read into its place against its key (a chunk of another
+    kind is read again, and checked, by the general path)."""
+
+    def check(key: bytes, header: int, body: memoryview) -> None:
+        if not header & ~FORMAT_MASK and not keys.check(key, header, body):
+            raise corrupt(f"chunk {key.hex()[2:18]}: checksum mismatch (truncated or altered)")
+
+    return check
+
+
+def _authenticated(key: bytes, header: int, body: memoryview) -> None:
+    """The check of a chunk AES-GCM has already authenticated: none to add."""
+
+
 def _chunk_filler(
     blobs: Mapping[bytes, Stored],
     raw_of: Callable[[bytes], bytes | memoryview],
     formats: set[int],
-    corrupt: Callable[[str], CorruptCheckpointError],
-    keys: chunking.ChunkKeys,
+    check: ChunkCheck,
 ) -> partchunks.Fill:
     """What writes a chunk's raw bytes into its place in an array's buffer: a blob-store file
-    read straight into it and checked there; a chunk in the table copied after ``raw_of``
-    checked it. Safe to call from several threads at once (one place each)."""
+    read straight into it and checked there (by ``check``; object storage checks each as it
+    lands); a chunk in the table copied after ``raw_of`` checked it. Safe to call from
+    several threads at once (one place each)."""
 
     def fill(entry: chunking.Entry, target: memoryview) -> None:
         data = blobs.get(entry.key)
         if isinstance(data, Deferred):
-            header = data.read_into(target)  # from the file into place: no other copy
+            # From the file into place (no other copy), checked there. A sealed blob store
+            # reads a chunk under a keyed key into place only once AES-GCM has authenticated
+            # it (see SealedBlobStore.read_into): no second check.
+            trusted = opens_checked(entry.key) and isinstance(data.store, SealedBlobStore)
+            header = data.read_checked_into(target, _authenticated if trusted else check)
             if header is not None and not header & ~FORMAT_MASK:
-                # A sealed blob store reads a chunk under a keyed key into place only once
-                # AES-GCM has authenticated it (see SealedBlobStore.read_into).
-                trusted = opens_checked(entry.key) and isinstance(data.store, SealedBlobStore)
-                if not (trusted or keys.check(entry.key, header, target)):
-                    raise corrupt(
-                        f"chunk {entry.key.hex()[2:18]}: checksum mismatch (truncated or altered)"
-                    )
                 formats.add(header)
                 return
         raw = raw_of(entry.key)  # in the table, or not a plain chunk: read, checked
@@ -981,9 +997,10 @@ def _chunk_filler(
     return fill
 
 
-def _chunk_planner(blobs: Mapping[bytes, Stored]) -> partchunks.Plan:
+def _chunk_planner(blobs: Mapping[bytes, Stored], check: ChunkCheck) -> partchunks.Plan:
     """What tells the blob store where each chunk still in it goes, before the first is
-    read (object storage then streams each pack into the array's memory as it arrives)."""
+    read, and how it is checked (object storage then streams each pack into the array's
+    memory as it arrives, checking each chunk as it lands)."""
 
     def plan(jobs: Sequence[tuple[chunking.Entry, memoryview]]) -> None:
         by_store: dict[int, tuple[BlobStore, list[tuple[bytes, Slot | None, memoryview]]]] = {}
@@ -993,7 +1010,7 @@ def _chunk_planner(blobs: Mapping[bytes, Stored]) -> partchunks.Plan:
                 by_store.setdefault(id(data.store), (data.store, []))[1].append(
                     (data.key, data.slot, target))
         for store, places in by_store.values():
-            store.place(places)
+            store.place(places, check)
 
     return plan
 
