@@ -32,6 +32,7 @@ NEVER_FOR_LISTING = [
     # What encodes and decodes values (store.encoding.valuecodec): rows and counts need none.
     "pitstop.store.encoding.valuecodec",
     "pitstop.serde.chunks",
+    "pitstop.serde.chunkkeys",
     "pitstop.serde.partchunks",
     "pitstop.serde.framing",
     "zstandard",
@@ -104,6 +105,7 @@ def test_listing_and_stats_do_not_import_the_codec(sqlite_url: str, argv: list[s
     assert not loaded & {f"pitstop.cli.{m}" for m in others}, sorted(loaded)
 
 
+@pytest.mark.slow
 def test_on_postgresql_too(postgres_url: str) -> None:
     for argv in (["runs", "--status", "queued"], ["stats"]):
         loaded = packages(loaded_by(*argv, "--store", postgres_url))
