@@ -45,11 +45,11 @@ never reaches a run.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import sys
 import threading
 import time
+from bisect import bisect_left
 from collections.abc import Iterator
 from itertools import accumulate
 from typing import Any
@@ -208,7 +208,7 @@ class _Histogram:
 
     def observe(self, value: float) -> None:
         cells = self.tally.cells()
-        cells[self.first + bisect.bisect_left(self.bounds, value)] += 1
+        cells[self.first + bisect_left(self.bounds, value)] += 1
         cells[self.first + len(self.bounds) + 1] += value
 
     def read(self, totals: list[float]) -> tuple[list[float], float]:
@@ -432,8 +432,9 @@ class WorkflowMetrics:
     """One workflow's children, looked up once: a step adds 1 to its thread's slot, a save
     adds to three (its status, a bucket of each histogram) and two sums, in one list."""
 
-    __slots__ = ("checkpoint_bytes", "checkpoint_seconds", "errors", "last", "local",
-                 "metrics", "ok", "otel_bytes", "otel_seconds", "saved", "tally", "workflow")
+    __slots__ = ("bytes_at", "bytes_sum", "errors", "last", "local", "metrics", "ok",
+                 "otel_bytes", "otel_seconds", "saved", "seconds_at", "seconds_sum", "tally",
+                 "workflow")
 
     def __init__(self, metrics: Metrics, workflow: str) -> None:
         self.metrics = metrics
@@ -442,8 +443,11 @@ class WorkflowMetrics:
         self.tally, self.local = counts.tally, counts.tally.local
         self.ok: _Counter = counts.child("steps", (workflow, "ok"))
         self.errors: _Counter = counts.child("steps", (workflow, "error"))
-        self.checkpoint_seconds: _Histogram = counts.child("checkpoint_seconds", (workflow,))
-        self.checkpoint_bytes: _Histogram = counts.child("checkpoint_bytes", (workflow,))
+        # Each histogram's slots: its buckets, then its sum (see _Histogram).
+        self.seconds_at: int = counts.child("checkpoint_seconds", (workflow,)).first
+        self.seconds_sum = self.seconds_at + _SECONDS_SUM
+        self.bytes_at: int = counts.child("checkpoint_bytes", (workflow,)).first
+        self.bytes_sum = self.bytes_at + _BYTES_SUM
         # With OpenTelemetry on, its histograms record each value too (no asynchronous form).
         seconds = metrics.checkpoint_seconds.labels(workflow)
         self.otel_seconds: Any = seconds.recorded if isinstance(seconds, _Both) else None
@@ -468,15 +472,12 @@ class WorkflowMetrics:
             cells = self.tally.cells()
         if len(cells) < self.last:
             cells = self.tally.cells()
-        # Each histogram's slots: its buckets, then its sum (see _Histogram).
         cells[slot] += 1
-        seconds_at = self.checkpoint_seconds.first
-        cells[seconds_at + bisect.bisect_left(_SECONDS_BUCKETS, seconds)] += 1
-        cells[seconds_at + _SECONDS_SUM] += seconds
+        cells[self.seconds_at + bisect_left(_SECONDS_BUCKETS, seconds)] += 1
+        cells[self.seconds_sum] += seconds
         if added is not None:
-            bytes_at = self.checkpoint_bytes.first
-            cells[bytes_at + bisect.bisect_left(_BYTES_BUCKETS, added)] += 1
-            cells[bytes_at + _BYTES_SUM] += added
+            cells[self.bytes_at + bisect_left(_BYTES_BUCKETS, added)] += 1
+            cells[self.bytes_sum] += added
         if self.otel_seconds is not None:
             self.otel_seconds.observe(seconds)
             if added is not None:
