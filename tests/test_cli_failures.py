@@ -75,6 +75,7 @@ def test_runs_and_history_show_the_first_line_of_the_error(failed: tuple[Path, s
     assert history.count("ValueError: no budget for 12 (in charge)") == 2  # retry and failure
 
 
+@pytest.mark.slow
 def test_a_run_that_did_not_fail_has_no_error(tmp_path: Path) -> None:
     (tmp_path / "billing.py").write_text(FLOWS.replace("raise ValueError", "return {} or print"))
     url = f"sqlite:///{tmp_path / 'runs.db'}"

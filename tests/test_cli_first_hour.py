@@ -45,6 +45,7 @@ def _resume(cwd: Path, url: str, run: str, *extra: str) -> tuple[int, str]:
     return done.code, done.out
 
 
+@pytest.mark.slow
 def test_a_resume_with_nothing_to_do_says_what_it_found(flows: tuple[Path, str]) -> None:
     cwd, url = flows
     assert pitstop_exe("start", "flows:wf", "--run-id", "w", store=url, cwd=cwd).code == 0
@@ -67,6 +68,7 @@ def test_a_resume_with_nothing_to_do_says_what_it_found(flows: tuple[Path, str])
     assert code == 0 and out.startswith("run c is cancelled: nothing was run"), out
 
 
+@pytest.mark.slow
 def test_the_attempt_counter_goes_on_after_manual_retries(flows: tuple[Path, str]) -> None:
     cwd, url = flows
     assert pitstop_exe("start", "flows:wf", "--run-id", "f", "--input", '{"fail": true}',

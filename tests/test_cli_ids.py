@@ -113,6 +113,7 @@ def test_an_ambiguous_prefix_is_an_error_listing_the_candidates(store: tuple[Pat
     assert "no run 'zzzz'" in one_error_line(pitstop_exe("show", "zzzz", store=url, cwd=cwd))
 
 
+@pytest.mark.slow
 def test_a_unique_start_of_a_checkpoint_id_works_alone(store: tuple[Path, str]) -> None:
     cwd, url = store
     entries = history(cwd, url, "beta-1")
@@ -135,6 +136,7 @@ def test_a_unique_start_of_a_checkpoint_id_works_alone(store: tuple[Path, str]) 
     assert "beta-1@" in line
 
 
+@pytest.mark.slow
 def test_a_run_id_start_under_four_characters_lists_the_runs(store: tuple[Path, str]) -> None:
     cwd, url = store
     line = one_error_line(pitstop_exe("show", "a", store=url, cwd=cwd))
@@ -142,6 +144,7 @@ def test_a_run_id_start_under_four_characters_lists_the_runs(store: tuple[Path, 
     assert "alpha-1" in line and "alpha-2" in line
 
 
+@pytest.mark.slow
 def test_the_python_api_takes_the_short_forms_the_cli_prints(store: tuple[Path, str]) -> None:
     import importlib
     import sys

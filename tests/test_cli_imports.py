@@ -104,6 +104,7 @@ def test_listing_and_stats_do_not_import_the_codec(sqlite_url: str, argv: list[s
     assert not loaded & {f"pitstop.cli.{m}" for m in others}, sorted(loaded)
 
 
+@pytest.mark.slow
 def test_on_postgresql_too(postgres_url: str) -> None:
     for argv in (["runs", "--status", "queued"], ["stats"]):
         loaded = packages(loaded_by(*argv, "--store", postgres_url))

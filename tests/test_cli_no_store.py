@@ -22,6 +22,7 @@ def _schema_exists(schema: str) -> bool:
         return found.fetchone() is not None
 
 
+@pytest.mark.slow
 def test_a_sqlite_file_of_another_application(tmp_path: Path) -> None:
     path = tmp_path / "app.db"
     with sqlite3.connect(path) as db:

@@ -35,6 +35,7 @@ def big(tmp_path: Path) -> tuple[Path, str]:
     return tmp_path, url
 
 
+@pytest.mark.slow
 def test_show_shortens_long_values_with_a_marker(big: tuple[Path, str]) -> None:
     cwd, url = big
     shown = pitstop_exe("show", "b", store=url, cwd=cwd)

@@ -21,6 +21,7 @@ import pytest
 import pitstop
 
 
+@pytest.mark.slow
 def test_an_effect_is_not_started_after_the_lease_could_not_be_renewed(tmp_path: Path) -> None:
     path = tmp_path / "store.db"
     calls: list[str] = []

@@ -181,6 +181,7 @@ def test_an_enqueue_whose_commit_is_cut_converges_on_one_queued_run(
 
 
 @needs_postgres
+@pytest.mark.slow
 def test_a_start_cut_while_the_store_stays_away_converges_when_repeated(
     proxy: FaultProxy, schema: str
 ) -> None:

@@ -630,6 +630,7 @@ def _lines_run_by_one_step(store: Store, run_id: str, items: int) -> int:
 
 
 @pytest.mark.parametrize("library", ["numpy", "torch"])
+@pytest.mark.slow
 def test_an_append_step_costs_the_same_however_long_the_list_when_arrays_are_possible(
     store: Store, library: str
 ) -> None:

@@ -101,6 +101,7 @@ def decide(state, approval):
 '''
 
 
+@pytest.mark.slow
 def test_pitstop_send_refuses_a_wrong_payload_naming_the_field(tmp_path: Path) -> None:
     (tmp_path / "flows.py").write_text(FLOWS)
     url = f"sqlite:///{tmp_path / 'c.db'}"

@@ -20,6 +20,7 @@ import pitstop
 from pitstop.integrations.langgraph import PitstopSaver
 
 
+@pytest.mark.slow
 async def test_conformance_full(store_url: str) -> None:
     @checkpointer_test(name=f"PitstopSaver[{store_url.split(':', 1)[0]}]")
     async def factory() -> AsyncIterator[PitstopSaver]:

@@ -152,6 +152,7 @@ def test_short_ids_of_a_thread_are_unique_and_name_its_checkpoints(
 
 
 @pytest.mark.parametrize("saver", ["pitstop", "sqlite"])
+@pytest.mark.slow
 def test_a_turn_cut_short_by_a_kill_is_finished_before_the_next_message(
     tmp_path: Any, saver: str
 ) -> None:

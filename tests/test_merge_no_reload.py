@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 import pitstop
 from pitstop.store import Store
 
@@ -66,6 +68,7 @@ def _value_rows(store: Store) -> int:
     return count
 
 
+@pytest.mark.slow
 def test_a_merge_on_a_parent_no_handle_here_read_costs_the_change(shared_url: str) -> None:
     """A process resuming a run (here: a new handle per save, on SQLite and PostgreSQL)
     saves Merge deltas on a chunked dict it never read: the parent is not read and each

@@ -282,6 +282,7 @@ def test_a_short_pack_fails_the_load_naming_the_field(
         assert any("pack object" in p.message for p in fresh.verify())
 
 
+@pytest.mark.slow
 def test_an_array_load_streams_each_pack_into_the_array_and_checks_every_chunk(
     opener: Callable[..., pitstop.Store], s3_blobs: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

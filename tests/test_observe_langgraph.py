@@ -52,6 +52,7 @@ def _graph(saver: PitstopSaver) -> Any:
     return builder.compile(checkpointer=saver)
 
 
+@pytest.mark.slow
 def test_langgraph_steps_have_times_in_history_and_timeline(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'lg.db'}"
     config: Any = {"configurable": {"thread_id": "thread-1"}}

@@ -41,6 +41,7 @@ def _fill(url: str) -> None:
         store.close()
 
 
+@pytest.mark.slow
 def test_pitstop_runs_shows_progress_records_and_size_warnings(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'lists.db'}"
     _fill(url)

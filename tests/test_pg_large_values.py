@@ -141,6 +141,7 @@ def test_a_large_value_is_stored_whole_with_the_cpu_busy(
 
 
 @pytest.mark.parametrize("op", OPERATIONS)
+@pytest.mark.slow
 def test_a_large_value_crosses_a_slow_link(schema: str, op: str) -> None:
     """20 MiB over a link of 16 MiB/s: most of the value is still in the client's buffers
     when the transaction syncs (this hung before, for effects and inputs)."""

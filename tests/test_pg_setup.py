@@ -48,6 +48,7 @@ def test_a_missing_test_database_is_created() -> None:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
 
 
+@pytest.mark.slow
 def test_an_unusable_server_skips_the_postgres_tests_with_one_line() -> None:
     done = pytest_run("postgresql://postgres@127.0.0.1:1/test?connect_timeout=2")
     assert done.returncode == 0, done.stdout + done.stderr

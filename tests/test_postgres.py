@@ -311,6 +311,7 @@ def proxied(schema: str) -> Iterator[tuple[_Proxy, str]]:
     proxy.stop()
 
 
+@pytest.mark.slow
 def test_lost_connections_are_replaced_and_the_work_retried(
     proxied: tuple[_Proxy, str],
 ) -> None:

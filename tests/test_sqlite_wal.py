@@ -63,13 +63,35 @@ def test_the_pace_counts_a_restarted_wal_whole_even_when_it_grew_longer(
     with pitstop.open_store(f"sqlite:///{tmp_path / 'runs.db'}") as store:
         assert isinstance(store, SQLiteStore) and store._wal is not None
         wal = store._wal
-        wal._pace(log=1408, commits=128, copied=1408)  # 128 commits of 11 pages, all copied
+        wal._pace(log=1408, commits=128, restarted=True)  # 128 commits of 11 pages
         assert wal.every == 23
-        wal._pace(log=1540, commits=268, copied=1540)  # late: 140 more, in a restarted WAL
+        wal._pace(log=1540, commits=268, restarted=True)  # late: 140 more, WAL started over
         assert wal.every == 23
-        wal._pace(log=1760, commits=428, copied=1600)  # restarted; a reader kept 160 frames
-        wal._pace(log=1980, commits=448, copied=1980)  # so no restart: 20 commits, 220 frames
-        assert wal.every == 23
+        wal._pace(log=1760, commits=288, restarted=False)  # a reader kept it from starting
+        assert wal.every == 23  # over: 20 commits, 220 frames
+
+
+def test_small_saves_are_checkpointed_every_few_dozen_commits_not_each(
+    tmp_path: Path,
+) -> None:
+    # After a checkpoint that copied every frame, a reader on the old WAL (the store's own
+    # reads) can keep the next writer from starting it over. Taking "all copied" for "started
+    # over" counted the whole WAL as new at each checkpoint: the pace fell to one checkpoint
+    # a commit, each sorting the WAL's frames (twice the instructions of a 1 KiB save).
+    with pitstop.open_store(f"sqlite:///{tmp_path / 'runs.db'}") as store:
+        assert isinstance(store, SQLiteStore) and store._wal is not None
+        state = {"i": 0, "text": "x" * 1000}
+        store.save("r", state)
+        for i in range(3000):  # ~4 WAL pages a save
+            state["i"] = i
+            store.save("r", state, changed=["i"])
+            if i % 50 == 0:
+                store.latest("r")
+        deadline = time.monotonic() + 60  # not a speed check: the thread may be starved
+        while store._wal.runs < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert store._wal.runs <= 3000 // 16
+        assert store._wal.every >= 16
 
 
 def test_a_store_that_only_reads_starts_no_thread(tmp_path: Path) -> None:

@@ -741,6 +741,7 @@ def test_schema_version_is_recorded(store: Store) -> None:
     assert store.migrate() == LATEST_SCHEMA
 
 
+@pytest.mark.slow
 def test_many_threads_one_store(store: Store) -> None:
     errors: list[BaseException] = []
 

@@ -171,6 +171,7 @@ def test_iterable_resumes_after_its_checkpoint(store: Store) -> None:
     assert make().state(store) == Counter(k for k, _ in items)
 
 
+@pytest.mark.slow
 def test_handler_error_stops_its_partition_at_its_last_checkpoint(
     store: Store, client: Any, name: str
 ) -> None:
@@ -207,6 +208,7 @@ def test_handler_error_stops_its_partition_at_its_last_checkpoint(
         assert "no budget" in shown.out, shown
 
 
+@pytest.mark.slow
 def test_handler_errors_are_retried_from_the_last_checkpoint(
     store: Store, client: Any, name: str
 ) -> None:
@@ -588,6 +590,7 @@ def test_tumbling_windows_fire_when_the_watermark_passes(store: Store) -> None:
     assert job.state(store) == {}  # windows are the job's own entries
 
 
+@pytest.mark.slow
 def test_windows_fire_on_an_idle_partition_with_processing_time(store: Store) -> None:
     items = [("a", {"t": 100.0, "n": 1}), ("b", {"t": 100.5, "n": 2})]
     # Without idleness the watermark (100.5) stays below the window's end (101): no fire.
@@ -720,6 +723,7 @@ def test_a_partition_leased_elsewhere_is_taken_over_when_the_lease_expires(
 
 
 @pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
+@pytest.mark.slow
 def test_a_partition_whose_row_lock_is_held_is_claimed_once_it_is_released(
     store_url: str, open_store: Any, caplog: Any,
 ) -> None:
@@ -787,6 +791,7 @@ def test_a_partition_whose_row_lock_is_held_is_claimed_once_it_is_released(
 
 
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.slow
 def test_a_long_running_job_keeps_its_store_size_level(store: Store) -> None:
     """A partition's store holds its last base and the deltas since: at most 256 of them
     (keyed.needs_base), the older ones deleted when a new base is written. So rows and
@@ -948,6 +953,7 @@ def test_a_lost_commit_and_a_store_outage_keep_exactly_once(client: Any, name: s
 
 
 @pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
+@pytest.mark.slow
 def test_taking_a_lease_on_a_row_locked_elsewhere_is_busy_not_a_timeout(
     store_url: str, open_store: Any,
 ) -> None:

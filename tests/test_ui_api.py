@@ -478,6 +478,7 @@ def _wait_for(store: Store, run_id: str, status: RunStatus, timeout: float = 20)
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_with_the_workflow_an_approval_resumes_the_run_here(
     populated: tuple[Store, Any]
 ) -> None:
@@ -499,6 +500,7 @@ def test_with_the_workflow_an_approval_resumes_the_run_here(
         assert c.post("/api/runs/etl-2026-11-30/resume", headers=JSON).status_code == 409
 
 
+@pytest.mark.slow
 def test_with_the_workflow_runs_sent_an_input_elsewhere_resume_here(
     populated: tuple[Store, Any], tmp_path: Path
 ) -> None:

@@ -283,6 +283,7 @@ def test_hostile_state_is_shown_as_text(world: dict[str, Any], page: Any) -> Non
     assert page.locator("section.run-head h1").inner_text() == XSS_RUN
 
 
+@pytest.mark.slow
 def test_langgraph_thread_reads_as_a_conversation(world: dict[str, Any], page: Any) -> None:
     page.goto(f"{world['main']}/runs/{world['ids']['thread']}")
     messages = page.locator("ol.chat li.msg")

@@ -112,6 +112,7 @@ def test_a_body_over_the_limit_is_413_even_declared_or_chunked(server: Server) -
 
 
 @pytest.mark.parametrize("server", [("--max-body", "4096")], indirect=True)
+@pytest.mark.slow
 def test_the_body_limit_is_configurable(server: Server) -> None:
     url = f"{server.url}/api/runs/r/inputs"
     json_type = {"content-type": "application/json"}

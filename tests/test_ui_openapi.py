@@ -48,6 +48,7 @@ def _cleanup() -> Iterator[None]:
 @settings(max_examples=30, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.filter_too_much])
+@pytest.mark.slow
 def test_api_conforms_to_its_document(case: schemathesis.Case) -> None:
     # positive_data_acceptance is left out: a request the schema allows may still be refused
     # with a documented 422 (a `since` that is neither a duration nor a date, an edit to a

@@ -48,6 +48,7 @@ def finished(store: pitstop.Store, run_id: str) -> pitstop.Run:
     raise AssertionError(f"run {run_id} did not finish")
 
 
+@pytest.mark.slow
 def test_rerun_from_a_step_with_an_edit(tmp_path: Path) -> None:
     CALLS.clear()
     store = pitstop.open_store(f"sqlite:///{tmp_path}/ui.db")
@@ -91,6 +92,7 @@ def test_rerun_needs_the_workflow_and_a_writable_inspector(tmp_path: Path) -> No
     store.close()
 
 
+@pytest.mark.slow
 def test_history_rows_offer_rerun_from_here(tmp_path: Path) -> None:
     store = pitstop.open_store(f"sqlite:///{tmp_path}/ui.db")
     first = wf.start(store, {})

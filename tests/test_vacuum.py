@@ -43,6 +43,7 @@ def _file_named(out: str) -> str:
     return found.group(1)
 
 
+@pytest.mark.slow
 def test_a_sqlite_prune_gives_the_space_back_itself(tmp_path: Path) -> None:
     """A file pitstop creates uses incremental auto-vacuum: the prune shrinks it with no
     `vacuum`, and says the size the file has (not the file plus its WAL, #30)."""
@@ -58,6 +59,7 @@ def test_a_sqlite_prune_gives_the_space_back_itself(tmp_path: Path) -> None:
     assert pitstop_exe("stats", "--json", store=url).json["free_bytes"] == 0
 
 
+@pytest.mark.slow
 def test_an_older_sqlite_file_is_told_to_vacuum_and_then_shrinks_by_itself(
     tmp_path: Path,
 ) -> None:
@@ -86,6 +88,7 @@ def test_an_older_sqlite_file_is_told_to_vacuum_and_then_shrinks_by_itself(
     assert path.stat().st_size < grown / 4
 
 
+@pytest.mark.slow
 def test_prune_vacuum_does_both(tmp_path: Path) -> None:
     path = tmp_path / "runs.db"
     url = f"sqlite:///{path}"

@@ -110,6 +110,7 @@ def test_two_runs_storing_the_same_value_each_keep_it(open_store: Callable[..., 
 
 
 @BACKENDS
+@pytest.mark.slow
 def test_a_store_from_before_owners_is_upgraded_and_collects_its_old_values(
     store_url: str,
 ) -> None:

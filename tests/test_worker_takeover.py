@@ -139,6 +139,7 @@ def test_until_idle_waits_for_a_lease_held_elsewhere_then_takes_the_run(cwd: Pat
     pytest.fail("no worker started within a 30 s lease")
 
 
+@pytest.mark.slow
 def test_until_idle_does_not_wait_for_a_live_owner_on_this_host(cwd: Path) -> None:
     url = f"sqlite:///{cwd / 'runs.db'}"
     assert pitstop_exe("enqueue", "slow:wf", "--run-id", "mine", store=url, cwd=cwd).code == 0

@@ -147,7 +147,7 @@ class _WalCheckpointer:
         """Write transactions counted by the pokes (by writers, which hold the store's lock)."""
         self._log = 0  # WAL frames at the last checkpoint, and the commits counted then
         self._commits_then = 0
-        self._all_copied = False  # the last checkpoint copied every frame: the WAL restarts
+        self._salt = b""  # the WAL header's salts then: they change when the WAL starts over
 
     def poke(self, commits: int = 0) -> None:
         """Wake the thread (started here if need be): ``commits`` write transactions were
@@ -174,20 +174,30 @@ class _WalCheckpointer:
             thread.join(timeout=5.0)
         self._thread = None
 
-    def _pace(self, log: int, commits: int, copied: int) -> None:
-        """Set :attr:`every` from the WAL frames (``log`` now, ``copied`` of them into the
-        database) written by the transactions counted since the last checkpoint (``commits``
-        now): about :data:`_CHECKPOINT_PAGES` pages between two checkpoints."""
-        # After a checkpoint that copied every frame the next writer starts the WAL over, so
-        # all of ``log`` is new, even when it is longer than the last one (a starved thread,
-        # checkpointing late, saw that). Where a reader kept it from starting over, this
-        # counts too much and checkpoints more often: the safe side.
-        restarted = self._all_copied or log < self._log
-        grown = log if restarted else log - self._log
+    def _pace(self, log: int, commits: int, restarted: bool) -> None:
+        """Set :attr:`every` from the WAL frames (``log`` now) written by the transactions
+        counted since the last checkpoint (``commits`` now): about :data:`_CHECKPOINT_PAGES`
+        pages between two checkpoints. ``restarted``: the WAL started over since then, so all
+        of ``log`` is new, even when it is longer than the last (a thread starved of CPU
+        checkpoints late)."""
+        grown = log if restarted or log < self._log else log - self._log
         made = commits - self._commits_then
-        self._log, self._commits_then, self._all_copied = log, commits, copied >= log
+        self._log, self._commits_then = log, commits
         if grown > 0 and made > 0:
             self.every = max(1, min(_CHECKPOINT_EVERY, _CHECKPOINT_PAGES * made // grown))
+
+    def _wal_salt(self) -> bytes:
+        """The WAL header's two salts: SQLite draws new ones each time the WAL starts over.
+        Whether it did cannot be told from the checkpoint's counts: after a checkpoint that
+        copied every frame, a reader still on the old WAL keeps the next writer from
+        starting over, and guessing "it did" then counted the whole WAL as new each time,
+        paced the thread to a checkpoint a commit, and sorted the WAL's frames in each (2x
+        the instructions of a 1 KiB save)."""
+        try:
+            with open(self._path + "-wal", "rb") as wal:
+                return wal.read(24)[16:24]
+        except OSError:
+            return b""
 
     def _run(self) -> None:
         try:
@@ -207,9 +217,11 @@ class _WalCheckpointer:
                 with self._busy, contextlib.suppress(sqlite3.Error):
                     commits = self.commits
                     done = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-                    for busy, frames, copied in done:  # (busy, WAL frames, frames copied)
+                    for busy, frames, _copied in done:  # (busy, WAL frames, frames copied)
                         if not busy:
-                            self._pace(int(frames), commits, int(copied))
+                            salt = self._wal_salt()
+                            self._pace(int(frames), commits, restarted=salt != self._salt)
+                            self._salt = salt
                 self.runs += 1
         finally:
             with self._busy:
