@@ -210,3 +210,25 @@ def _reported_as_duplicate(store: Store, constraint: str) -> bool:
             conn.execute("INSERT INTO dup VALUES (1)")
     assert raised.value.diag.constraint_name == constraint
     return bool(getattr(store, "_duplicate_checkpoint")(raised.value))  # noqa: B009
+
+
+@pytest.mark.slow
+def test_vacuum_rebuilds_and_names_the_sparse_indexes(
+        pg_url: str, pg: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pitstop vacuum` (``pitstop.store.vacuum``) on PostgreSQL: VACUUM, then the same
+    rebuilds, named in its report; the size it reports after includes what they gave back."""
+    from pitstop.store.backends import pgindexes
+
+    monkeypatch.setattr(pgindexes, "REBUILD_FROM_PAGES", 8)
+    monkeypatch.setattr(pgindexes, "CHECK_EVERY", 1e9)
+    with pitstop.open_store(pg_url) as store:
+        schema = str(getattr(store, "schema"))  # noqa: B009
+        grown = churn(store, pg, rounds=14)
+        report = pitstop.store.vacuum(store)
+        # The id index; the primary key too when this round's deletions left it sparse.
+        assert "pitstop_checkpoints_id" in report.reindexed, (grown, report)
+        assert set(report.reindexed) <= set(pgindexes.UNIQUE_REBUILT), report
+        assert index_pages(pg, schema, "pitstop_checkpoints_id") <= 3
+        assert report.after is not None and report.before is not None
+        assert report.after <= report.before - (grown[-1] - 3) * 8192
+        assert pitstop.store.vacuum(store).reindexed == ()  # nothing left to rebuild
