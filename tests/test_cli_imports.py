@@ -32,6 +32,7 @@ NEVER_FOR_LISTING = [
     # What encodes and decodes values (store.encoding.valuecodec): rows and counts need none.
     "pitstop.store.encoding.valuecodec",
     "pitstop.serde.chunks",
+    "pitstop.serde.chunkkeys",
     "pitstop.serde.partchunks",
     "pitstop.serde.framing",
     "zstandard",

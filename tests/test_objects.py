@@ -288,39 +288,141 @@ def test_an_array_load_streams_each_pack_into_the_array_and_checks_every_chunk(
 ) -> None:
     import obstore
 
+    from pitstop.serde import chunkkeys
+
     np = pytest.importorskip("numpy")
     store = opener()
     rng = np.random.default_rng(7)
     weights = rng.standard_normal(5 << 20, dtype=np.float32)  # 20 chunks
     weights[: 3 << 18] = 1.5  # three equal chunks: one key, three places in the array
-    state = {"w": weights, "parts": {"a": rng.standard_normal(1 << 19), "b": np.ones(1 << 18)}}
+    parts = {"a": rng.standard_normal(1 << 19), "b": rng.standard_normal(1 << 18)}
+    state = {"w": weights, "parts": parts}
     bad = store.save("r", state)
     streamed: list[int] = []
+    gets: list[str] = []
     original = S3BlobStore._get_group_into
 
-    def counted(self: S3BlobStore, pack: str, group: Any, places: Any) -> Any:
+    def counted(self: S3BlobStore, pack: str, group: Any, places: Any, check: Any) -> Any:
+        assert check is not None  # each chunk is checked by the GET that lands it
         streamed.append(sum(len(targets) for targets in places.values()))
-        return original(self, pack, group, places)
+        gets.append(pack)
+        return original(self, pack, group, places, check)
 
-    monkeypatch.setattr(S3BlobStore, "_get_group_into", counted)
-    with opener() as fresh:
+    def unwanted(*args: Any) -> Any:
+        raise AssertionError("a value of the load read apart from its pack's GET")
+
+    checked: list[bytes] = []
+    check_chunk = chunkkeys.check_chunk
+
+    def counted_check(key: bytes, format_id: int, raw: Any) -> bool:
+        checked.append(key)
+        return check_chunk(key, format_id, raw)
+
+    with monkeypatch.context() as patched, opener() as fresh:
+        patched.setattr(S3BlobStore, "_get_group_into", counted)
+        patched.setattr(S3BlobStore, "_get_group", unwanted)
+        patched.setattr(S3BlobStore, "_read_now", unwanted)
+        patched.setattr(chunkkeys, "check_chunk", counted_check)  # what ChunkKeys.check calls
         loaded = fresh.latest("r").state  # type: ignore[union-attr]
         np.testing.assert_array_equal(loaded["w"], weights)
         np.testing.assert_array_equal(loaded["parts"]["a"], state["parts"]["a"])
         np.testing.assert_array_equal(loaded["parts"]["b"], state["parts"]["b"])
-    assert sum(streamed) >= 20  # every chunk of `w` went straight into its place
+    # Every chunk of `w` went straight into its place (the GET of the pack it shares with
+    # `parts` starts once `w` says where its chunks go: those of `parts` are copied).
+    assert sum(streamed) == 20
+    # The array's chunks were asked for at two levels of its tree: still one GET per pack.
+    assert sorted(gets) == sorted(S3BlobStore(s3_blobs).packs())
+    # Each distinct chunk checked once, as it landed: none a second time after.
+    assert len(checked) == len(set(checked)) >= 20 - 2 + 4 + 2
     good = store.save("r2", {"n": 1})
     bucket = S3BlobStore(s3_blobs)
     for pack in bucket.packs():  # one byte altered in the middle of each pack
         path = bucket._pack_path(pack)
         data = bytearray(obstore.get(bucket._store, path).bytes())
-        data[len(data) // 2] ^= 0xFF
+        data[len(data) // 2 + 1000] ^= 0xFF  # (in a body, not a header byte)
         obstore.put(bucket._store, path, bytes(data))
     with opener() as fresh:
         with pytest.raises(CorruptCheckpointError, match="checksum mismatch") as info:
             fresh.latest("r")
         assert info.value.checkpoint_id == bad.id
         assert fresh.latest("r2").id == good.id  # type: ignore[union-attr]
+
+
+def test_a_corrupt_chunk_is_caught_by_the_get_that_lands_it_and_by_a_read_after(
+    opener: Callable[..., pitstop.Store], s3_blobs: str
+) -> None:
+    """A chunk altered in its pack fails its check whichever way it was read: streamed into
+    place by a GET that checks it as it lands, or read into a buffer first (a read of one
+    value before the load said where the chunks go) and checked as it is copied."""
+    import obstore
+
+    np = pytest.importorskip("numpy")
+    store = opener()
+    weights = np.random.default_rng(3).standard_normal(3 << 18, dtype=np.float32)  # 3 chunks
+    saved = store.save("r", {"w": weights})
+    bucket = S3BlobStore(s3_blobs)
+    (pack,) = bucket.packs()
+    path = bucket._pack_path(pack)
+    data = bytearray(obstore.get(bucket._store, path).bytes())
+    data[(1 << 20) + 100] ^= 0x01  # in the second chunk's body
+    obstore.put(bucket._store, path, bytes(data))
+    with opener() as fresh, pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
+        fresh.get(saved.id)
+    with opener() as fresh:
+        blobs: S3BlobStore = fresh.blobs  # type: ignore[attr-defined]
+        original = blobs.place
+        blobs.place = lambda places, check=None: (  # type: ignore[method-assign]
+            blobs.get(places[0][0], places[0][1]), original(places, check))[1]
+        with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
+            fresh.get(saved.id)
+
+
+def test_a_read_before_any_place_starts_the_gets_of_its_own_load_only(s3_blobs: str) -> None:
+    """Values prefetched by a load that failed before reading them (say, at a damaged
+    record) are not fetched by the next load's first read; the values one load asks for at
+    two levels of a tree are still one batch."""
+    bucket = S3BlobStore(s3_blobs)
+    values = {name: os.urandom(1000) for name in ("a1", "a2", "b1", "b2")}
+    keys = {name: bytes([i]) * 16 for i, name in enumerate(values)}
+    slots = {}
+    for pack in ("a", "b"):
+        written = bucket.put_many(
+            [(keys[name], (values[name],)) for name in values if name[0] == pack])
+        slots.update({name: written[keys[name]] for name in values if name[0] == pack})
+    bucket.prefetch([(keys["a1"], slots["a1"]), (keys["a2"], slots["a2"])])  # never read
+    bucket.prefetch([(keys["b1"], slots["b1"])])  # a load's first level,
+    bucket.prefetch([(keys["b2"], slots["b2"])])  # then its second: merged
+    assert bucket._pending[keys["b1"]] is bucket._pending[keys["b2"]]  # one GET for both
+    assert bucket.get(keys["b1"], slots["b1"]) == values["b1"]
+    assert list(bucket._waiting) == [slots["a1"].pack]  # (the failed load's GET not started)
+    assert bucket.get(keys["b2"], slots["b2"]) == values["b2"]
+    assert bucket.get(keys["a2"], slots["a2"]) == values["a2"]
+
+
+def test_opening_a_store_does_not_list_its_values(
+    opener: Callable[..., pitstop.Store], s3_blobs: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check at open is one request whose answer is empty however many values are
+    stored alone under the prefix (a listing of them took a request per 1,000)."""
+    import obstore
+
+    store = opener()
+    for n in range(3):
+        store.save(f"r{n}", {"doc": os.urandom(150_000)})
+    assert len(list(S3BlobStore(s3_blobs).keys())) == 3
+    listed: list[Any] = []
+    original = obstore.list
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        for batch in original(*args, **kwargs):
+            listed.extend(batch)
+            yield batch
+
+    monkeypatch.setattr(obstore, "list", recorded)
+    monkeypatch.setattr(obstore, "list_with_delimiter", None)
+    with opener() as fresh:
+        assert listed == []
+        assert len(fresh.latest("r1").state["doc"]) == 150_000  # type: ignore[union-attr]
 
 
 def test_credentials_from_a_named_profile(

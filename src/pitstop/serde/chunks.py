@@ -17,9 +17,10 @@ that changed. Nothing here touches a store: this module turns values into chunks
   depend on their neighbours and let one edit shift the chunks after it).
   Buffers are cut at fixed offsets (an array's regions keep their positions).
 * **Keys are content hashes** (:func:`chunk_key`: a kind byte and xxh3-128, ~30x the speed
-  of SHA-256). A save that has only the whole new value serialises it once, item by item,
-  and finds the unchanged chunks by their keys: nothing unchanged is compressed or hashed
-  with anything slower. A save that knows the change (:class:`~pitstop.Append`,
+  of SHA-256; in a sealed store, a keyed hash of that: :mod:`pitstop.serde.chunkkeys`). A
+  save that has only the whole new value serialises it once, item by item, and finds the
+  unchanged chunks by their keys: nothing unchanged is compressed or hashed with anything
+  slower. A save that knows the change (:class:`~pitstop.Append`,
   :class:`~pitstop.Merge`) re-chunks only around it (:func:`split_delta`), O(change).
 * **The manifest is a small tree.** Leaves are grouped into *nodes* (chunks holding entry
   lists) at content-defined points too, so a value of thousands of chunks has a root of a few
@@ -34,7 +35,6 @@ a store can keep the old one as "the first N bytes of the new one" instead of tw
 from __future__ import annotations
 
 import bisect
-import hashlib
 import operator
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -44,7 +44,16 @@ from typing import Any, Final, NamedTuple, Protocol
 import ormsgpack
 import xxhash
 
-from . import parallel
+from .chunkkeys import (
+    KEY_SHA256,
+    KEY_SIZE,
+    KEY_XXH3,
+    PLAIN_MSGPACK,
+    SHA256_KEYS,
+    ChunkKeys,
+    check_chunk,
+    chunk_key,
+)
 
 MANIFEST_VERSION: Final = 1
 MANIFEST_PATCHED: Final = 2
@@ -53,10 +62,6 @@ base's that set keys again. An older pitstop refuses it rather than cut it wrong
 CHUNKED_MIN: Final = 16 * 1024
 """Values serialising to fewer bytes are stored whole, as before. Low enough that a growing
 list is chunked early: until then each save rewrites it whole (sum over the saves: ~4x this)."""
-
-KEY_XXH3: Final = 0x01
-"""Kind byte of a chunk key: xxh3-128. (SHA-256 value keys are 32 bytes with no kind byte.)"""
-KEY_SIZE: Final = 17
 
 # Entry flags.
 CUT: Final = 1
@@ -102,36 +107,14 @@ KINDS: Final = ("list", "dict", "bytes", "bytearray", "ndarray", "parts")
 """``parts``: a value holding arrays or tensors, chunked by :mod:`pitstop.serde.partchunks`."""
 
 
-KEY_SHA256: Final = 0x02
-"""Kind byte of a chunk key: the first 16 bytes of SHA-256 over the format byte and the chunk
-(a store opened with ``chunk_hash="sha256"``)."""
-SHA256_KEYS: Final = 0x100
-"""Set in the format id handed to the chunker: key new chunks with SHA-256, not xxh3."""
+Keying = ChunkKeys | int
+"""How the chunker keys new chunks: a :class:`~pitstop.serde.chunkkeys.ChunkKeys`, or a
+serializer's format id alone (plain keys)."""
 
 
-def chunk_key(format_id: int, raw: bytes | memoryview) -> bytes:
-    """The content address of a chunk: the kind byte, then xxh3-128 seeded by the format
-    (or, with :data:`SHA256_KEYS` set, SHA-256 of the format byte and the chunk, cut to 128
-    bits: ~10x slower, and no one can make two chunks with one key)."""
-    if format_id & SHA256_KEYS:
-        hasher = hashlib.sha256(bytes((format_id & 0xFF,)))
-        hasher.update(raw)
-        return b"\x02" + hasher.digest()[:16]
-    if len(raw) >= _UNLOCKED_MIN:  # the hasher object hashes with the GIL released
-        return b"\x01" + xxhash.xxh3_128(raw, seed=format_id).digest()
-    return b"\x01" + xxhash.xxh3_128_digest(raw, seed=format_id)
-
-
-_UNLOCKED_MIN: Final = 64 * 1024
-"""Chunks from this size are hashed with the GIL released (by threads, in parallel: see
-:mod:`pitstop.serde.parallel`); smaller ones by the one-call function, which is cheaper."""
-
-
-def chunk_keys(format_id: int, pieces: Sequence[memoryview]) -> list[bytes]:
-    """:func:`chunk_key` of each piece of a buffer, by several threads for a large one."""
-    return parallel.each(
-        lambda piece: chunk_key(format_id, piece), pieces, sum(p.nbytes for p in pieces)
-    )
+def keying(keys: Keying) -> ChunkKeys:
+    """``keys`` as a :class:`~pitstop.serde.chunkkeys.ChunkKeys`."""
+    return keys if isinstance(keys, ChunkKeys) else ChunkKeys(keys)
 
 
 class Entry(NamedTuple):
@@ -149,7 +132,8 @@ class Entry(NamedTuple):
         return bool(self.flags & NODE)
 
 
-def _pack_entries(entries: Sequence[Entry]) -> bytes:
+def pack_entries(entries: Sequence[Entry]) -> bytes:
+    """A node chunk's bytes: its entries (:func:`unpack_entries` reads them)."""
     return ormsgpack.packb([list(e) for e in entries])
 
 
@@ -183,7 +167,8 @@ class Layout:
     root: list[Entry]
     leaves: list[Entry]
     nodes: dict[bytes, list[Entry]] = field(default_factory=dict)
-    format_id: int = 0
+    keying: ChunkKeys = PLAIN_MSGPACK
+    """How the next version's new chunks are keyed (the store's keys, this value's format)."""
     starts: list[int] = field(default_factory=list)
     """Item offset of each leaf (computed on demand)."""
     prefix: tuple[int, int, bytes, bool] | None = None
@@ -228,6 +213,23 @@ def encode_manifest(layout: Layout) -> bytes:
             [list(e) for e in layout.root],
         ]
     )
+
+
+def rekeyed_manifest(data: bytes, keys: Mapping[bytes, bytes]) -> bytes | None:
+    """The manifest ``data`` with each root entry's key ``k`` in ``keys`` made ``keys[k]``
+    (the rest as it is, whatever its version), or None if none is (or it is unreadable)."""
+    try:
+        parts = ormsgpack.unpackb(data)
+        root = parts[4]
+        changed = False
+        for entry in root:
+            new = keys.get(bytes(entry[0]))
+            if new is not None:
+                entry[0] = new
+                changed = True
+    except Exception:  # the read that needs it names the damage
+        return None
+    return ormsgpack.packb(parts) if changed else None
 
 
 class Manifest(NamedTuple):
@@ -313,7 +315,7 @@ def may_patch(manifest: Manifest, adding: int) -> bool:
 
 
 def patch_dict(
-    manifest: Manifest, entries: Mapping[str, Any], dumps: Dumps, format_id: int,
+    manifest: Manifest, entries: Mapping[str, Any], dumps: Dumps, keys: Keying,
     params: Params = DICT_PARAMS,
 ) -> tuple[bytes, int, dict[bytes, bytes]]:
     """The manifest of ``manifest``'s dict with ``entries`` set (see above), its size and
@@ -329,17 +331,18 @@ def patch_dict(
     base, levels = found if found is not None else (len(manifest.root), [])
     root = list(manifest.root)
     raws: dict[bytes, bytes] = {}
-    for first, stop, _ in _cuts(encodings, params):
+    make = keying(keys)
+    for first, stop, _ in _cuts(encodings, params, make.cut_seed):
         raw = b"".join(encodings[first:stop])
-        key = chunk_key(format_id, raw)
+        key = make(raw)
         raws[key] = raw
         root.append(Entry(key, stop - first, len(raw), CUT))
         levels.append(0)
         # PATCH_GROUP entries of one level at the end: one node a level up.
         while len(levels) >= PATCH_GROUP and len(set(levels[-PATCH_GROUP:])) == 1:
             group = root[-PATCH_GROUP:]
-            packed = _pack_entries(group)
-            node = chunk_key(format_id, packed)
+            packed = pack_entries(group)
+            node = make(packed)
             raws[node] = packed
             level = levels[-1] + 1
             del root[-PATCH_GROUP:], levels[-PATCH_GROUP:]
@@ -385,8 +388,8 @@ without packing or hashing a node again (its entries are compared first)."""
 
 
 class _Builder:
-    def __init__(self, format_id: int, parent: Layout | None) -> None:
-        self.format_id = format_id
+    def __init__(self, keys: ChunkKeys, parent: Layout | None) -> None:
+        self.keys = keys
         self.reuse: NodeIndex = parent.index if parent is not None else {}
         self.reuse_nodes = parent.nodes if parent is not None else {}
         self.nodes: dict[bytes, list[Entry]] = {}
@@ -399,8 +402,8 @@ class _Builder:
         if found is not None and found[1] == entries:
             entry, entries = found
         else:
-            packed = _pack_entries(entries)
-            key = chunk_key(self.format_id, packed)
+            packed = pack_entries(entries)
+            key = self.keys(packed)
             self.packed[key] = packed
             items = size = 0
             for e in entries:
@@ -474,7 +477,7 @@ class Tree(NamedTuple):
     packed: dict[bytes, bytes]
 
 
-def build_tree(leaves: list[Entry], format_id: int, parent: Layout | None = None) -> Tree:
+def build_tree(leaves: list[Entry], keys: Keying, parent: Layout | None = None) -> Tree:
     """The root entries over ``leaves``, the nodes they reference, their index and levels
     (what ``parent``'s tree shares with this one is taken from it, not packed and hashed
     again).
@@ -486,7 +489,7 @@ def build_tree(leaves: list[Entry], format_id: int, parent: Layout | None = None
     nodes only when a group of leaves fills, and a record stays far below the size at which
     the database moves it to an overflow page.
     """
-    builder = _Builder(format_id, parent)
+    builder = _Builder(keying(keys), parent)
     old_levels = parent.levels if parent is not None else []
     levels: Levels = []
     tails: list[list[Entry]] = []
@@ -557,8 +560,11 @@ def container_header(kind: str, n: int) -> bytes:
     return bytes((big,)) + n.to_bytes(4, "big")
 
 
-def _cuts(encodings: Sequence[bytes], params: Params) -> list[tuple[int, int, bool]]:
-    """``(first, last + 1, cut)`` item ranges of ``encodings``, content-defined."""
+def _cuts(
+    encodings: Sequence[bytes], params: Params, seed: int = 0
+) -> list[tuple[int, int, bool]]:
+    """``(first, last + 1, cut)`` item ranges of ``encodings``, content-defined (by a hash
+    seeded with ``seed``: :attr:`~pitstop.serde.chunkkeys.ChunkKeys.cut_seed`)."""
     hi = params.max
     scale = (1 << 64) // params.target
     digest = xxhash.xxh3_64_intdigest
@@ -567,7 +573,7 @@ def _cuts(encodings: Sequence[bytes], params: Params) -> list[tuple[int, int, bo
     for i, encoded in enumerate(encodings):
         n = len(encoded)
         size += n
-        if size >= hi or digest(encoded) < n * scale:
+        if size >= hi or digest(encoded, seed) < n * scale:
             ranges.append((first, i + 1, True))
             first, size = i + 1, 0
     if first < len(encodings):
@@ -601,7 +607,7 @@ def _finish(
     items: int,
     leaves: list[Entry],
     raws: Mapping[bytes, bytes | memoryview],
-    format_id: int,
+    keys: ChunkKeys,
     parent: Layout | None,
     shared: int = 0,
     known: set[bytes] | None = None,
@@ -612,8 +618,8 @@ def _finish(
     chunk of ``raws`` not in it is written as new even if the parent has it elsewhere, which
     costs a write that changes nothing (the store keeps the row it has) but no pass over
     the parent's leaves."""
-    root, nodes, index, levels, packed = build_tree(leaves, format_id, parent)
-    layout = Layout(kind, meta, items, root, leaves, nodes, format_id, index=index, levels=levels)
+    root, nodes, index, levels, packed = build_tree(leaves, keys, parent)
+    layout = Layout(kind, meta, items, root, leaves, nodes, keys, index=index, levels=levels)
     if parent is not None and shared and parent.kind == kind:
         old_starts = parent.leaf_starts()
         starts = old_starts[:shared]
@@ -644,7 +650,7 @@ def _finish(
                     raw is not None
                     and leaf.key in new
                     and leaf.size > last.size
-                    and chunk_key(format_id, memoryview(raw)[: last.size]) == last.key
+                    and keys(memoryview(raw)[: last.size]) == last.key
                 ):
                     extended.append((last.key, leaf.key, last.size))
     return Split(layout, new, extended)
@@ -675,7 +681,7 @@ def sealed(parent: Layout, min_size: int = SEAL_MIN) -> Layout:
         parent.root,
         [*leaves[:-1], last._replace(flags=last.flags | CUT)],
         parent.nodes,
-        parent.format_id,
+        parent.keying,
         starts=parent.starts,  # the same leaves: their offsets are not added up again
         prefix=parent.prefix,
         index=parent.index,
@@ -696,7 +702,7 @@ def _buffer_of(kind: str, value: Any) -> tuple[memoryview, Any]:
 def split(
     value: Any,
     dumps: Dumps,
-    format_id: int,
+    keys: Keying,
     parent: Layout | None = None,
     *,
     dict_params: Params = DICT_PARAMS,
@@ -709,30 +715,31 @@ def split(
     kind = kind_of(value)
     if kind is None:
         return None
+    make = keying(keys)
     raws: dict[bytes, Any] = {}
     leaves: list[Entry] = []
     if kind in ("list", "dict"):
         if parent is not None and parent.kind == kind and parent.leaves:
-            return _split_guided(kind, value, dumps, format_id, parent, dict_params, exact)
+            return _split_guided(kind, value, dumps, make, parent, dict_params, exact)
         encodings = _encode_items(kind, value, dumps, 0, len(value))
         if encodings is None:
             return None
         params = LIST_PARAMS if kind == "list" else dict_params
-        for first, stop, cut in _cuts(encodings, params):
+        for first, stop, cut in _cuts(encodings, params, make.cut_seed):
             raw = b"".join(encodings[first:stop])
-            key = chunk_key(format_id, raw)
+            key = make(raw)
             raws[key] = raw
             leaves.append(Entry(key, stop - first, len(raw), CUT if cut else 0))
-        return _finish(kind, None, len(encodings), leaves, raws, format_id, parent)
+        return _finish(kind, None, len(encodings), leaves, raws, make, parent)
     buffer, meta = _buffer_of(kind, value)
     known = parent.keys() if parent is not None else set()
     total = len(buffer)
     pieces = [buffer[offset : offset + BUFFER_CHUNK] for offset in range(0, total, BUFFER_CHUNK)]
-    for piece, key in zip(pieces, chunk_keys(format_id, pieces), strict=True):
+    for piece, key in zip(pieces, make.many(pieces), strict=True):
         if key not in known and key not in raws:
             raws[key] = piece  # a view: the store frames (copies) only the new ones
         leaves.append(Entry(key, len(piece), len(piece), CUT))
-    return _finish(kind, meta, total, leaves, raws, format_id, parent)
+    return _finish(kind, meta, total, leaves, raws, make, parent)
 
 
 def _encode_items(
@@ -756,7 +763,7 @@ def _header_size(n: int) -> int:
 
 
 def _split_guided(
-    kind: str, value: Any, dumps: Dumps, format_id: int, parent: Layout, dict_params: Params,
+    kind: str, value: Any, dumps: Dumps, keys: ChunkKeys, parent: Layout, dict_params: Params,
     exact: Exact | None = None,
 ) -> Split | None:
     """``value`` cut where its parent was, where it can be. The value is serialised once,
@@ -784,6 +791,10 @@ def _split_guided(
     body = memoryview(whole)[header:]
     total = len(body)
     digest = xxhash.xxh3_128_digest
+    format_id = keys.format_id
+    # A parent's chunk is compared with the bytes at its place by one xxh3 pass over them:
+    # its key is then the key of that digest (keyed, in a sealed store: see ChunkKeys).
+    key_of = keys.of_xxh3
     leaves: list[Entry] = []
     raws: dict[bytes, bytes] = {}
 
@@ -812,12 +823,12 @@ def _split_guided(
         clean_to = header + (hashed if span is not None and span[3] else 0)
         whole, plain = exact.checked(value, packed, clean_to)
         if whole is not packed:  # a raw buffer (rare): its exact bytes are not those hashed
-            return _split_guided(kind, value, dumps, format_id, parent, dict_params)
+            return _split_guided(kind, value, dumps, keys, parent, dict_params)
     while i < count:
         entry = old[i]
         if not entry.flags & CUT or starts[i] + entry.items > n or offset + entry.size > total:
             break
-        if b"\x01" + digest(body[offset : offset + entry.size], seed=format_id) != entry.key:
+        if key_of(digest(body[offset : offset + entry.size], seed=format_id)) != entry.key:
             break
         offset += entry.size
         i += 1
@@ -832,7 +843,7 @@ def _split_guided(
         if (
             n - kept_items - entry.items < first
             or back - entry.size < offset
-            or b"\x01" + digest(body[back - entry.size : back], seed=format_id) != entry.key
+            or key_of(digest(body[back - entry.size : back], seed=format_id)) != entry.key
         ):
             break
         suffix.append(entry)
@@ -851,10 +862,10 @@ def _split_guided(
         if encodings is None:
             return None
     params = LIST_PARAMS if kind == "list" else dict_params
-    ranges = _cuts(encodings, params)
+    ranges = _cuts(encodings, params, keys.cut_seed)
     for k, (a, b, cut) in enumerate(ranges):
         raw = b"".join(encodings[a:b])
-        key = chunk_key(format_id, raw)
+        key = keys(raw)
         raws[key] = raw
         final = cut or (k == len(ranges) - 1 and bool(suffix))  # cut before a kept suffix
         leaves.append(Entry(key, b - a, len(raw), CUT if final else 0))
@@ -862,7 +873,7 @@ def _split_guided(
     # Only the parent's chunks between the kept prefix and suffix can be among the new ones
     # (one equal to a chunk elsewhere is written again, to no effect): no set of every key.
     replaced = {e.key for e in old[i : count - len(suffix)]}
-    result = _finish(kind, None, n, leaves, raws, format_id, parent, shared=i, known=replaced)
+    result = _finish(kind, None, n, leaves, raws, keys, parent, shared=i, known=replaced)
     # What the next whole-value save checks in one hash: the bytes of the final chunks
     # before the last one (the last may become a kept suffix, shifted).
     kept = len(leaves) - 1
@@ -937,7 +948,7 @@ def split_delta(
             out.append(encoded)
         return out
 
-    fmt = parent.format_id
+    keys = parent.keying
     leaves: list[Entry] = []
     raws: dict[bytes, bytes] = {}
     shared: int | None = None  # how many leading leaves are the parent's
@@ -948,11 +959,12 @@ def split_delta(
         if shared is None:
             shared = len(leaves)
         raw = b"".join(chunk)
-        key = chunk_key(fmt, raw)
+        key = keys(raw)
         raws[key] = raw
         leaves.append(Entry(key, len(chunk), len(raw), flags))
 
     digest = xxhash.xxh3_64_intdigest
+    seed = keys.cut_seed
     hi = params.max
     scale = (1 << 64) // params.target
     leaf = 0  # the next parent leaf not yet passed
@@ -986,7 +998,7 @@ def split_delta(
                 chunk.append(encoded)
                 size += len(encoded)
                 position += 1
-                if size >= hi or digest(encoded) < len(encoded) * scale:
+                if size >= hi or digest(encoded, seed) < len(encoded) * scale:
                     emit(chunk, CUT)
                     chunk, size = [], 0
                     while p < len(points) and points[p] < position:
@@ -1006,7 +1018,7 @@ def split_delta(
     # After the last dirty point the parent's leaves carry on unchanged.
     leaves.extend(old_leaves[leaf:])
     return _finish(
-        kind, parent.meta, n, leaves, raws, parent.format_id, parent,
+        kind, parent.meta, n, leaves, raws, keys, parent,
         shared=len(leaves) if shared is None else shared, known=replaced,
     )
 
@@ -1074,22 +1086,20 @@ def list_groups(
         yield b"".join([container_header("list", count), *part])
 
 
-def check_chunk(key: bytes, format_id: int, raw: bytes | memoryview) -> bool:
-    """Whether ``raw`` is the chunk ``key`` names (the integrity check of every chunk read)."""
-    if len(key) != KEY_SIZE or key[0] not in (KEY_XXH3, KEY_SHA256):
-        return False
-    fmt = format_id & 0xFF
-    return chunk_key(fmt | SHA256_KEYS if key[0] == KEY_SHA256 else fmt, raw) == key
-
-
 __all__ = [
     "CHUNKED_MIN",
     "CUT",
+    "KEY_SHA256",
+    "KEY_SIZE",
+    "KEY_XXH3",
     "MANIFEST_PATCHED",
     "NODE",
     "PATCH_GROUP",
     "PATCH_MIN_ITEMS",
+    "SHA256_KEYS",
+    "ChunkKeys",
     "Entry",
+    "Keying",
     "Layout",
     "Manifest",
     "Split",
@@ -1098,16 +1108,18 @@ __all__ = [
     "build_tree",
     "check_chunk",
     "chunk_key",
-    "chunk_keys",
     "container_header",
     "decode_manifest",
     "encode_manifest",
     "expand",
     "is_patched",
+    "keying",
     "kind_of",
     "list_groups",
     "may_patch",
+    "pack_entries",
     "patch_dict",
+    "rekeyed_manifest",
     "sealed",
     "split",
     "split_delta",

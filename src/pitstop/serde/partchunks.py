@@ -10,7 +10,7 @@ state, a dict of weights and Python values) is stored as:
 
 all cut at fixed offsets (:data:`~pitstop.serde.chunks.BUFFER_CHUNK`, counted from the start
 of the skeleton and of each buffer) into chunks keyed by
-:func:`~pitstop.serde.chunks.chunk_key`, the same content addresses as every chunked value. The
+:class:`~pitstop.serde.chunkkeys.ChunkKeys`, the same content addresses as every chunked value. The
 manifest's ``meta`` is ``[skeleton length, [buffer length, ...]]``; its leaves are the
 skeleton's chunks, then each buffer's in order.
 
@@ -27,7 +27,17 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from . import buffers, parallel
-from .chunks import BUFFER_CHUNK, CUT, Entry, Layout, Split, build_tree, chunk_keys
+from .chunks import (
+    BUFFER_CHUNK,
+    CUT,
+    Entry,
+    Keying,
+    Layout,
+    Split,
+    build_tree,
+    keying,
+    pack_entries,
+)
 
 KIND: Final = "parts"
 
@@ -84,7 +94,7 @@ def holds_buffers(value: Any, min_size: int = buffers.BUFFER_MIN) -> bool:
 
 
 def split_parts(
-    skeleton: bytes, views: Sequence[memoryview], format_id: int, parent: Layout | None
+    skeleton: bytes, views: Sequence[memoryview], keys: Keying, parent: Layout | None
 ) -> Split:
     """A ``dumps_parts`` result as chunks; those the parent references are not in ``new``.
 
@@ -99,23 +109,20 @@ def split_parts(
         segment = view.cast("B") if view.format != "B" else view
         pieces.extend(segment[o : o + BUFFER_CHUNK] for o in range(0, len(segment), BUFFER_CHUNK))
     # One hash pass over every array (several threads for large ones).
-    for piece, key in zip(pieces, chunk_keys(format_id, pieces), strict=True):
+    make = keying(keys)
+    for piece, key in zip(pieces, make.many(pieces), strict=True):
         if key not in known and key not in raws:
             raws[key] = piece  # a view of the array: the store frames (copies) it once
         leaves.append(Entry(key, len(piece), len(piece), CUT))
     lengths = [len(skeleton), [v.nbytes for v in views]]
     total = len(skeleton) + sum(v.nbytes for v in views)
     same_kind = parent if parent is not None and parent.kind == KIND else None
-    root, nodes, index, levels, _ = build_tree(leaves, format_id, same_kind)
-    layout = Layout(
-        KIND, lengths, total, root, leaves, nodes, format_id, index=index, levels=levels
-    )
+    root, nodes, index, levels, _ = build_tree(leaves, make, same_kind)
+    layout = Layout(KIND, lengths, total, root, leaves, nodes, make, index=index, levels=levels)
     new: dict[bytes, Any] = {k: raw for k, raw in raws.items() if k not in known}
-    from .chunks import _pack_entries  # the node encoding: one definition
-
     for key, entries in nodes.items():
         if key not in known:
-            new[key] = _pack_entries(entries)
+            new[key] = pack_entries(entries)
     return Split(layout, new, [])
 
 

@@ -51,6 +51,10 @@ from ...errors import StoreError
 Pieces = Sequence[bytes | memoryview]
 """A value given as pieces to write one after the other (a header and an array's memory)."""
 
+ChunkCheck = Callable[[bytes, int, memoryview], None]
+"""What checks a value read into place: called with its key, its header byte and its body
+(in the place it was read into), raises if the body is not what the key names."""
+
 
 class Slot(NamedTuple):
     """Where a packed value is: its ``size`` stored bytes at ``offset`` in the pack named
@@ -107,6 +111,18 @@ class BlobStore(ABC):
         target[:] = memoryview(data)[1:]
         return data[0]
 
+    def read_checked_into(
+        self, key: bytes, target: memoryview, slot: Slot | None, check: ChunkCheck
+    ) -> int | None:
+        """:meth:`read_into`, then ``check`` run on the body in place (it raises if the body
+        is not what ``key`` names). A store that reads bodies as they arrive from a network
+        (object storage) runs it on each as it lands, while the body is in the processor's
+        cache, when :meth:`place` was given the same check."""
+        header = self.read_into(key, target, slot)
+        if header is not None:
+            check(key, header, target)
+        return header
+
     @abstractmethod
     def delete(self, keys: Iterable[bytes]) -> None:
         """Remove these keys (missing ones are ignored)."""
@@ -134,11 +150,16 @@ class BlobStore(ABC):
         whose reads wait on a network starts them all now, concurrently. A disk needs no
         such help."""
 
-    def place(self, places: Sequence[tuple[bytes, Slot | None, memoryview]]) -> None:  # noqa: B027
+    def place(  # noqa: B027
+        self,
+        places: Sequence[tuple[bytes, Slot | None, memoryview]],
+        check: ChunkCheck | None = None,
+    ) -> None:
         """A load now knows where the bodies of these prefetched values go (an array's
         chunks, each ``(key, slot, target)``; a key may have several targets), before it
-        reads them by :meth:`read_into` with those targets: a store whose reads wait on a
-        network may start them now, writing straight into the targets. Others need not."""
+        reads them by :meth:`read_checked_into` with those targets and ``check``: a store
+        whose reads wait on a network may start them now, writing straight into the
+        targets and checking each body as it lands. Others need not."""
 
     def why_missing(self, key: bytes, slot: Slot | None = None) -> str:
         """Why :meth:`get` found nothing under ``key`` (what ``verify`` reports)."""
@@ -560,8 +581,8 @@ class Deferred(NamedTuple):
     def read(self) -> bytes | None:
         return self.store.get(self.key, self.slot)
 
-    def read_into(self, target: memoryview) -> int | None:
-        return self.store.read_into(self.key, target, self.slot)
+    def read_checked_into(self, target: memoryview, check: ChunkCheck) -> int | None:
+        return self.store.read_checked_into(self.key, target, self.slot, check)
 
 
 _PACKS: Final = "packs"
@@ -679,4 +700,4 @@ def open_blob_store(spec: str | os.PathLike[str] | BlobStore) -> BlobStore:
     return DirectoryBlobStore(text)
 
 
-__all__ = ["BlobStore", "Deferred", "DirectoryBlobStore", "Slot", "open_blob_store"]
+__all__ = ["BlobStore", "ChunkCheck", "Deferred", "DirectoryBlobStore", "Slot", "open_blob_store"]

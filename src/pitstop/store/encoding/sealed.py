@@ -14,8 +14,9 @@ writes: :meth:`Encryption.seal_small`, under a keyed content address,
 :meth:`Encryption.address`) and the state's values kept there (inline fields,
 :meth:`Encryption.seal_small`; value rows and chunks, :meth:`Encryption.seal_row`), sealed
 by the value codec whichever the backend (:mod:`pitstop.store.encoding.sealing`). Records
-and the state's whole values are under keyed addresses (:meth:`Encryption.address`); chunk
-keys, run ids, step names, metadata and sizes stay plaintext there.
+and the state's whole values are under keyed addresses (:meth:`Encryption.address`), chunks
+and chunk-tree nodes under keyed chunk keys (:meth:`Encryption.chunk_keys`); run ids, step
+names, metadata and sizes stay plaintext there.
 
 A sealed value is ``magic (4) | key id (16, NUL-padded) | nonce (12) | ciphertext | tag (16)``:
 a fixed 48 bytes more than the value, so a row's recorded size still locates it in its pack.
@@ -46,10 +47,13 @@ import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from ...errors import EncryptionKeyError, UnsupportedStoreError
 from .blobs import BlobStore, Pieces, Slot
+
+if TYPE_CHECKING:
+    from ...serde.chunkkeys import ChunkKeys
 
 MAGIC: Final = b"\xffPSE"
 """The first bytes of a sealed value (0xff is never a plain value's header byte)."""
@@ -265,6 +269,28 @@ class Encryption:
         hasher.update(raw)
         return hasher.digest()
 
+    def chunk_keys(self, format_id: int) -> ChunkKeys:
+        """How a sealed store keys its chunks and chunk-tree nodes
+        (:mod:`pitstop.serde.chunkkeys`): BLAKE2b-128 of a chunk's plain key, keyed with a
+        secret derived from the current key as :meth:`address`'s is (another ``info``), in
+        place of the plain key, which anyone can compute from a guess of the chunk; and
+        lists and dicts cut where a hash seeded by a third secret says. The secrets of the
+        ring's other keys check chunks keyed under them before a rotation. As with
+        :meth:`address`, a rotation changes the keys of new chunks only (``rekey`` seals
+        a chunk again under its key as it was): the first save of a value after it writes
+        the value's chunks again, under keys of the new key, and deduplicates from then on.
+        ``format_id``: the serializer's, with ``SHA256_KEYS`` if the store keys chunks by
+        SHA-256."""
+        from ...serde.chunkkeys import ChunkKeys
+
+        info = b"pitstop chunk address v1"
+        seed = self._derived(b"pitstop chunk cuts v1")
+        return ChunkKeys(
+            format_id, secret=self._derived(info),
+            others=[self._derived(info, key_id) for key_id in self.keys if key_id != self.current],
+            cut_seed=int.from_bytes(seed[:8], "big"),
+        )
+
     def addresses(self, format_id: int, raw: bytes | memoryview, key: bytes) -> bool:
         """Whether ``key`` is the address (:meth:`address`) of ``raw`` under some key of the
         ring: the check of a whole value of the state read back, whichever key was current
@@ -299,15 +325,28 @@ class Encryption:
 
 
 class Opened(bytes):
-    """The plaintext of a whole value of the state read back from a sealed store's value
-    table or blob store (:meth:`SealedBlobStore.get`, ``Sealing.open_row``): AES-GCM
-    authenticated it bound to its content key, so a load checks no hash of it again. Its
-    key is a keyed address (:meth:`Encryption.address`) computed under whichever key was
-    current when it was saved, which may have left the ring since (``rekey`` sealed it
-    again under the new key, the address as it was): the plaintext alone could not be
-    checked against it then."""
+    """The plaintext of a whole value of the state, or of a chunk under a keyed key, read
+    back from a sealed store's value table or blob store (:meth:`SealedBlobStore.get`,
+    ``Sealing.open_row``): AES-GCM authenticated it bound to its content key, so a load
+    checks no hash of it again. Its key is a keyed address (:meth:`Encryption.address`,
+    :meth:`Encryption.chunk_keys`) computed under whichever key was current when it was
+    saved, which may have left the ring since (``rekey`` sealed it again under the new
+    key, the address as it was): the plaintext alone could not be checked against it
+    then."""
 
     __slots__ = ()
+
+
+def opens_checked(key: bytes) -> bool:
+    """Whether a value under ``key`` is handed on as :class:`Opened` once opened: a whole
+    value (32 bytes) or a chunk under a keyed key (not a plain chunk key, which a load
+    checks by its hash, as in any store)."""
+    return len(key) == 32 or key[0] in _KEYED_CHUNK_KINDS
+
+
+_KEYED_CHUNK_KINDS: Final = frozenset({0x03, 0x04})
+"""The kind bytes of keyed chunk keys (:data:`pitstop.serde.chunkkeys.KEY_KEYED`, ...),
+here so that reading rows does not import the chunker."""
 
 
 def sealed_size(size: int) -> int:
@@ -453,6 +492,14 @@ class SealedBlobStore(BlobStore):
         self.inner.prefetch([(key, self._inner_slot(slot)) for key, slot in values])
 
     def get(self, key: bytes, slot: Slot | None = None) -> bytes | None:
+        found = self._open(key, slot)
+        if found is None:
+            return None
+        data, opened = found
+        return Opened(data) if opened and opens_checked(key) else data  # see Opened
+
+    def _open(self, key: bytes, slot: Slot | None) -> tuple[bytes, bool] | None:
+        """The value's plaintext, and whether AES-GCM authenticated it (it was sealed)."""
         data = self.inner.get(key, self._inner_slot(slot))
         if data is None:
             self._failure.reason = None
@@ -461,7 +508,7 @@ class SealedBlobStore(BlobStore):
             if slot is not None:  # whatever this store packed, it sealed
                 self._failure.reason = "not sealed, where this store seals every value"
                 return None
-            return data  # written before the store was sealed: `pitstop rekey` seals it
+            return data, False  # written before the store was sealed: `rekey` seals it
         plain = self.encryption.open(key, data)
         if plain is None:
             self._failure.reason = (
@@ -469,13 +516,19 @@ class SealedBlobStore(BlobStore):
                 "from another value's place)"
             )
             return None
-        return Opened(plain) if len(key) == 32 else plain  # a whole value: see Opened
+        return plain, True
 
     def read_into(self, key: bytes, target: memoryview, slot: Slot | None = None) -> int | None:
-        data = self.get(key, slot)
-        if data is None or len(data) != target.nbytes + 1:
+        """As :meth:`BlobStore.read_into`; a chunk under a keyed key only if it was sealed
+        (authenticated: the caller checks no hash of it), else None (the caller's
+        :meth:`get` then names it, or checks it against its key)."""
+        found = self._open(key, slot)
+        if found is None:
             return None
-        target[:] = memoryview(data)[1:]
+        data, opened = found
+        if len(data) != target.nbytes + 1 or (not opened and opens_checked(key)):
+            return None
+        target[:] = memoryview(data)[1:]  # (not through Opened: a copy of a MiB less)
         return data[0]
 
     def why_missing(self, key: bytes, slot: Slot | None = None) -> str:
@@ -517,4 +570,5 @@ class SealedBlobStore(BlobStore):
 
 
 __all__ = [
-    "OVERHEAD", "Encryption", "Opened", "SealedBlobStore", "is_sealed", "key_id_of"]
+    "OVERHEAD", "Encryption", "Opened", "SealedBlobStore", "is_sealed", "key_id_of",
+    "opens_checked"]

@@ -9,7 +9,8 @@ values it keeps in the database:
   is new bytes and equal values in two records are not seen to be equal);
 * the rows of the value table a save inserts (whole values under the blob threshold, under
   a keyed address (:meth:`.Encryption.address`) as records are, the chunks and chunk-tree
-  nodes of lists, dicts and small buffers): :meth:`Sealing.seal_rows`,
+  nodes of lists, dicts and small buffers, under keyed chunk keys
+  (:meth:`.Encryption.chunk_keys`)): :meth:`Sealing.seal_rows`,
   each bound to its content key, deterministically (:meth:`.Encryption.seal_row`), and
   opened where rows are read (:meth:`Sealing.open_row`), so everything above the read sees
   the frames it always did;
@@ -19,9 +20,9 @@ values it keeps in the database:
 A sealed store makes no prefix aliases of chunks (a prefix of a sealed row is not a sealed
 prefix) and closes a grown list's open chunk instead, as a store that keeps every row does.
 
-The field map itself stays plaintext: field names, sizes, content keys and chunk manifests
-(keys, item counts, an array's dtype and shape), so listing history reads no key and decodes
-nothing.
+The field map itself stays plaintext: field names, sizes, content keys (keyed) and chunk
+manifests' roots (keyed chunk keys, item counts, an array's dtype and shape), so listing
+history reads no key and decodes nothing.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from .records import NewBlob
 
 if TYPE_CHECKING:
     from ...serde import Serializer
+    from ...serde.chunkkeys import ChunkKeys
     from .sealed import Encryption
 
 INLINE_AAD: Final = b"pitstop inline value"
@@ -50,6 +52,7 @@ class Sealing:
     serializer: Serializer
     compress_threshold: int | None
     seal_chunks: bool
+    chunk_keying: ChunkKeys
     _dumps: Callable[..., bytes]
 
     sealer: Encryption | None = None
@@ -67,6 +70,7 @@ class Sealing:
         self.sealer = encryption
         self._table_below = table_below
         self.seal_chunks = True  # no prefix aliases: see the module
+        self.chunk_keying = encryption.chunk_keys(self.chunk_keying.format_id)
         self.encode_value = self.encode_sealed
 
     # -- the state ----------------------------------------------------------------------------
@@ -92,7 +96,7 @@ class Sealing:
         if self.sealer is None or not data or data[0] != SEALED_HEAD:
             return data
         from ...errors import EncryptionKeyError
-        from .sealed import Opened
+        from .sealed import Opened, opens_checked
 
         try:
             plain = self.sealer.open(key, data)
@@ -100,7 +104,7 @@ class Sealing:
             return data
         if plain is None:
             return data
-        return Opened(plain) if len(key) == 32 else plain  # a whole value: see Opened
+        return Opened(plain) if opens_checked(key) else plain  # see Opened
 
     def opened_frame(self, key: bytes, data: bytes,
                      corrupt: Callable[[str], CorruptCheckpointError]) -> bytes:
@@ -125,7 +129,7 @@ class Sealing:
         """The keyed address (:meth:`.Encryption.address`) a sealed store keeps a whole value
         of the state under, given its key ``key`` elsewhere (an archive's SHA-256) and its
         plain frame ``framed`` (checked against ``key`` already: an import's); ``key`` for
-        a chunk, whose key stays as it is."""
+        a chunk (an import keys chunks in :mod:`~pitstop.store.encoding.readdress`)."""
         from ...serde import unframe
         from .records import is_chunk_key
 
@@ -193,8 +197,9 @@ class Sealing:
 def map_inline(fields: bytes, convert: Callable[[bytes], bytes] | None,
                keys: Mapping[bytes, bytes] | None = None) -> bytes | None:
     """The field map ``fields`` (encoded) with each inline value made ``convert(value)``
-    and each whole value's content key ``k`` in ``keys`` made ``keys[k]`` (re-addressed:
-    see :func:`plain_key`), or None if none changed."""
+    and each content key ``k`` in ``keys`` made ``keys[k]`` (re-addressed: a whole value's,
+    see :func:`plain_key`; a chunk's in a manifest's root, see
+    :mod:`~pitstop.store.encoding.readdress`), or None if none changed."""
     from .records import FieldRef, decode_field_map, encode_field_map
 
     decoded = decode_field_map(fields)
@@ -210,14 +215,22 @@ def map_inline(fields: bytes, convert: Callable[[bytes], bytes] | None,
         elif ref.manifest is None and keys and ref.hash in keys:
             decoded[name] = FieldRef(keys[ref.hash], ref.size)
             changed = True
+        elif ref.manifest is not None and keys:
+            from ...serde.chunks import rekeyed_manifest
+
+            manifest = rekeyed_manifest(ref.manifest, keys)
+            if manifest is not None:
+                decoded[name] = ref._replace(manifest=manifest)
+                changed = True
     return encode_field_map(decoded) if changed else None
 
 
 def plain_key(key: bytes, framed: bytes) -> bytes | None:
     """The SHA-256 content key (:func:`pitstop.serde.digest`) of a whole value of the
     state a sealed store keeps under the keyed address ``key`` (``framed``: its plain
-    frame), or None if ``key`` is that already (a chunk, a value stored before the store
-    was sealed) or the value cannot be read (the importer's verify names it). An export
+    frame), or None if ``key`` is that already (a value stored before the store was
+    sealed), a chunk's (see :mod:`~pitstop.store.encoding.readdress`) or the value cannot
+    be read (the importer's verify names it). An export
     carries a value under this key, so that any store can check it; an import into a
     sealed store addresses it again (:meth:`.Encryption.address`)."""
     from ...errors import PitstopError

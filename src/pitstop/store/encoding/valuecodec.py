@@ -26,7 +26,7 @@ from ...serde.framing import (
     is_compressed,
     unframe_view,
 )
-from .blobs import BlobStore, Deferred, Slot
+from .blobs import BlobStore, ChunkCheck, Deferred, Slot
 from .chunktrees import ChunkTrees, Reader, _bytes_of
 from .leafrows import list_from_rows, plain_chunks
 from .records import (
@@ -46,7 +46,7 @@ from .records import (
     field_path,
     is_chunk_key,
 )
-from .sealed import Opened
+from .sealed import Opened, SealedBlobStore, opens_checked
 from .sealing import INLINE_AAD, Sealing
 
 if TYPE_CHECKING:
@@ -58,6 +58,9 @@ class RowsReleased(Exception):
     again: read the values again and decode without ``consume`` (it then names the error)."""
 
 
+
+_ROWS: Final = frozenset({bytes, Opened})
+"""The types of a row's bytes read as they are (no copy to make them bytes)."""
 
 _INLINE_HEADS: dict[int, bytes] = {}
 """Format id -> the frame header of an inline value in that format (a save's every field)."""
@@ -87,9 +90,10 @@ class ValueCodec(ChunkTrees, Sealing):
         self.serializer: Serializer = serializer or MsgpackSerializer()
         self.compress_threshold = compress_threshold
         self.chunk_hash = check_chunk_hash(chunk_hash)
-        # The format id as the chunker takes it: it also says which hash keys new chunks.
-        self._chunk_format = self.serializer.format_id | (
-            chunking.SHA256_KEYS if chunk_hash == "sha256" else 0
+        # How new chunks are keyed (the format id, and which hash): keyed when sealed
+        # (Sealing.seal), and how chunks read back are checked.
+        self.chunk_keying = chunking.ChunkKeys(
+            self.serializer.format_id | (chunking.SHA256_KEYS if chunk_hash == "sha256" else 0)
         )
         self.seal_chunks = False
         """Seal a grown field's open last chunk instead of extending it (and never make a
@@ -218,7 +222,7 @@ class ValueCodec(ChunkTrees, Sealing):
     ) -> tuple[FieldRef, dict[bytes, NewBlob], list[Alias]] | bytes:
         """The field as chunks (with the parent's open chunks the new ones extend), or (too
         small after all) its whole serialised bytes."""
-        fmt = self._chunk_format
+        keys = self.chunk_keying
         parent = self.layout_of(previous)
         if parent is not None and chunking.is_patched(parent):
             # Positions in a patched dict's chunks are not its keys' (a key may come twice):
@@ -238,7 +242,7 @@ class ValueCodec(ChunkTrees, Sealing):
                 )
             else:
                 result = chunking.split(
-                    value, self.serializer.dumps, fmt, parent, dict_params=cuts,
+                    value, self.serializer.dumps, keys, parent, dict_params=cuts,
                     exact=self._exact,
                 )
         except Exception:
@@ -302,7 +306,7 @@ class ValueCodec(ChunkTrees, Sealing):
         try:
             manifest, size, raws = chunking.patch_dict(
                 patch.manifest, patch.delta.entries, self.serializer.dumps,
-                self._chunk_format, cuts,
+                self.chunk_keying, cuts,
             )
         except SerializationError as exc:
             raise exc.located(run_id=run_id, path=field_path(name) + (exc.path or "")) from None
@@ -328,7 +332,7 @@ class ValueCodec(ChunkTrees, Sealing):
                 f"{type(exc).__name__}: {exc}", run_id=run_id, path=field_path(name)
             ) from exc
         result = partchunks.split_parts(
-            skeleton, arrays, self._chunk_format, self.layout_of(previous)
+            skeleton, arrays, self.chunk_keying, self.layout_of(previous)
         )
         layout = result.layout
         manifest = layout.manifest()
@@ -390,6 +394,7 @@ class ValueCodec(ChunkTrees, Sealing):
         except ValueError as exc:
             raise corrupt(str(exc)) from None
         formats: set[int] = set()
+        check = self.chunk_keying.check
 
         def raw_of(key: bytes) -> bytes | memoryview:
             data = _bytes_of(blobs.get(key))
@@ -399,14 +404,18 @@ class ValueCodec(ChunkTrees, Sealing):
                 if partial:  # perhaps a node not read (its layout was known then): read all
                     raise RowsReleased
                 raise corrupt(f"chunk {key.hex()[2:18]} is missing from the store")
+            # A sealed chunk opened (Opened) was authenticated bound to its key by AES-GCM:
+            # under a keyed key, no hash of it is computed again (see Opened).
+            authenticated = type(data) is Opened
             if data[:1] == b"\xff":  # a sealed row the read could not open: say why
                 data = self.opened_frame(key, bytes(data), lambda message: corrupt(
                     f"chunk {key.hex()[2:18]}: {message}"))
+                authenticated = True
             try:
-                fmt, raw = unframe_view(data if type(data) is bytes else bytes(data))
+                fmt, raw = unframe_view(data if type(data) in _ROWS else bytes(data))
             except ValueError as exc:
                 raise corrupt(f"chunk {key.hex()[2:18]}: {exc}") from None
-            if not chunking.check_chunk(key, fmt, raw):
+            if not (authenticated or check(key, fmt, raw)):
                 raise corrupt(f"chunk {key.hex()[2:18]}: checksum mismatch (truncated or altered)")
             formats.add(fmt)
             return raw
@@ -452,18 +461,18 @@ class ValueCodec(ChunkTrees, Sealing):
             )
 
         def remember(fmt: int) -> None:
-            if known is None:
-                keyed = fmt | (self._chunk_format & chunking.SHA256_KEYS)  # the next save's
-                self._remember(manifest, chunking.Layout(kind, meta, items, root, leaves,
-                                                         nodes, keyed))
+            if known is None:  # (how the next save keys its chunks)
+                self._remember(manifest, chunking.Layout(
+                    kind, meta, items, root, leaves, nodes, self.chunk_keying.with_format(fmt)))
 
         if kind == "list" and (known is not None or sum(e.items for e in leaves) == items):
             fast = self._list_from_rows(items, leaves, blobs, strict=strict, consume=consume)
             if fast is not None:
                 remember(fast[0])
                 return fast[1]
-        raws: Mapping[bytes, bytes | memoryview] | None = plain_chunks(leaves, blobs, formats)
-        if raws is None:  # not all plain xxh3 chunks of one format: one by one, named
+        raws: Mapping[bytes, bytes | memoryview] | None = plain_chunks(
+            leaves, blobs, formats, self.chunk_keying)
+        if raws is None:  # not all xxh3-made chunks of one format: one by one, named
             raws = {leaf.key: raw_of(leaf.key) for leaf in leaves}
         if known is None and sum(leaf.items for leaf in leaves) != items:
             raise corrupt("chunk manifest does not add up (altered?)")
@@ -505,17 +514,16 @@ class ValueCodec(ChunkTrees, Sealing):
         """A ``parts`` value: each chunk checked and copied straight into the buffer of its
         array (one copy; no joined intermediate), the arrays built on those buffers."""
         meta, items, root, leaves, nodes = tree
-        fill = _chunk_filler(blobs, raw_of, formats, corrupt)
+        check = _chunk_check(corrupt, self.chunk_keying)
+        fill = _chunk_filler(blobs, raw_of, formats, check)
         try:
             skeleton, buffers = partchunks.assemble_parts(
-                meta, items, leaves, fill, _chunk_planner(blobs))
+                meta, items, leaves, fill, _chunk_planner(blobs, check))
         except ValueError as exc:
             raise corrupt(f"chunks do not make the stored arrays ({exc})") from None
         fmt = formats.pop() if len(formats) == 1 else self.serializer.format_id
-        keyed = fmt | (self._chunk_format & chunking.SHA256_KEYS)
-        self._remember(
-            manifest, chunking.Layout(partchunks.KIND, meta, items, root, leaves, nodes, keyed)
-        )
+        self._remember(manifest, chunking.Layout(
+            partchunks.KIND, meta, items, root, leaves, nodes, self.chunk_keying.with_format(fmt)))
         reader = self._readers.get(fmt)
         loads_parts = getattr(reader, "loads_parts", None)
         if loads_parts is None:
@@ -560,9 +568,10 @@ class ValueCodec(ChunkTrees, Sealing):
         except Exception as exc:
             raise corrupt(f"chunks do not make a {kind} ({type(exc).__name__}: {exc})") from None
         buffer = partchunks.uninitialised(items)
-        fill = _chunk_filler(blobs, raw_of, formats, corrupt)
+        check = _chunk_check(corrupt, self.chunk_keying)
+        fill = _chunk_filler(blobs, raw_of, formats, check)
         try:
-            partchunks.fill_buffers([buffer], leaves, fill, _chunk_planner(blobs))
+            partchunks.fill_buffers([buffer], leaves, fill, _chunk_planner(blobs, check))
             if not shape or 0 in shape:
                 array = numpy.zeros(shape, dtype=dtype)  # as chunks.assemble builds it
             else:
@@ -570,8 +579,8 @@ class ValueCodec(ChunkTrees, Sealing):
         except (ValueError, TypeError) as exc:
             raise corrupt(f"chunks do not make a {kind} ({type(exc).__name__}: {exc})") from None
         fmt = formats.pop() if len(formats) == 1 else self.serializer.format_id
-        keyed = fmt | (self._chunk_format & chunking.SHA256_KEYS)
-        layout = chunking.Layout(kind, meta, items, root, leaves, nodes, keyed)
+        layout = chunking.Layout(kind, meta, items, root, leaves, nodes,
+                                 self.chunk_keying.with_format(fmt))
         self._remember(manifest, layout)
         return array
 
@@ -580,10 +589,12 @@ class ValueCodec(ChunkTrees, Sealing):
         if not is_chunk_key(key):
             self.decode_value(data, key, strict=False)
             return
+        authenticated = type(data) is Opened  # (see decode_chunked)
         if data[:1] == b"\xff":  # a sealed row, as the table holds it
             data = self.opened_frame(key, bytes(data), CorruptCheckpointError)
+            authenticated = True
         fmt, raw = unframe(bytes(data))
-        if not chunking.check_chunk(key, fmt, raw):
+        if not (authenticated or self.chunk_keying.check(key, fmt, raw)):
             raise CorruptCheckpointError("chunk checksum mismatch (truncated or altered)")
 
     def _dumps(self, value: Any, run_id: str, path: str, field: str | None = None) -> bytes:
@@ -792,7 +803,7 @@ class ValueCodec(ChunkTrees, Sealing):
         :class:`RowsReleased` then asks for a new read."""
         held = len(blobs)
         found = list_from_rows(self._list_readers, leaves, blobs, strict=strict,
-                               consume=consume)
+                               consume=consume, keying=self.chunk_keying)
         if found is not None and len(found[1]) == items:
             return found
         if len(blobs) != held:
@@ -939,25 +950,43 @@ _TREE_DEPTH: Final = 40
 """Levels of nodes a chunked value's tree may have when read (see decode_chunked)."""
 
 
+def _chunk_check(
+    corrupt: Callable[[str], CorruptCheckpointError], keys: chunking.ChunkKeys
+) -> ChunkCheck:
+    """What checks a plain chunk read into its place against its key (a chunk of another
+    kind is read again, and checked, by the general path)."""
+
+    def check(key: bytes, header: int, body: memoryview) -> None:
+        if not header & ~FORMAT_MASK and not keys.check(key, header, body):
+            raise corrupt(f"chunk {key.hex()[2:18]}: checksum mismatch (truncated or altered)")
+
+    return check
+
+
+def _authenticated(key: bytes, header: int, body: memoryview) -> None:
+    """The check of a chunk AES-GCM has already authenticated: none to add."""
+
+
 def _chunk_filler(
     blobs: Mapping[bytes, Stored],
     raw_of: Callable[[bytes], bytes | memoryview],
     formats: set[int],
-    corrupt: Callable[[str], CorruptCheckpointError],
+    check: ChunkCheck,
 ) -> partchunks.Fill:
     """What writes a chunk's raw bytes into its place in an array's buffer: a blob-store file
-    read straight into it and checked there; a chunk in the table copied after ``raw_of``
-    checked it. Safe to call from several threads at once (one place each)."""
+    read straight into it and checked there (by ``check``; object storage checks each as it
+    lands); a chunk in the table copied after ``raw_of`` checked it. Safe to call from
+    several threads at once (one place each)."""
 
     def fill(entry: chunking.Entry, target: memoryview) -> None:
         data = blobs.get(entry.key)
         if isinstance(data, Deferred):
-            header = data.read_into(target)  # from the file into place: no other copy
+            # From the file into place (no other copy), checked there. A sealed blob store
+            # reads a chunk under a keyed key into place only once AES-GCM has authenticated
+            # it (see SealedBlobStore.read_into): no second check.
+            trusted = opens_checked(entry.key) and isinstance(data.store, SealedBlobStore)
+            header = data.read_checked_into(target, _authenticated if trusted else check)
             if header is not None and not header & ~FORMAT_MASK:
-                if not chunking.check_chunk(entry.key, header, target):
-                    raise corrupt(
-                        f"chunk {entry.key.hex()[2:18]}: checksum mismatch (truncated or altered)"
-                    )
                 formats.add(header)
                 return
         raw = raw_of(entry.key)  # in the table, or not a plain chunk: read, checked
@@ -968,9 +997,10 @@ def _chunk_filler(
     return fill
 
 
-def _chunk_planner(blobs: Mapping[bytes, Stored]) -> partchunks.Plan:
+def _chunk_planner(blobs: Mapping[bytes, Stored], check: ChunkCheck) -> partchunks.Plan:
     """What tells the blob store where each chunk still in it goes, before the first is
-    read (object storage then streams each pack into the array's memory as it arrives)."""
+    read, and how it is checked (object storage then streams each pack into the array's
+    memory as it arrives, checking each chunk as it lands)."""
 
     def plan(jobs: Sequence[tuple[chunking.Entry, memoryview]]) -> None:
         by_store: dict[int, tuple[BlobStore, list[tuple[bytes, Slot | None, memoryview]]]] = {}
@@ -980,7 +1010,7 @@ def _chunk_planner(blobs: Mapping[bytes, Stored]) -> partchunks.Plan:
                 by_store.setdefault(id(data.store), (data.store, []))[1].append(
                     (data.key, data.slot, target))
         for store, places in by_store.values():
-            store.place(places)
+            store.place(places, check)
 
     return plan
 

@@ -104,11 +104,11 @@ def _check_schema(tx: Tx, run_id: str, name: str, payload: Any) -> None:
     """Refuse a payload that does not fit the schema the waiting step recorded for it
     (``input_schema=``): the same check whoever sends (Python, ``pitstop send``, the
     inspector), with no need of the workflow's code."""
-    row = tx.one("SELECT c.metadata FROM pitstop_runs r JOIN pitstop_checkpoints c "
-                 "ON c.id = r.head_id WHERE r.run_id = ?", (run_id,))
-    if row is None:
+    metadata = tx.scalar("SELECT c.metadata FROM pitstop_runs r JOIN pitstop_checkpoints c "
+                         "ON c.id = r.head_id WHERE r.run_id = ?", (run_id,))
+    if metadata is None:
         return
-    schemas = json.loads(row[0]).get("input_schemas")
+    schemas = json.loads(metadata).get("input_schemas")
     schema = schemas.get(name) if isinstance(schemas, dict) else None
     if not isinstance(schema, dict):
         return

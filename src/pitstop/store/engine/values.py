@@ -340,8 +340,10 @@ class StoredValues(SqlBackend):
                 value = self._fetch_external(key, location, slot_of(pack, pack_offset, size))
                 if value is not None:
                     out[key] = value
-        if len(deferred) > 1 and self.blobs is not None:
-            self.blobs.prefetch(deferred)  # object storage: every GET in flight at once
+        if deferred and self.blobs is not None:
+            # Object storage: every GET in flight at once, and a pack's values asked for at
+            # two levels of a tree read by one request.
+            self.blobs.prefetch(deferred)
         return out, aliases
 
     def _prefix_rows(self, tx: Tx, keys: Sequence[bytes]) -> dict[bytes, tuple[bytes, int]]:

@@ -20,7 +20,13 @@ from ...errors import ConflictError, CorruptCheckpointError, RunExistsError, Run
 from ...model import Run, RunStatus
 from ..contract.base import Progress
 from ..encoding.attached import map_frames, read_frames
-from ..encoding.records import CheckpointRecord, NewBlob, is_chunk_key, stored_hashes
+from ..encoding.records import (
+    CheckpointRecord,
+    FieldMap,
+    NewBlob,
+    is_chunk_key,
+    stored_hashes,
+)
 from ..encoding.sealing import plain_key
 from ..engine.backend import CHUNK, Tx
 from ..engine.rowcheck import (
@@ -317,6 +323,16 @@ def _converted(convert: Convert | None, table_name: str,
     return record
 
 
+def _field_maps(records: Iterable[CheckpointRecord]) -> Iterator[FieldMap]:
+    """The field map of each record that has a readable one (the importer's verify names the
+    others)."""
+    for record in records:
+        try:
+            yield record.field_map()
+        except CorruptCheckpointError:
+            continue
+
+
 def _columns(table_name: str) -> tuple[str, ...]:
     return INPUTS.columns if table_name == INPUTS.name else EFFECTS.columns
 
@@ -332,17 +348,24 @@ class LazyValues(CheckedValues):
     Its keys are the values present when the run was read."""
 
     def __init__(self, store: StoredValues, run_id: str, keys: list[bytes],
-                 stored: Mapping[bytes, bytes] | None = None) -> None:
+                 stored: Mapping[bytes, bytes] | None = None,
+                 rewritten: Mapping[bytes, bytes] | None = None) -> None:
         self._store = store
         self._run_id = run_id
         self._keys = dict.fromkeys(keys)
         self._stored = stored or {}
         """The key a value has in the store, by the key it has in the export, where they
         differ (a sealed store's keyed addresses: see ``plain_key``)."""
+        self._rewritten = rewritten or {}
+        """Chunk-tree nodes written again with their children's plain keys, by their plain
+        key (see :mod:`pitstop.store.encoding.readdress`): held, not read."""
 
     def __getitem__(self, key: bytes) -> bytes:
         if key not in self._keys:
             raise KeyError(key)
+        node = self._rewritten.get(key)
+        if node is not None:
+            return node
         at = self._stored.get(key, key)
         found = self._store._read_values_alone([at]).get(at)
         what = f"value {key.hex()[:16]}"
@@ -398,8 +421,18 @@ class RunTransfer(StoredValues):
                     plain = plain_key(key, value)
                     if plain is not None:
                         keys[key] = plain
-                blobs = {keys.get(k, k): v if type(v) is bytes else bytes(v)
+                # and chunks under their plain keys (see pitstop.store.encoding.readdress)
+                from ..encoding.readdress import to_plain
+
+                held = blobs
+                moved = to_plain(_field_maps(data.checkpoints),
+                                 lambda wanted: {k: held[k] for k in wanted if k in held})
+                keys.update(moved.keys)
+                blobs = {keys.get(k, k): moved.nodes.get(k) or (v if type(v) is bytes
+                                                                 else bytes(v))
                          for k, v in blobs.items()}
+                data.prefixes = {keys.get(k, k): (keys.get(target, target), size)
+                                 for k, (target, size) in data.prefixes.items()}
             data.blobs = blobs
             data.inputs = [InputRecord(*r) for r in tx.all(_SELECT_INPUTS, (run_id,))]
             data.effects = [EffectRecord(*r) for r in tx.all(_SELECT_EFFECTS, (run_id,))]
@@ -445,6 +478,7 @@ class RunTransfer(StoredValues):
         present = [bytes(h) for (h,) in tx.in_chunks(
             "SELECT hash FROM pitstop_blobs WHERE hash IN ({in})", list(keys))]
         plain_keys: dict[bytes, bytes] = {}
+        nodes: dict[bytes, bytes] = {}
         if opened is not None:  # values travel under their SHA-256: read each whole one
             for key in present:
                 if not is_chunk_key(key):
@@ -452,6 +486,14 @@ class RunTransfer(StoredValues):
                     unsealed = None if value is None else plain_key(key, value)
                     if unsealed is not None:
                         plain_keys[key] = unsealed
+            # and chunks under their plain keys: each keyed one read (here, and again when
+            # the archive is written), see pitstop.store.encoding.readdress
+            from ..encoding.readdress import to_plain
+
+            moved = to_plain(_field_maps(data.checkpoints),
+                             lambda wanted: self._read_values(tx, wanted))
+            plain_keys.update(moved.keys)
+            nodes = {moved.keys[key]: node for key, node in moved.nodes.items()}
         if plain_keys:  # the spooled records again, their field maps re-addressed
             spooled = data.checkpoints
             again: RecordSpool[CheckpointRecord] = RecordSpool(CheckpointRecord)
@@ -463,11 +505,11 @@ class RunTransfer(StoredValues):
             data.checkpoints = again
         data.blobs = LazyValues(
             self, data.run.run_id, [plain_keys.get(k, k) for k in present],
-            {unsealed: key for key, unsealed in plain_keys.items()})
+            {unsealed: key for key, unsealed in plain_keys.items()}, nodes)
         data.prefixes = {
-            key: (target, size)
+            plain_keys.get(key, key): (plain_keys.get(target, target), size)
             for key, (target, size) in self._prefix_rows(tx, present).items()
-            if target in data.blobs
+            if plain_keys.get(target, target) in data.blobs
         }
         data.inputs = spool_rows(tx, INPUTS, InputRecord, run_id, order="id",
                                  convert=plain(INPUTS))
@@ -481,16 +523,30 @@ class RunTransfer(StoredValues):
         check_id("run_id", run.run_id)
         status = RunStatus(run.status).value
         hashes = list(data.blobs)
-        # A prefix is stored as one (no bytes) only if its target is stored whole.
+        # A prefix is stored as one (no bytes) only if its target is stored whole; a sealed
+        # store keeps every value whole (a prefix of a sealed value is not a sealed prefix).
         prefixes = {
             k: v for k, v in data.prefixes.items()
             if k in data.blobs and v[0] in data.blobs and v[0] not in data.prefixes
-        }
+        } if self._value_codec.sealer is None else {}
         whole = [h for h in hashes if h not in prefixes]
         total = len(hashes) + len(data.checkpoints)
 
         addressed: dict[bytes, bytes] = {}
-        """A sealed store's keyed address of each whole value, by its key in the export."""
+        """A sealed store's keyed address of each whole value and chunk, by its key in the
+        export."""
+        nodes: Mapping[bytes, bytes] = {}
+        """Chunk-tree nodes written again with their children's keyed keys, by their key in
+        the export (see :mod:`~pitstop.store.encoding.readdress`)."""
+        if self._value_codec.sealer is not None:
+            from ..encoding.readdress import to_keyed
+
+            archived = data.blobs
+            moved = to_keyed(_field_maps(data.checkpoints),
+                             lambda wanted: {k: archived[k] for k in wanted if k in archived},
+                             self._value_codec.chunk_keying)
+            addressed.update(moved.keys)
+            nodes = moved.nodes
 
         def write(tx: Tx) -> None:
             if tx.one("SELECT 1 FROM pitstop_runs WHERE run_id = ?", (run.run_id,)):
@@ -516,10 +572,10 @@ class RunTransfer(StoredValues):
             for n, h in enumerate(whole, 1):
                 # Batches bounded by count and by bytes: values read from an archive's
                 # spool are in memory a batch at a time, not all at once.
-                value = data.blobs[h]
+                value = nodes.get(h) or data.blobs[h]
                 stored = h
                 if self._value_codec.sealer is not None:  # (its own keyed address)
-                    stored = self._value_codec.addressed(h, value)
+                    stored = addressed.get(h) or self._value_codec.addressed(h, value)
                     if stored != h:
                         addressed[h] = stored
                 part[stored] = blob = NewBlob(stored, value)
