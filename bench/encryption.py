@@ -45,10 +45,14 @@ def save_array(root: Path, size: int, ring: Encryption | None, seed: int) -> flo
 
 
 def small_steps(stores: dict[str, pitstop.Store], steps: int) -> dict[str, float]:
-    """Seconds per save of a small step on each store, the stores taking turns (20 saves
+    """Seconds per save of a small step on each store after 100 saves of warm-up (the run's
+    first saves make its row and fill the caches), the stores taking turns (20 saves
     each, the first of a turn alternating) so that both meet the same moments of the
     machine."""
     state = base_state()
+    for store in stores.values():  # warm: the run's first saves (its row, the caches) apart
+        for j in range(100):
+            store.save("agent", {**state, "i": j})
     took = dict.fromkeys(stores, 0.0)
     names = list(stores)
     for i in range(0, steps, 20):
@@ -110,7 +114,7 @@ def main() -> None:
             with pitstop.open_store(f"sqlite:///{root / 'small-plain.db'}") as plain, \
                     pitstop.open_store(f"sqlite:///{root / 'small-sealed.db'}",
                                        encryption=ring) as sealed:
-                step = small_steps({"plain": plain, "sealed": sealed}, 200)
+                step = small_steps({"plain": plain, "sealed": sealed}, 600)
             plain_small.append(step["plain"])
             sealed_small.append(step["sealed"])
             print(f"round {r}: save {fmt_time(sealed_saves[-1])} sealed vs "

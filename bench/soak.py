@@ -31,7 +31,8 @@ What it counts:
 * per relation, at each sample: every table's heap, indexes, TOAST and counted rows, every
   index's size (``relation_growth``: medians over the first and last fifth of the steady
   state), what each VACUUM left dead and the oldest transaction open then, and at the end
-  each table's size after ``VACUUM FULL`` (its live rows alone). ``--samples FILE`` writes
+  each table's size after ``VACUUM FULL`` (its live rows alone), and how many times each
+  index was rebuilt by pitstop's index upkeep (its oid changed). ``--samples FILE`` writes
   them as they are taken; ``--keep-schema`` leaves the store for inspection.
 """
 
@@ -231,12 +232,29 @@ def relation_sizes(schema: str) -> dict[str, dict[str, int]]:
                 sql.Identifier(schema, name))).fetchone()
             out[name] = {"total": total, "heap": heap, "indexes": indexes, "toast": toast,
                          "rows": int(row[0]) if row else 0}
-        for name, size in conn.execute(
-                "SELECT c.relname, pg_relation_size(c.oid) FROM pg_class c "
+        for name, size, oid in conn.execute(
+                "SELECT c.relname, pg_relation_size(c.oid), c.oid::int FROM pg_class c "
                 "JOIN pg_namespace n ON n.oid = c.relnamespace "
                 "WHERE n.nspname = %s AND c.relkind = 'i' ORDER BY c.relname", (schema,)):
-            out[f"index {name}"] = {"total": size}
+            # the oid changes when pitstop rebuilds the index (REINDEX CONCURRENTLY)
+            out[f"index {name}"] = {"total": size, "oid": oid}
     return out
+
+
+def index_rebuilds(samples: list[tuple[float, dict[str, dict[str, int]]]]) -> dict[str, int]:
+    """Per index: how many times its oid changed between two samples (a rebuild by
+    pitstop's index upkeep; two within one sampling interval count once)."""
+    seen: dict[str, int] = {}
+    rebuilds: dict[str, int] = defaultdict(int)
+    for _, rels in samples:
+        for name, rel in rels.items():
+            oid = rel.get("oid")
+            if oid is None:
+                continue
+            if name in seen and seen[name] != oid:
+                rebuilds[name.removeprefix("index ")] += 1
+            seen[name] = oid
+    return dict(rebuilds)
 
 
 def relation_growth(samples: list[tuple[float, dict[str, dict[str, int]]]],
@@ -622,6 +640,7 @@ class Soak:
             "tables_after_vacuum_full": compacted(self.schema),
             # steady state: after the first fifth (warm-up), as for the RSS
             "relation_growth": relation_growth(self.relations, self.seconds / 5),
+            "index_rebuilds": index_rebuilds(self.relations),
             "vacuums": self.vacuums,
             "schema": self.schema,
         }

@@ -302,6 +302,7 @@ edit = st.tuples(
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(min_value=0, max_value=2**32), st.lists(edit, min_size=1, max_size=12))
+@pytest.mark.slow
 def test_list_edit_sequences_round_trip_and_share(seed: int, edits: list[Any]) -> None:
     rng = random.Random(seed)
     value: list[Any] = [{"n": i, "body": [text(rng, 600)]} for i in range(120)]

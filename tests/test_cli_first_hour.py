@@ -84,6 +84,7 @@ def test_the_attempt_counter_goes_on_after_manual_retries(flows: tuple[Path, str
     assert "publish (attempt 3)" in shown, shown
 
 
+@pytest.mark.slow
 def test_history_names_the_step_a_waiting_checkpoint_waits_in(flows: tuple[Path, str]) -> None:
     cwd, url = flows
     assert pitstop_exe("start", "flows:wf", "--run-id", "h", store=url, cwd=cwd).code == 0

@@ -75,6 +75,7 @@ def test_set_converts_json_to_the_registered_dataclass(agent: tuple[Path, str, s
     ("plan.gaol=1", "agent.Plan has no field 'gaol' (fields: goal, steps)"),
     ("count=", "--set count is not valid JSON"),
 ])
+@pytest.mark.slow
 def test_a_bad_edit_is_one_line_exit_2_and_writes_nothing(
     agent: tuple[Path, str, str], edit: str, expected: str
 ) -> None:

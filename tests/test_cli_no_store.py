@@ -72,6 +72,7 @@ READ_COMMANDS = [
 
 
 @pytest.mark.parametrize("command", READ_COMMANDS, ids=" ".join)
+@pytest.mark.slow
 def test_no_command_but_the_creating_ones_makes_a_store_file(
     tmp_path: Path, command: list[str]
 ) -> None:

@@ -62,6 +62,7 @@ def produce(client: Any, name: str, users: list[str], partitions: int = 2) -> No
         pipe.execute()
 
 
+@pytest.mark.slow
 def test_counts_outputs_and_seeks_on_restart(store: Store, client: Any, name: str) -> None:
     users = [f"u{i % 37}" for i in range(1000)]
     produce(client, name, users)
@@ -382,6 +383,7 @@ def test_postgres_sink_rows_exactly_once(store: Store, client: Any, name: str) -
     assert rows == (300, 300)
 
 
+@pytest.mark.slow
 def test_jetstream_counts_and_seeks_by_sequence(store: Store, name: str) -> None:
     pytest.importorskip("nats")
     import asyncio

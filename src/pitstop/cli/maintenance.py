@@ -234,7 +234,8 @@ def _vacuum_json(report: VacuumReport | None) -> dict[str, Any] | None:
     if report is None:
         return None
     return {"backend": report.backend, "before": report.before, "after": report.after,
-            "returned": report.returned, "full": report.full}
+            "returned": report.returned, "full": report.full,
+            "reindexed": list(report.reindexed)}
 
 
 def _say_space(s: Session, space: Space) -> None:
@@ -256,6 +257,9 @@ def _say_space(s: Session, space: Space) -> None:
 def _say_vacuumed(s: Session, report: VacuumReport) -> None:
     s.out.line(f"vacuumed: {human_bytes(report.before)} → {human_bytes(report.after)} "
                f"({human_bytes(report.returned)} given back)", "green")
+    if report.reindexed:
+        s.out.line(f"rebuilt {len(report.reindexed)} sparse index"
+                   f"{'es' if len(report.reindexed) > 1 else ''}: {', '.join(report.reindexed)}")
     if report.backend == "postgresql" and not report.full:
         s.out.note("plain VACUUM keeps the tables' files at their size (their free space is "
                    "reused for new checkpoints); --full returns it, locking each table")

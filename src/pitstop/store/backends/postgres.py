@@ -73,6 +73,7 @@ from pitstop.process import current_pid
 from pitstop.serde import Serializer
 from pitstop.store.backends.pgcheck import index_problems
 from pitstop.store.backends.pgconn import GuardedConnection, flush_all
+from pitstop.store.backends.pgindexes import IndexUpkeep, rebuild_sparse_indexes
 from pitstop.store.backends.pgurl import (
     conninfo_params,
     describe_target,
@@ -135,6 +136,7 @@ POSTGRES = PostgresDialect(
 _RUNS_PKEY = "pitstop_runs_pkey"
 _CHECKPOINT_ID_KEY = "pitstop_checkpoints_id"
 _CHECKPOINT_PKEY = "pitstop_checkpoints_pkey"
+_REBUILT_SUFFIX = re.compile(r"_cc(new|old)[0-9]*$")
 
 _INSERT_EFFECT_ARRAYS = {
     replace: "INSERT INTO pitstop_effects (run_id, key, checkpoint_id, result, hash, created_at) "
@@ -351,6 +353,8 @@ class PostgresStore(SqlStore, RunTransfer):
         self._schema_table = f"{self._schema_sql}.pitstop_schema"
         self._migrate_key = _advisory_key("migrate", self.schema)
         self._gc_key = _advisory_key("gc", self.schema)
+        self._reindex_key = _advisory_key("reindex", self.schema)
+        self._index_upkeep = IndexUpkeep(self._rebuild_sparse_indexes)
         self._channel = f"pitstop_{_advisory_key('work', self.schema) & (1 << 64) - 1:016x}"
         self._listening = threading.Lock()
         self._listen_conn: psycopg.Connection[Any] | None = None
@@ -819,10 +823,12 @@ class PostgresStore(SqlStore, RunTransfer):
 
     def _duplicate_checkpoint(self, exc: Exception) -> bool:
         cause = exc if isinstance(exc, pgerrors.UniqueViolation) else exc.__cause__
-        return isinstance(cause, pgerrors.UniqueViolation) and cause.diag.constraint_name in (
-            _CHECKPOINT_ID_KEY,
-            _CHECKPOINT_PKEY,
-        )
+        if not isinstance(cause, pgerrors.UniqueViolation):
+            return False
+        # While REINDEX CONCURRENTLY rebuilds one (pgindexes), its copy or the old index
+        # bears the name with a suffix and may be the one that reports the duplicate.
+        name = _REBUILT_SUFFIX.sub("", cause.diag.constraint_name or "")
+        return name in (_CHECKPOINT_ID_KEY, _CHECKPOINT_PKEY)
 
     def _retryable(self, exc: BaseException) -> bool:
         if isinstance(exc, (*_RETRY_ALWAYS, _Disconnected)):
@@ -949,7 +955,24 @@ class PostgresStore(SqlStore, RunTransfer):
             )
         )
 
+    # -- space -------------------------------------------------------------------------------
+
+    def _give_space_back(self) -> None:
+        # VACUUM makes deleted rows' space reusable, but an index page is reused only once
+        # empty, and a few long-lived entries keep old pages of a time-ordered index
+        # (checkpoint ids) sparse: now and then, rebuild the indexes that grew far above
+        # their entries (pgindexes).
+        self._index_upkeep.poke()
+
+    def _rebuild_sparse_indexes(self) -> list[str]:
+        """Rebuild the indexes far above what their entries need, now (see pgindexes);
+        their names. On a connection of its own: REINDEX CONCURRENTLY cannot run in a
+        transaction, and may wait for older ones."""
+        with psycopg.connect(self._conninfo, **self._connect_kwargs) as conn:
+            return rebuild_sparse_indexes(conn, self.schema, self._reindex_key)
+
     def close(self) -> None:
+        self._index_upkeep.closed = True
         self._run_before_close()
         with self._lock:
             pool, self._pool = self._pool, None

@@ -75,6 +75,9 @@ class VacuumReport:
     before: int | None
     after: int | None
     full: bool
+    reindexed: tuple[str, ...] = ()
+    """PostgreSQL, plain VACUUM: the indexes rebuilt (``REINDEX INDEX CONCURRENTLY``) because
+    they had grown far above what their entries need (VACUUM FULL rebuilds them all)."""
 
     @property
     def returned(self) -> int | None:
@@ -130,8 +133,9 @@ def vacuum(store: Store, *, full: bool = False) -> VacuumReport:
     SQLite: ``VACUUM`` (rewrites the file; waits for other processes' writes and blocks them
     meanwhile; needs free disk space of about the file's size), then truncates the WAL.
     PostgreSQL: ``VACUUM (ANALYZE)`` of pitstop's tables, which returns only trailing empty
-    pages; ``full=True`` runs ``VACUUM (FULL, ANALYZE)``, which returns everything and locks
-    each table exclusively while it is rewritten.
+    pages, then rebuilds (``REINDEX INDEX CONCURRENTLY``, without blocking) the indexes that
+    grew far above what their entries need; ``full=True`` runs ``VACUUM (FULL, ANALYZE)``,
+    which returns everything and locks each table exclusively while it is rewritten.
     """
     backend = _backend(store)
     if backend == "sqlite":
@@ -158,7 +162,10 @@ def vacuum(store: Store, *, full: bool = False) -> VacuumReport:
                 conn.execute(sql.SQL("VACUUM ({}) {}.{}").format(
                     options, sql.Identifier(str(getattr(store, "schema"))),  # noqa: B009
                     sql.Identifier(table)))
-            return VacuumReport("postgresql", before, _postgres_size(conn, store), full)
+            # After the VACUUM: it counted each index's entries, which the estimate uses.
+            rebuilt = () if full else tuple(getattr(store, "_rebuild_sparse_indexes")())  # noqa: B009
+            return VacuumReport("postgresql", before, _postgres_size(conn, store), full,
+                                rebuilt)
     return VacuumReport("other", None, None, full)
 
 
