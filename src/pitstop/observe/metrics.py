@@ -113,9 +113,9 @@ class _Tally:
     """Numbers that many threads add to without a lock: each thread adds to a list of its own
     (a slot per number), and a reader sums the lists.
 
-    A step pays a ``threading.local`` look-up and a list item's ``+=``: no lock, no call into
-    prometheus-client (whose counter costs a lock and ~2 µs a step with its checks) and no
-    increment lost to a race, since only the thread that owns a list writes to it. Readers
+    A step pays a ``threading.local`` look-up and a list item's ``+=`` (~0.4 µs in place): no
+    lock, no call into prometheus-client (whose counter, its checks and its lock, cost ~1 µs)
+    and no increment lost to a race, since only the thread that owns a list writes to it. Readers
     (a scrape, a collection) hold ``lock``, as do slot allocation and thread registration. A
     thread's list outlives the thread: when a new thread registers, the lists of threads
     that ended are added into ``retired`` (so threads started and ended by ``ctx.map`` do
