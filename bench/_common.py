@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -23,6 +24,16 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
 RESULTS = _HERE.parent / ".bench"
+
+
+def size_and_rounds(description: str) -> tuple[int, int]:
+    """``--mib`` (default 256) and ``--rounds`` (default 7) of the object storage benches:
+    the state's size in bytes and the rounds."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--mib", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    return args.mib << 20, args.rounds
 
 
 def median_time(fn: Callable[[], Any], repeat: int, *, warmup: int = 3) -> float:

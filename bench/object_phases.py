@@ -23,7 +23,6 @@ of ``S3BlobStore``: this script follows them when they are renamed.
 
 from __future__ import annotations
 
-import argparse
 import os
 import resource
 import statistics
@@ -37,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import fmt_time, median_ratio, table  # takes bench/ off sys.path
+from _common import fmt_time, median_ratio, size_and_rounds, table  # takes bench/ off sys.path
 
 import pitstop
 from pitstop.serde import chunks
@@ -83,11 +82,7 @@ def cpu_self() -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--mib", type=int, default=256)
-    parser.add_argument("--rounds", type=int, default=7)
-    args = parser.parse_args()
-    size = args.mib * MiB
+    size, rounds = size_and_rounds(__doc__.split("\n")[0])
 
     import obstore
     from obstore.store import S3Store
@@ -165,7 +160,7 @@ def main() -> None:
         wall: dict[str, list[float]] = {name: [] for name in cases}
         mine: dict[str, list[float]] = {name: [] for name in cases}
         theirs: dict[str, list[float]] = {name: [] for name in cases}
-        for r in range(args.rounds):
+        for r in range(rounds):
             for name in list(cases) if r % 2 == 0 else list(reversed(cases)):
                 c0, s0, t0 = cpu_self(), cpu_server(), time.perf_counter()
                 out = cases[name]()
@@ -213,7 +208,7 @@ def main() -> None:
             floor_rows.append([name] + [
                 fmt_time(statistics.median(s[i] for s in samples)) for i in range(3)])
         print(table(["one request", "wall", "client CPU", "server CPU"], floor_rows))
-        print(f"(load average {os.getloadavg()[0]:.1f}, {args.rounds} rounds, {args.mib} MiB)")
+        print(f"(load average {os.getloadavg()[0]:.1f}, {rounds} rounds, {size >> 20} MiB)")
     finally:
         server.stop()
 

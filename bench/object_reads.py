@@ -17,7 +17,6 @@ three cases alternates by round).
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -27,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from _common import fmt_time, median_ratio  # takes bench/ off sys.path
+from _common import fmt_time, median_ratio, size_and_rounds  # takes bench/ off sys.path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from s3server import start as start_server  # (tests/s3server.py: moto on a free loopback port)
@@ -37,11 +36,7 @@ PACK = 32 * MiB
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--mib", type=int, default=256)
-    parser.add_argument("--rounds", type=int, default=7)
-    args = parser.parse_args()
-    size = args.mib * MiB
+    size, rounds = size_and_rounds(__doc__.split("\n")[0])
 
     import obstore
     from obstore.store import S3Store
@@ -88,7 +83,7 @@ def main() -> None:
         cases: dict[str, Callable[[], object]] = {"get": one_get, "copy": copy,
                                                   "stream": stream}
         times: dict[str, list[float]] = {name: [] for name in cases}
-        for r in range(args.rounds):
+        for r in range(rounds):
             for name in (list(cases) if r % 2 == 0 else list(reversed(cases))):
                 t0 = time.perf_counter()
                 out = cases[name]()
@@ -98,7 +93,7 @@ def main() -> None:
             print(f"{name}: {fmt_time(statistics.median(times[name]))} against one GET's "
                   f"{fmt_time(statistics.median(times['get']))}: "
                   f"{median_ratio(times['get'], times[name]):.2f}x its throughput")
-        print(f"(load average {os.getloadavg()[0]:.1f}, {args.rounds} rounds, {args.mib} MiB)")
+        print(f"(load average {os.getloadavg()[0]:.1f}, {rounds} rounds, {size >> 20} MiB)")
     finally:
         server.stop()
 
