@@ -6,7 +6,9 @@ import argparse
 import json
 import os
 import platform
+import random
 import statistics
+import string
 import struct
 import sys
 import time
@@ -34,6 +36,24 @@ def size_and_rounds(description: str) -> tuple[int, int]:
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
     return args.mib << 20, args.rounds
+
+
+POSTGRES_URL = os.environ.get(
+    "PITSTOP_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
+)
+"""The PostgreSQL server the benches use (the tests' variable and default)."""
+
+_ALPHABET = string.ascii_letters + string.digits + "     .,;"
+
+
+def random_text(rng: random.Random, n: int) -> str:
+    """``n`` characters of word-like text (zstd shrinks it about as it shrinks prose)."""
+    return "".join(rng.choices(_ALPHABET, k=n))
+
+
+def message(rng: random.Random, size: int, i: int) -> dict[str, Any]:
+    """Turn ``i`` of a conversation: a chat message of ``size`` characters."""
+    return {"role": "user" if i % 2 else "assistant", "content": random_text(rng, size)}
 
 
 def median_time(fn: Callable[[], Any], repeat: int, *, warmup: int = 3) -> float:

@@ -48,7 +48,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from _common import (  # bench/_common.py (takes bench/ off sys.path)
+from _common import (
+    POSTGRES_URL,  # bench/_common.py (takes bench/ off sys.path)
     base_state,
     noop,
     save_results,
@@ -59,9 +60,7 @@ import pitstop
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-DEFAULT_URL = os.environ.get(
-    "PITSTOP_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
-)
+DEFAULT_URL = POSTGRES_URL
 CLIENTS = (1, 2, 4)
 
 

@@ -45,7 +45,6 @@ import importlib.util
 import os
 import random
 import statistics
-import string
 import sys
 import tempfile
 import time
@@ -56,13 +55,21 @@ from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import ormsgpack
-from _common import fmt_bytes, fmt_time, median_ratio, save_results, table
+from _common import (
+    POSTGRES_URL,
+    fmt_bytes,
+    fmt_time,
+    median_ratio,
+    message,
+    random_text,
+    save_results,
+    table,
+)
 
 import pitstop
 
-PG_URL = os.environ.get("PITSTOP_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+PG_URL = POSTGRES_URL
 MiB = 1 << 20
-_ALPHABET = string.ascii_letters + string.digits + "     .,;"
 
 
 def _peers() -> Any:
@@ -77,14 +84,6 @@ def _peers() -> Any:
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
-
-
-def random_text(rng: random.Random, n: int) -> str:
-    return "".join(rng.choices(_ALPHABET, k=n))
-
-
-def message(rng: random.Random, size: int, i: int) -> dict[str, Any]:
-    return {"role": "user" if i % 2 else "assistant", "content": random_text(rng, size)}
 
 
 # -- stores on fresh databases -------------------------------------------------------------------

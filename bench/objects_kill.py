@@ -19,7 +19,7 @@ import time
 import uuid
 from pathlib import Path
 
-from _common import save_results  # takes bench/ off sys.path
+from _common import POSTGRES_URL, save_results  # takes bench/ off sys.path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from s3kill import kill_saves  # (tests/s3kill.py)
@@ -35,8 +35,7 @@ def main() -> None:
     os.environ.update(server.env())
     try:
         if args.postgres:
-            base = os.environ.get("PITSTOP_TEST_POSTGRES_URL",
-                                  "postgresql://postgres@127.0.0.1:5432/test")
+            base = POSTGRES_URL
             url = f"{base}{'&' if '?' in base else '?'}schema=kills_{uuid.uuid4().hex[:8]}"
         else:
             url = f"sqlite:///{Path(tempfile.mkdtemp()) / 'kills.db'}"

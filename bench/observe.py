@@ -35,6 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (
+    POSTGRES_URL,
     base_state,
     fmt_time,
     machine,
@@ -49,8 +50,7 @@ from _common import (
 import pitstop
 
 RUNS_OF = 100
-PG_DEFAULT = os.environ.get("PITSTOP_TEST_POSTGRES_URL",
-                            "postgresql://postgres@127.0.0.1:5432/test")
+PG_DEFAULT = POSTGRES_URL
 
 
 def build(url: str, checkpoints: int) -> str:

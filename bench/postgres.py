@@ -46,7 +46,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from _common import (  # bench/_common.py (it takes bench/ off sys.path)
+from _common import (
+    POSTGRES_URL,  # bench/_common.py (it takes bench/ off sys.path)
     base_state,
     fmt_bytes,
     fmt_time,
@@ -63,9 +64,7 @@ import pitstop
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-DEFAULT_URL = os.environ.get(
-    "PITSTOP_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
-)
+DEFAULT_URL = POSTGRES_URL
 MiB = 1 << 20
 BIG = base64.b64encode(os.urandom(3 * MiB // 4)).decode()  # random: zstd cannot hide it
 

@@ -28,10 +28,8 @@ each round measuring every layout and the ``unpackb`` close together in time.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
-import string
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -40,28 +38,21 @@ from typing import Any
 
 import ormsgpack
 import xxhash
-from _common import fmt_bytes, fmt_time, median_ratio, save_results, table
+from _common import POSTGRES_URL, fmt_bytes, fmt_time, median_ratio, message, save_results, table
 
 import pitstop
 from pitstop.serde import chunks as chunking
 from pitstop.serde.codec import MsgpackSerializer
 from pitstop.serde.framing import COMPRESSED, decompress_many, frame
 
-PG_URL = os.environ.get("PITSTOP_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
-_ALPHABET = string.ascii_letters + string.digits + "     .,;"  # as bench/growth.py
+PG_URL = POSTGRES_URL
 FMT = MsgpackSerializer().format_id
 
 
 def messages(turns: int, size: int) -> list[bytes]:
     """Each message's msgpack encoding (as bench/growth.py's conversation makes them)."""
     rng = random.Random(12)
-    return [
-        ormsgpack.packb({
-            "role": "user" if i % 2 else "assistant",
-            "content": "".join(rng.choices(_ALPHABET, k=size)),
-        })
-        for i in range(turns)
-    ]
+    return [ormsgpack.packb(message(rng, size, i)) for i in range(turns)]
 
 
 def key_of(raw: bytes) -> bytes:
