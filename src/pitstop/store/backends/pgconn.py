@@ -1,5 +1,5 @@
 """psycopg connections that never wait on the server forever, and a pipeline sync that always
-delivers what it syncs.
+delivers what it syncs (:class:`PipelinedCursor`, the cursor of the store's transactions).
 
 Two ways a PostgreSQL call could block for good, both met in practice:
 
@@ -103,4 +103,54 @@ def flush_all(conn: psycopg.Connection[Any], stall_timeout: float | None) -> Non
                 return
 
 
-__all__ = ["ConnectionStalled", "GuardedConnection", "flush_all"]
+class PipelinedCursor:
+    """A cursor in pipeline mode, as a :class:`~pitstop.store.engine.backend.Tx` uses one:
+    ``execute`` sends without waiting, a fetch waits for the results up to its own, and
+    ``rowcount`` (known only once the result arrived) syncs first."""
+
+    __slots__ = ("_conn", "_cur", "_pipeline", "_stall_timeout")
+
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        pipeline: psycopg.Pipeline,
+        stall_timeout: float | None,
+    ) -> None:
+        self._conn = conn
+        self._cur = conn.cursor()
+        self._pipeline = pipeline
+        self._stall_timeout = stall_timeout
+
+    def sync(self) -> None:
+        """Wait for the results of everything sent so far. Every byte goes out first:
+        ``Pipeline.sync()`` alone may keep the tail of a large value in libpq's buffer and
+        then wait for a server that waits for that tail (see :func:`flush_all`)."""
+        flush_all(self._conn, self._stall_timeout)
+        self._pipeline.sync()
+
+    def execute(self, query: str, params: Any = (), *, binary: bool = False) -> PipelinedCursor:
+        self._cur.execute(query, params, binary=binary)
+        return self
+
+    def executemany(self, query: str, rows: Any) -> None:
+        self._cur.executemany(query, rows)
+
+    def fetchone(self) -> Any:
+        self.sync()
+        return self._cur.fetchone()
+
+    def fetchall(self) -> list[Any]:
+        # Synced first: the results of an executemany still on their way otherwise
+        # became this cursor's result (a read after inserting references, in a save on a
+        # chunked value by a handle that had not seen its run's head: "the last operation
+        # didn't produce records (command status: INSERT 0 0)").
+        self.sync()
+        return self._cur.fetchall()
+
+    @property
+    def rowcount(self) -> int:
+        self.sync()
+        return self._cur.rowcount
+
+
+__all__ = ["ConnectionStalled", "GuardedConnection", "PipelinedCursor", "flush_all"]

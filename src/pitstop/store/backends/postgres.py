@@ -72,7 +72,7 @@ from pitstop.model import Checkpoint, RunStatus
 from pitstop.process import current_pid
 from pitstop.serde import Serializer
 from pitstop.store.backends.pgcheck import index_problems
-from pitstop.store.backends.pgconn import GuardedConnection, flush_all
+from pitstop.store.backends.pgconn import GuardedConnection, PipelinedCursor
 from pitstop.store.backends.pgindexes import IndexUpkeep, rebuild_sparse_indexes
 from pitstop.store.backends.pgurl import (
     conninfo_params,
@@ -179,56 +179,6 @@ def _advisory_key(purpose: str, schema: str) -> int:
     """
     digest = hashlib.blake2b(f"pitstop-{purpose}\0{schema}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big", signed=True)
-
-
-class _PipelinedCursor:
-    """A cursor in pipeline mode, as a :class:`~pitstop.store.engine.backend.Tx` uses one:
-    ``execute`` sends without waiting, a fetch waits for the results up to its own, and
-    ``rowcount`` (known only once the result arrived) syncs first."""
-
-    __slots__ = ("_conn", "_cur", "_pipeline", "_stall_timeout")
-
-    def __init__(
-        self,
-        conn: psycopg.Connection[Any],
-        pipeline: psycopg.Pipeline,
-        stall_timeout: float | None,
-    ) -> None:
-        self._conn = conn
-        self._cur = conn.cursor()
-        self._pipeline = pipeline
-        self._stall_timeout = stall_timeout
-
-    def sync(self) -> None:
-        """Wait for the results of everything sent so far. Every byte goes out first:
-        ``Pipeline.sync()`` alone may keep the tail of a large value in libpq's buffer and
-        then wait for a server that waits for that tail (see pitstop.store.backends.pgconn)."""
-        flush_all(self._conn, self._stall_timeout)
-        self._pipeline.sync()
-
-    def execute(self, query: str, params: Any = (), *, binary: bool = False) -> _PipelinedCursor:
-        self._cur.execute(query, params, binary=binary)
-        return self
-
-    def executemany(self, query: str, rows: Any) -> None:
-        self._cur.executemany(query, rows)
-
-    def fetchone(self) -> Any:
-        self.sync()
-        return self._cur.fetchone()
-
-    def fetchall(self) -> list[Any]:
-        # Synced first: the results of an executemany still on their way otherwise
-        # became this cursor's result (a read after inserting references, in a save on a
-        # chunked value by a handle that had not seen its run's head: "the last operation
-        # didn't produce records (command status: INSERT 0 0)").
-        self.sync()
-        return self._cur.fetchall()
-
-    @property
-    def rowcount(self) -> int:
-        self.sync()
-        return self._cur.rowcount
 
 
 class _Disconnected(StoreError):
@@ -508,7 +458,7 @@ class PostgresStore(SqlStore, RunTransfer):
         committing = False
         try:
             with conn.pipeline() as pipeline:
-                cur = _PipelinedCursor(conn, pipeline, self._stall_timeout)
+                cur = PipelinedCursor(conn, pipeline, self._stall_timeout)
                 # Reads see one snapshot across their statements; writes lock rows instead.
                 cur.execute("BEGIN" if write else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 if write and self._idle_limit is not None:
