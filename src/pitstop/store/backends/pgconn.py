@@ -47,6 +47,19 @@ class GuardedConnection(psycopg.Connection[Any]):
     seconds without traffic (None: waits as long as psycopg would)."""
 
     stall_timeout: float | None = None
+    _counting_cursor: psycopg.Cursor[Any] | None = None
+
+    def counting_cursor(self) -> psycopg.Cursor[Any]:
+        """The connection's cursor for lone statements of which only the row count is read
+        (a step's one-statement save), made once: ``Connection.execute`` makes a cursor per
+        statement, and a new cursor looks up every parameter's dumper again (the step's
+        statement alone: 134,000 instructions a statement, 90,000 on one kept cursor given
+        the same query object). It holds no rows between statements, so keeping it keeps no
+        memory; the connection is lent to one thread at a time, and so is its cursor."""
+        cursor = self._counting_cursor
+        if cursor is None:
+            cursor = self._counting_cursor = self.cursor()
+        return cursor
 
     def wait(self, gen: _Gen[RV], *args: Any, **kwargs: Any) -> RV:
         limit = self.stall_timeout

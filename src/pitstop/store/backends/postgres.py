@@ -96,6 +96,14 @@ from pitstop.store.transfer.runs import RunTransfer
 if TYPE_CHECKING:
     from pitstop.store.encoding.sealed import Encryption
 
+# The one-statement saves' texts, each kept as one object: psycopg reuses what a cursor
+# learned of the parameters' types (its dumpers) only for the very query object it ran
+# last, and a text built anew each step is another object (~16,000 instructions of a
+# step's ~390,000 went to looking the dumpers up again). A few shapes are common; the
+# bound is for the rest.
+_STATEMENTS: dict[str, str] = {}
+_STATEMENTS_MAX = 256
+
 # Values up to this size travel inside the one-statement save; bigger ones take the shared
 # path, which first asks whether the store already has them.
 _ONE_STATEMENT_MAX = 64 * 1024
@@ -521,9 +529,9 @@ class PostgresStore(SqlStore, RunTransfer):
         record = plan.record
         # Views of arrays joined to their header once: the statement sends whole bytes.
         blobs = [b if b.body is None else b._replace(data=b.stored, body=None)
-                 for b in plan.new.values()]
+                 for b in plan.new.values()] if plan.new else []
         head_sql, params = head_update(plan, POSTGRES.null_safe_eq)
-        chunks = [b for b in blobs if is_chunk_key(b.hash)]
+        chunks = [b for b in blobs if is_chunk_key(b.hash)] if blobs else []
         if chunks and plan.refs:
             # A new chunk whose key a stored chunk with other bytes has (a crafted xxh3
             # collision) leaves the head where it is: the shared path then says why. A
@@ -633,6 +641,8 @@ class PostgresStore(SqlStore, RunTransfer):
         else:
             statement = "WITH " + ", ".join(parts) + _INSERT_CHECKPOINT_IF_MOVED
             params += record.row()
+        if len(_STATEMENTS) < _STATEMENTS_MAX:
+            statement = _STATEMENTS.setdefault(statement, statement)
         try:
             moved = bool(self._execute_autocommit(statement, params))
         except _Disconnected:
@@ -676,11 +686,11 @@ class PostgresStore(SqlStore, RunTransfer):
             and plan.status is not RunStatus.QUEUED
             and not plan.wake_check
             and plan.durability in (None, self.durability)
-            and all(h in plan.new for h in plan.refs)
+            and (not plan.refs or all(h in plan.new for h in plan.refs))
             and (not plan.aliases or bool(plan.refs))
-            and all(
+            and (not plan.new or all(
                 b.size <= _ONE_STATEMENT_MAX and not self._external(b) for b in plan.new.values()
-            )
+            ))
         )
 
     def _autocommit_write(self, sql: str, params: Sequence[Any]) -> list[Any]:
@@ -749,9 +759,10 @@ class PostgresStore(SqlStore, RunTransfer):
         pool = self._live_pool()
         conn = self._getconn(pool)
         try:
-            cur = conn.execute(statement, params)
             if not rows:
-                return cur.rowcount
+                return conn.counting_cursor().execute(statement, params).rowcount
+            # A cursor of its own: the rows it fetched go with it, not kept by the pool.
+            cur = conn.execute(statement, params)
             return cur.fetchall() if cur.description is not None else []
         except psycopg.Error as exc:
             raise self._statement_error(pool, conn, exc) from exc
