@@ -47,6 +47,7 @@ class GuardedConnection(psycopg.Connection[Any]):
     seconds without traffic (None: waits as long as psycopg would)."""
 
     stall_timeout: float | None = None
+    lent_at = 0.0  # when the store took it from its pool (time.monotonic())
     _counting_cursor: psycopg.Cursor[Any] | None = None
 
     def counting_cursor(self) -> psycopg.Cursor[Any]:

@@ -7,7 +7,11 @@ module only supplies connections, the dialect and the few PostgreSQL-specific de
   (``search_path`` to the store's schema, ``statement_timeout``, durability) by the pool's
   ``configure`` callback, so nothing of that is paid per transaction, and no health-check
   query is run per transaction either: a connection found dead on use is replaced by the pool
-  and the transaction retried (below).
+  and the transaction retried (below). A connection given back is kept by the store for its
+  next statement rather than returned to the pool (a step's save is one statement, and the
+  pool's checkout and return cost a tenth of a step's client CPU), for a second at most and
+  only while the pool has another connection to give: any thread of the store takes it, none
+  waits for it.
 * **Round trips.** Transactions are pipelined (libpq pipeline mode): statements are sent
   without waiting for each other, and the client waits only where it reads a result. A save
   is three round trips however many statements it runs: ``BEGIN`` with the conditional
@@ -95,6 +99,10 @@ from pitstop.store.transfer.runs import RunTransfer
 
 if TYPE_CHECKING:
     from pitstop.store.encoding.sealed import Encryption
+
+# A connection given back less than this long after it left the pool is kept by the store
+# for its next statement (PostgresStore._kept); one out longer goes back to the pool.
+_KEEP_SECONDS = 1.0
 
 # The one-statement saves' texts, each kept as one object: psycopg reuses what a cursor
 # learned of the parameters' types (its dumpers) only for the very query object it ran
@@ -303,6 +311,12 @@ class PostgresStore(SqlStore, RunTransfer):
         self._closed = False
         self._abandoned: list[_Pool] = []
         self._in_use = 0
+        # Connections out of the pool and in use by no one: the last ones given back, kept
+        # for the next statement (a step's save is one statement, and psycopg_pool's
+        # checkout and return cost ~28,000 instructions of its ~394,000). Any thread of
+        # this store takes them before asking the pool; _putconn keeps one only while the
+        # pool has another to give.
+        self._kept: list[GuardedConnection] = []
 
         # One direct connection first: it fails fast with libpq's own reason (refused, bad
         # password, no such database) where a pool would only time out, and it resolves the
@@ -403,6 +417,7 @@ class PostgresStore(SqlStore, RunTransfer):
             with self._lock:
                 if self._pid != current_pid() and self._pool is not None:
                     self._abandoned.append(self._pool)
+                    self._kept = []  # the parent's, like its pool
                     self._pool = self._open_pool()
                     self._pid = current_pid()
                 pool = self._pool
@@ -425,6 +440,11 @@ class PostgresStore(SqlStore, RunTransfer):
     def _getconn(self, pool: _Pool) -> GuardedConnection:
         """A pooled connection; waiting up to ``connect_timeout`` for the server, or up to
         ``busy_timeout`` while every connection is simply in use by this store."""
+        if self._kept:
+            with self._lock:
+                if self._kept:
+                    self._in_use += 1
+                    return self._kept.pop()  # the most recently used: its caches are warm
         deadline = time.monotonic() + self.busy_timeout
         while True:
             try:
@@ -443,12 +463,39 @@ class PostgresStore(SqlStore, RunTransfer):
                 raise StoreError(f"{self.url}: store is closed") from None
             with self._lock:
                 self._in_use += 1
+            conn.lent_at = time.monotonic()
             return conn
 
     def _putconn(self, pool: _Pool, conn: GuardedConnection) -> None:
+        """Give a connection back: kept by the store for the next statement (see
+        ``_kept``) when that can starve no one, else returned to the pool."""
         with self._lock:
             self._in_use -= 1
+            if (
+                # Back to the pool after _KEEP_SECONDS out of it, so that the pool still
+                # retires it once it has lived its max_lifetime; ...
+                time.monotonic() - conn.lent_at < _KEEP_SECONDS
+                # ... and whenever the pool could be empty without it: a caller already
+                # waiting in pool.getconn does not look here.
+                and self._in_use + len(self._kept) + 1 < self.pool_max
+                and not self._closed
+                and not conn.closed
+                and conn.pgconn.transaction_status == _IDLE
+            ):
+                self._kept.append(conn)
+                return
         pool.putconn(conn)
+
+    def _check_pool(self, pool: _Pool) -> None:
+        """After a lost connection (the server may have restarted): the pool drops its dead
+        idle connections, the ones kept here included."""
+        with self._lock:
+            kept, self._kept = self._kept, []
+        for conn in kept:
+            with suppress(Exception):
+                pool.putconn(conn)
+        with suppress(Exception):
+            pool.check()
 
     @contextmanager
     def _transaction(self, write: bool, durability: Durability | None = None) -> Iterator[Tx]:
@@ -495,8 +542,7 @@ class PostgresStore(SqlStore, RunTransfer):
         except Exception as exc:
             if not conn.closed:
                 raise
-            with suppress(Exception):  # the server may have restarted: drop dead idle ones too
-                pool.check()
+            self._check_pool(pool)  # the server may have restarted: drop dead idle ones too
             if committing:
                 raise StoreError(
                     f"{self.url}: the connection to {self._target} was lost while "
@@ -777,8 +823,7 @@ class PostgresStore(SqlStore, RunTransfer):
         the pool to check its other connections."""
         if not conn.closed:
             return StoreError(f"{self.url}: {self._clean(exc)}")
-        with suppress(Exception):
-            pool.check()
+        self._check_pool(pool)
         return _Disconnected(
             f"{self.url}: connection to {self._target} lost ({self._clean(exc)})")
 
@@ -938,8 +983,11 @@ class PostgresStore(SqlStore, RunTransfer):
         with self._lock:
             pool, self._pool = self._pool, None
             self._closed = True
+            kept, self._kept = self._kept, []
         self._drop_listener()
         if pool is not None and self._pid == current_pid():
+            for conn in kept:
+                pool.putconn(conn)
             pool.close()
 
 
