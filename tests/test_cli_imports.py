@@ -32,6 +32,10 @@ NEVER_FOR_LISTING = [
     # What encodes and decodes values (store.encoding.valuecodec): rows and counts need none.
     "pitstop.store.encoding.valuecodec",
     "pitstop.serde.chunks",
+    "pitstop.serde.chunkcuts",
+    "pitstop.serde.chunkmanifest",
+    "pitstop.serde.chunktree",
+    "pitstop.serde.chunkpatches",
     "pitstop.serde.chunkkeys",
     "pitstop.serde.partchunks",
     "pitstop.serde.framing",

@@ -98,7 +98,7 @@ class ValueCodec(ChunkTrees, Sealing):
         self.seal_chunks = False
         """Seal a grown field's open last chunk instead of extending it (and never make a
         superseded chunk an alias): see :func:`pitstop.serde.chunks.sealed`; and cut dicts
-        into larger chunks (:data:`~pitstop.serde.chunks.SEALED_DICT_PARAMS`). For a store
+        into larger chunks (:data:`~pitstop.serde.chunkcuts.SEALED_DICT_PARAMS`). For a store
         that keeps every row it writes."""
         # pitstop's own msgpack (not a subclass, whose dumps may differ) encodes a chunked
         # value and checks it in two steps: the chunker then skips the check over the
