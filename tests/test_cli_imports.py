@@ -31,7 +31,13 @@ NEVER_FOR_LISTING = [
     "rich",
     # What encodes and decodes values (store.encoding.valuecodec): rows and counts need none.
     "pitstop.store.encoding.valuecodec",
+    "pitstop.store.encoding.chunkreads",
+    "pitstop.store.encoding.layouts",
     "pitstop.serde.chunks",
+    "pitstop.serde.chunkcuts",
+    "pitstop.serde.chunkmanifest",
+    "pitstop.serde.chunktree",
+    "pitstop.serde.chunkpatches",
     "pitstop.serde.chunkkeys",
     "pitstop.serde.partchunks",
     "pitstop.serde.framing",

@@ -131,8 +131,8 @@ class Applied(NamedTuple):
 
 class MergePatch(NamedTuple):
     """A field's new value as its parent's chunked dict (``manifest``, a
-    :class:`pitstop.serde.chunks.Manifest`) with ``delta`` set: the store writes a patch of
-    the changed entries alone (:func:`pitstop.serde.chunks.patch_dict`), the parent's value
+    :class:`pitstop.serde.chunkmanifest.Manifest`) with ``delta`` set: the store writes a patch of
+    the changed entries alone (:func:`pitstop.serde.chunkpatches.patch_dict`), the parent's value
     neither read nor serialised."""
 
     delta: Merge

@@ -78,15 +78,11 @@ metadata of every LangGraph checkpoint in the store (nothing indexes LangGraph r
 from __future__ import annotations
 
 import asyncio
-import base64
 import builtins
 import contextlib
-import hashlib
 import heapq
-import json
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
-from functools import lru_cache
 from typing import Any, Final, NamedTuple, TypeVar, cast
 
 from langchain_core.runnables import RunnableConfig
@@ -113,12 +109,28 @@ from ..errors import (
 )
 from ..model import Checkpoint as StoredCheckpoint
 from ..model import CheckpointSummary, Run, RunStatus
-from ..store import RetentionPolicy, RunControl, SaveOptions, SaveRequest, Store, open_store
+from ..store import RunControl, SaveOptions, SaveRequest, Store, open_store
 from ..store.contract.base import UNSET, Unset
 from ..store.contract.save import NO_CONTROL
 from ..store.engine.sql import SqlStore
+from . import langgraph_threads
 from .langgraph_forks import ForkGuard
-from .langgraph_meta import checkpoint_metadata
+from .langgraph_ids import (
+    NS_SEP,
+    WORKFLOW,
+    config_for,
+    langgraph_id,
+    run_id_for,
+    stored_id,
+    where,
+)
+from .langgraph_meta import (
+    checkpoint_metadata,
+    json_contains,
+    langgraph_metadata,
+    pack_not_json,
+    unpack_part,
+)
 from .langgraph_values import (
     due_nodes,
     pack_typed,
@@ -131,13 +143,6 @@ from .langgraph_writes import DELAY, HeldWrites
 
 T = TypeVar("T")
 
-WORKFLOW: Final = "langgraph"
-"""The workflow name of every run that holds a LangGraph thread."""
-
-_NS_SEP: Final = "::"
-_ID_SEP: Final = "~"
-_TYPED: Final = "__pitstop_typed__"
-_PAGE: Final = 64
 _NOT_FRAME: Final = frozenset({"id", "channel_values"})
 """Checkpoint keys not kept in the frame (metadata): the id is the pitstop id's, the values
 are the state fields."""
@@ -166,26 +171,6 @@ class _Known(NamedTuple):
     while it was written: then the run's status is not known here)."""
 
 
-@lru_cache(maxsize=4096)
-def _run_tag(run_id: str) -> str:
-    return hashlib.blake2b(run_id.encode(), digest_size=6).hexdigest()
-
-
-def run_id_for(thread_id: str, checkpoint_ns: str = "") -> str:
-    """The pitstop run that holds a LangGraph thread's namespace."""
-    return f"{thread_id}{_NS_SEP}{checkpoint_ns}" if checkpoint_ns else thread_id
-
-
-def stored_id(checkpoint_id: str, run_id: str) -> str:
-    """The pitstop checkpoint id of LangGraph checkpoint ``checkpoint_id`` in ``run_id``."""
-    return f"{checkpoint_id}{_ID_SEP}{_run_tag(run_id)}"
-
-
-def langgraph_id(stored: str) -> str:
-    """The LangGraph checkpoint id of a pitstop checkpoint id made by :func:`stored_id`."""
-    return stored.rpartition(_ID_SEP)[0] or stored
-
-
 def _same(a: object, b: object) -> bool:
     return a is b
 
@@ -205,46 +190,6 @@ class _Items(NamedTuple):
     checkpoint: str
     value: builtins.list[Any]
     encoded: builtins.list[bytes]
-
-
-def _plain(value: Any) -> bool:
-    try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError):
-        return False
-    return True
-
-
-def _contains(value: Any, query: Any) -> bool:
-    """JSON containment, as PostgreSQL's ``jsonb @>`` (what ``PostgresSaver`` filters with)."""
-    if isinstance(query, Mapping):
-        return isinstance(value, Mapping) and all(
-            k in value and _contains(value[k], v) for k, v in query.items()
-        )
-    if isinstance(query, list | tuple):
-        return isinstance(value, list | tuple) and all(
-            any(_contains(item, q) for item in value) for q in query
-        )
-    if isinstance(query, bool) or isinstance(value, bool):
-        return value is query  # JSON true is not 1
-    return bool(value == query)
-
-
-def _config(thread_id: str, ns: str, checkpoint_id: str) -> RunnableConfig:
-    return {
-        "configurable": {
-            "thread_id": thread_id,
-            "checkpoint_ns": ns,
-            "checkpoint_id": checkpoint_id,
-        }
-    }
-
-
-def _where(config: RunnableConfig) -> tuple[str, str, str]:
-    conf = config["configurable"]
-    thread_id = str(conf["thread_id"])
-    ns = conf.get("checkpoint_ns") or ""
-    return thread_id, ns, run_id_for(thread_id, ns)
 
 
 class PitstopSaver(BaseCheckpointSaver[Any]):
@@ -309,7 +254,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint named by ``config`` (or the thread's latest) with its pending writes."""
         self._flush()
-        thread_id, ns, run_id = _where(config)
+        thread_id, ns, run_id = where(config)
         wanted = get_checkpoint_id(config)
         if not wanted:
             found = self.store.latest(run_id)
@@ -364,7 +309,9 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         wanted = get_checkpoint_id(config) if config else None
         before_id = get_checkpoint_id(before) if before else None
         runs = self._runs(config)
-        streams = [self._summaries(run_id, before_id) for run_id, _, _ in runs]
+        streams = [
+            langgraph_threads.summaries(self.store, run_id, before_id) for run_id, _, _ in runs
+        ]
         merged: Iterable[CheckpointSummary] = (
             streams[0]
             if len(streams) == 1
@@ -376,7 +323,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         for summary in merged:
             if wanted and langgraph_id(summary.id) != wanted:
                 continue
-            if filter and not _contains(self._lg_metadata(summary), filter):
+            if filter and not json_contains(langgraph_metadata(summary, self.serde), filter):
                 continue
             try:
                 stored = self.store.get(summary.id)
@@ -408,7 +355,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
             ns = conf.get("checkpoint_ns")
             if ns is not None:
                 return [(run_id_for(thread_id, ns), thread_id, ns)]
-            found = self._thread_runs(thread_id)
+            found = langgraph_threads.thread_runs(self.store, thread_id)
         return [
             (
                 run.id,
@@ -417,22 +364,6 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
             )
             for run in found
         ]
-
-    def _thread_runs(self, thread_id: str) -> builtins.list[Run]:
-        return self.store.runs(workflow=WORKFLOW, metadata={"thread_id": thread_id}, limit=None)
-
-    def _summaries(self, run_id: str, before: str | None) -> Iterator[CheckpointSummary]:
-        """A run's checkpoint records newest first, page by page, without their state."""
-        cursor = stored_id(before, run_id) if before else None
-        while True:
-            try:
-                page = self.store.history(run_id, limit=_PAGE, before=cursor)
-            except RunNotFoundError:
-                return
-            yield from page
-            if len(page) < _PAGE:
-                return
-            cursor = page[-1].id
 
     def _writes(self, stored: CheckpointSummary) -> builtins.list[tuple[str, str, Any]]:
         records = self.store.attachments(stored.run_id, stored.id)
@@ -445,15 +376,6 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
             for task_id, channel, type_, data, _, _ in rows
         ]
 
-    def _unpack(self, part: Any) -> Any:
-        if isinstance(part, dict) and len(part) == 1 and _TYPED in part:
-            type_, data = part[_TYPED]
-            return self.serde.loads_typed((type_, base64.b64decode(data)))
-        return part
-
-    def _lg_metadata(self, summary: CheckpointSummary) -> Any:
-        return self._unpack(summary.metadata.get("langgraph", {}).get("metadata", {}))
-
     def _tuple(
         self,
         stored: StoredCheckpoint,
@@ -463,7 +385,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         writes: builtins.list[tuple[str, str, Any]],
     ) -> CheckpointTuple:
         lg = stored.metadata.get("langgraph", {})
-        frame = self._unpack(lg.get("checkpoint", {}))
+        frame = unpack_part(lg.get("checkpoint", {}), self.serde)
         checkpoint_id = langgraph_id(stored.id)
         values = self._decode_values(stored.state)
         checkpoint = cast(Checkpoint, {**frame, "id": checkpoint_id, "channel_values": values})
@@ -475,10 +397,10 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
             parent = langgraph_id(stored.parent_id) if stored.parent_id else None
         self._forks.seen(stored.id, was_head)
         return CheckpointTuple(
-            config=_config(thread_id, ns, checkpoint_id),
+            config=config_for(thread_id, ns, checkpoint_id),
             checkpoint=checkpoint,
-            metadata=self._unpack(lg.get("metadata", {})),
-            parent_config=_config(thread_id, ns, parent) if parent else None,
+            metadata=unpack_part(lg.get("metadata", {}), self.serde),
+            parent_config=config_for(thread_id, ns, parent) if parent else None,
             pending_writes=writes,
         )
 
@@ -539,7 +461,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         conf = config["configurable"]
         thread_id = str(conf["thread_id"])
         ns = conf.get("checkpoint_ns") or ""
-        run_id = f"{thread_id}{_NS_SEP}{ns}" if ns else thread_id  # run_id_for, inlined
+        run_id = f"{thread_id}{NS_SEP}{ns}" if ns else thread_id  # run_id_for, inlined
         checkpoint_id = checkpoint["id"]
         parent = conf.get("checkpoint_id") or None
         lg_meta = checkpoint_metadata(config, metadata)  # as LangGraph's savers store it
@@ -591,7 +513,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
             ]
             state = self._encode_values(values, changed, run_id, parent_id)
         if parent is None:
-            self._create_run(run_id, thread_id, ns)
+            langgraph_threads.create_thread_run(self.store, run_id, thread_id, ns)
         expected = self._forks.expected_head(run_id, parent_id, source)
         # The run's status is written only when it may not say "running" already. Not when
         # this continues the head from a checkpoint this saver wrote as running, with no
@@ -631,7 +553,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
             # The parent was deleted (delete_for_runs, prune): keep LangGraph's link in
             # metadata and store the checkpoint whole, on the run's head.
             lg["parent"] = parent
-            self._create_run(run_id, thread_id, ns)
+            langgraph_threads.create_thread_run(self.store, run_id, thread_id, ns)
             state = self._encode_values(values, None)
             written = self._save(
                 run_id=run_id, stored=stored, state=state, parent_id=None, step=step,
@@ -656,7 +578,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
             # save may have committed "running" after the interrupt said "waiting".
             self._mark_waiting(run_id)
         self._remember(stored, values, frame, running=written and not interrupted)
-        return _config(thread_id, ns, checkpoint_id)
+        return config_for(thread_id, ns, checkpoint_id)
 
     def _remember_items(
         self, run_id: str, stored: str, values: Mapping[str, Any], state: Mapping[str, Any]
@@ -689,14 +611,6 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
                 tail = [pack_typed(dumps(item)) for item in value[n:]]
                 return Applied(last.encoded + tail, Append(tail))
         return [pack_typed(dumps(item)) for item in value]
-
-    def _create_run(self, run_id: str, thread_id: str, ns: str) -> None:
-        self.store.create_run(
-            run_id,
-            workflow=WORKFLOW,
-            metadata={"thread_id": thread_id, "checkpoint_ns": ns},
-            exist_ok=True,
-        )
 
     def _save(
         self,
@@ -737,11 +651,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
                     raise
                 # LangGraph metadata (or checkpoint frame) that is not JSON: keep that part
                 # in LangGraph's own serialised form instead.
-                lg = meta["langgraph"]
-                for key in ("metadata", "checkpoint"):
-                    if not _plain(lg[key]):
-                        type_, data = self.serde.dumps_typed(lg[key])
-                        lg[key] = {_TYPED: [type_, base64.b64encode(data).decode()]}
+                pack_not_json(meta["langgraph"], self.serde)
             except ConflictError as exc:
                 if exc.actual == stored:
                     return False  # this very checkpoint is already there: a repeated put
@@ -844,9 +754,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
     def delete_thread(self, thread_id: str) -> None:
         """Delete every namespace of the thread: checkpoints, writes and unshared values."""
         self._flush()
-        for run in self._thread_runs(str(thread_id)):
-            with contextlib.suppress(RunNotFoundError):
-                self.store.delete_run(run.id)
+        langgraph_threads.delete_thread(self.store, str(thread_id))
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints (and their writes) that these LangGraph runs wrote."""
@@ -854,44 +762,13 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         if not doomed_runs:
             return
         self._flush()
-        for run in self.store.runs(workflow=WORKFLOW, limit=None):
-            doomed = [
-                s.id
-                for s in self._summaries(run.id, None)
-                if isinstance(meta := self._lg_metadata(s), Mapping)
-                and meta.get("run_id") in doomed_runs
-            ]
-            if doomed:
-                self.store.delete_checkpoints(run.id, doomed)
+        langgraph_threads.delete_for_runs(self.store, self.serde, doomed_runs)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every namespace of a thread, with the same checkpoint ids, parents, metadata
         and pending writes. Values are shared with the source, not stored twice."""
-        source, target = str(source_thread_id), str(target_thread_id)
         self._flush()
-        for run in self._thread_runs(source):
-            ns = str(run.metadata.get("checkpoint_ns", ""))
-            target_run = run_id_for(target, ns)
-            self._create_run(target_run, target, ns)
-            copies: dict[str, str] = {}
-            for summary in reversed(list(self._summaries(run.id, None))):
-                stored = self.store.get(summary.id)
-                meta = dict(stored.metadata)
-                lg = dict(meta.get("langgraph", {}))
-                parent = copies.get(stored.parent_id or "")
-                if parent is None and "parent" not in lg:
-                    lg["parent"] = langgraph_id(stored.parent_id) if stored.parent_id else None
-                meta["langgraph"] = lg
-                meta["copied_from"] = stored.id
-                copy = stored_id(langgraph_id(stored.id), target_run)
-                writes = self.store.attachments(run.id, stored.id)
-                self.store.save_request(SaveRequest(
-                    target_run, stored.state, parent_id=parent, step=stored.step,
-                    checkpoint_id=copy, metadata=meta, control=RunControl(workflow=WORKFLOW),
-                    # (writes attached to the copy go into the row it inserts)
-                    options=SaveOptions(attach={copy: writes} if writes else None),
-                ))
-                copies[stored.id] = copy
+        langgraph_threads.copy_thread(self.store, str(source_thread_id), str(target_thread_id))
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """``keep_latest``: keep each namespace's latest checkpoint (with its writes and
@@ -906,29 +783,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
             for thread_id in threads:
                 self.delete_thread(thread_id)
             return
-        runs = {thread_id: self._thread_runs(thread_id) for thread_id in threads}
-        delta = sorted(
-            thread_id
-            for thread_id, found in runs.items()
-            if any(self._uses_delta_channel(run.id) for run in found)
-        )
-        if delta:
-            raise NotImplementedError(
-                f"keep_latest can't prune threads that use a DeltaChannel: {', '.join(delta)}"
-            )
-        policy = RetentionPolicy(keep_last=1, keep_milestones=False)
-        for found in runs.values():
-            for run in found:
-                self.store.prune(policy, run_id=run.id)
-
-    def _uses_delta_channel(self, run_id: str) -> bool:
-        """Whether a checkpoint of the run counts delta-channel writes: its latest value is
-        rebuilt from older checkpoints, which keep_latest would delete."""
-        return any(
-            isinstance(meta := self._lg_metadata(s), Mapping)
-            and "counters_since_delta_snapshot" in meta
-            for s in self._summaries(run_id, None)
-        )
+        langgraph_threads.keep_latest(self.store, self.serde, threads)
 
     # -- async: the same methods in a worker thread ------------------------------------------
 

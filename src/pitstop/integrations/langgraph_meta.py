@@ -13,15 +13,26 @@ time; in a loop's configs they are nearly always the same keys (``thread_id``,
 copied. So which keys may be copied is worked out once per sequence of keys and remembered;
 only their values are looked at per call. tests/test_langgraph_compat.py checks it against
 LangGraph's function.
+
+The metadata goes through JSON, as in the reference savers; a part of it that is not JSON at
+all (LangGraph's metadata, or the checkpoint's frame) is stored with LangGraph's serializer
+instead, base64-encoded under :data:`TYPED` (:func:`pack_not_json`, :func:`unpack_part`).
+``list(filter=...)`` matches the metadata as PostgreSQL's ``jsonb @>`` does
+(:func:`json_contains`).
 """
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Mapping
 from typing import Any, Final
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import EXCLUDED_METADATA_KEYS
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from ..model import CheckpointSummary
 
 _KEPT: Final = 1024
 """Key sequences remembered at most (then the others are worked out per call)."""
@@ -59,4 +70,61 @@ def checkpoint_metadata(config: RunnableConfig, metadata: Mapping[str, Any]) -> 
     return out
 
 
-__all__ = ["checkpoint_metadata"]
+TYPED: Final = "__pitstop_typed__"
+"""The key of a metadata part stored with LangGraph's serializer (``[type, base64]``)."""
+
+
+def is_json(value: Any) -> bool:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def pack_not_json(lg: dict[str, Any], serde: SerializerProtocol) -> None:
+    """Store the parts of ``lg`` (the checkpoint's ``langgraph`` metadata) that are not JSON
+    with ``serde`` instead, in place."""
+    for key in ("metadata", "checkpoint"):
+        if not is_json(lg[key]):
+            type_, data = serde.dumps_typed(lg[key])
+            lg[key] = {TYPED: [type_, base64.b64encode(data).decode()]}
+
+
+def unpack_part(part: Any, serde: SerializerProtocol) -> Any:
+    """A metadata part as it was handed over: one :func:`pack_not_json` stored is loaded."""
+    if isinstance(part, dict) and len(part) == 1 and TYPED in part:
+        type_, data = part[TYPED]
+        return serde.loads_typed((type_, base64.b64decode(data)))
+    return part
+
+
+def langgraph_metadata(summary: CheckpointSummary, serde: SerializerProtocol) -> Any:
+    """The LangGraph metadata of a checkpoint record, as ``put`` was handed it."""
+    return unpack_part(summary.metadata.get("langgraph", {}).get("metadata", {}), serde)
+
+
+def json_contains(value: Any, query: Any) -> bool:
+    """JSON containment, as PostgreSQL's ``jsonb @>`` (what ``PostgresSaver`` filters with)."""
+    if isinstance(query, Mapping):
+        return isinstance(value, Mapping) and all(
+            k in value and json_contains(value[k], v) for k, v in query.items()
+        )
+    if isinstance(query, list | tuple):
+        return isinstance(value, list | tuple) and all(
+            any(json_contains(item, q) for item in value) for q in query
+        )
+    if isinstance(query, bool) or isinstance(value, bool):
+        return value is query  # JSON true is not 1
+    return bool(value == query)
+
+
+__all__ = [
+    "TYPED",
+    "checkpoint_metadata",
+    "is_json",
+    "json_contains",
+    "langgraph_metadata",
+    "pack_not_json",
+    "unpack_part",
+]

@@ -197,6 +197,16 @@ PLAIN_MSGPACK: Final = ChunkKeys(0)
 """Plain keys of pitstop's own msgpack format (a layout's default)."""
 
 
+Keying = ChunkKeys | int
+"""How the chunker keys new chunks: a :class:`~pitstop.serde.chunkkeys.ChunkKeys`, or a
+serializer's format id alone (plain keys)."""
+
+
+def keying(keys: Keying) -> ChunkKeys:
+    """``keys`` as a :class:`~pitstop.serde.chunkkeys.ChunkKeys`."""
+    return keys if isinstance(keys, ChunkKeys) else ChunkKeys(keys)
+
+
 __all__ = [
     "KEY_KEYED",
     "KEY_KEYED_SHA256",
@@ -206,8 +216,10 @@ __all__ = [
     "PLAIN_MSGPACK",
     "SHA256_KEYS",
     "ChunkKeys",
+    "Keying",
     "check_chunk",
     "chunk_key",
     "is_keyed",
+    "keying",
     "plain_key_of",
 ]

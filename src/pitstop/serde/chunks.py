@@ -16,8 +16,8 @@ that changed. Nothing here touches a store: this module turns values into chunks
   anywhere changes the chunk around it and no other (a minimum chunk size would make the cuts
   depend on their neighbours and let one edit shift the chunks after it).
   Buffers are cut at fixed offsets (an array's regions keep their positions).
-* **Keys are content hashes** (:func:`chunk_key`: a kind byte and xxh3-128, ~30x the speed
-  of SHA-256; in a sealed store, a keyed hash of that: :mod:`pitstop.serde.chunkkeys`). A
+* **Keys are content hashes** (:func:`~pitstop.serde.chunkkeys.chunk_key`: a kind byte and
+  xxh3-128, ~30x the speed of SHA-256; in a sealed store, a keyed hash of that). A
   save that has only the whole new value serialises it once, item by item, and finds the
   unchanged chunks by their keys: nothing unchanged is compressed or hashed with anything
   slower. A save that knows the change (:class:`~pitstop.Append`,
@@ -30,6 +30,13 @@ that changed. Nothing here touches a store: this module turns values into chunks
 A list's last chunk is *open* (it ended with the value, not at a boundary): appending items
 extends it. :attr:`Split.extended` lists the parent's open chunks that a new chunk extends, so
 a store can keep the old one as "the first N bytes of the new one" instead of twice.
+
+The parts live in their own modules, re-exported here: the manifest's entries and layout
+(:mod:`~pitstop.serde.chunkmanifest`), where items are cut and how they are encoded
+(:mod:`~pitstop.serde.chunkcuts`), the tree of nodes (:mod:`~pitstop.serde.chunktree`),
+patches of a dict (:mod:`~pitstop.serde.chunkpatches`) and the chunks' keys
+(:mod:`~pitstop.serde.chunkkeys`). This module cuts a value against its parent's layout
+(:func:`split`, :func:`split_delta`) and joins the chunks back (:func:`assemble`).
 """
 
 from __future__ import annotations
@@ -38,483 +45,56 @@ import bisect
 import operator
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple, Protocol
 
-import ormsgpack
 import xxhash
 
+from .chunkcuts import (
+    BUFFER_CHUNK,
+    DICT_PARAMS,
+    LIST_PARAMS,
+    SEALED_DICT_PARAMS,
+    Dumps,
+    Params,
+    container_header,
+    cut_ranges,
+    encode_dict_item,
+    encode_items,
+    header_size,
+)
 from .chunkkeys import (
     KEY_SHA256,
     KEY_SIZE,
     KEY_XXH3,
-    PLAIN_MSGPACK,
     SHA256_KEYS,
     ChunkKeys,
+    Keying,
     check_chunk,
     chunk_key,
+    keying,
 )
+from .chunkmanifest import (
+    CUT,
+    KINDS,
+    MANIFEST_PATCHED,
+    MANIFEST_VERSION,
+    NODE,
+    Entry,
+    Layout,
+    Manifest,
+    decode_manifest,
+    encode_manifest,
+    is_patched,
+    pack_entries,
+    rekeyed_manifest,
+    unpack_entries,
+)
+from .chunkpatches import PATCH_GROUP, PATCH_MIN_ITEMS, may_patch, patch_dict
+from .chunktree import Tree, build_tree, expand
 
-MANIFEST_VERSION: Final = 1
-MANIFEST_PATCHED: Final = 2
-"""The version of a dict's manifest with *patches* (:func:`patch_dict`): leaves after the
-base's that set keys again. An older pitstop refuses it rather than cut it wrongly."""
 CHUNKED_MIN: Final = 16 * 1024
 """Values serialising to fewer bytes are stored whole, as before. Low enough that a growing
 list is chunked early: until then each save rewrites it whole (sum over the saves: ~4x this)."""
-
-# Entry flags.
-CUT: Final = 1
-"""The chunk ended at a content-defined boundary (or at the maximum size): it is final."""
-NODE: Final = 2
-"""The entry is a node: its chunk is an encoded list of entries, not data."""
-
-
-class Params(NamedTuple):
-    """Where chunks of one kind of value are cut."""
-
-    target: int
-    """Mean chunk size: an item of ``n`` bytes ends its chunk with probability
-    ``n / target``, decided by the item's own hash."""
-    max: int
-    """A chunk is cut after the item that takes it to this size, whatever the hashes say."""
-
-
-# A conversation wants few, large chunks (a restore reads each one), but not too large: on
-# SQLite each append rewrites the open chunk, and the rows it leaves behind as aliases sit in
-# leaf pages sized for the big rows they were (16 KiB: 1.41x the final size on disk, 32 KiB:
-# 1.56x, 64 KiB: 1.9x for a 2,000-turn conversation). A dict with one key changed per save
-# wants small ones (each save rewrites the chunk holding the key).
-LIST_PARAMS: Final = Params(target=16 * 1024, max=64 * 1024)
-DICT_PARAMS: Final = Params(target=512, max=2 * 1024)
-SEALED_DICT_PARAMS: Final = Params(target=1024, max=4 * 1024)
-"""A dict's chunks where every row written is kept (PostgreSQL: see :func:`sealed`): each
-chunk there is a row, a reference row and three index entries (~340 bytes besides its
-bytes), so fewer, larger chunks cost less on disk in all than rewriting less per save saves
-(the issue's 10,000-key dict after 200 saves: 3.10 -> 2.61 MiB, saves 15 -> 11 ms)."""
-BUFFER_CHUNK: Final = 1 << 20
-"""Buffers (bytes, arrays) are cut every MiB: a region changed in a large array rewrites the
-chunks it touches, and a 64 MiB array is 64 chunks."""
-
-NODE_MASK: Final = 3
-"""Entries are grouped into nodes of 4 on average: the entries after the last full group
-are in every checkpoint record's root, and a changed leaf rewrites a node at each level."""
-NODE_MAX: Final = 64
-ROOT_NODES: Final = 8
-"""A level with more sealed nodes than this is grouped again into a level above it."""
-
-KINDS: Final = ("list", "dict", "bytes", "bytearray", "ndarray", "parts")
-"""``parts``: a value holding arrays or tensors, chunked by :mod:`pitstop.serde.partchunks`."""
-
-
-Keying = ChunkKeys | int
-"""How the chunker keys new chunks: a :class:`~pitstop.serde.chunkkeys.ChunkKeys`, or a
-serializer's format id alone (plain keys)."""
-
-
-def keying(keys: Keying) -> ChunkKeys:
-    """``keys`` as a :class:`~pitstop.serde.chunkkeys.ChunkKeys`."""
-    return keys if isinstance(keys, ChunkKeys) else ChunkKeys(keys)
-
-
-class Entry(NamedTuple):
-    """One chunk (or node) of a manifest."""
-
-    key: bytes
-    items: int
-    """Items covered: list items, dict entries or buffer bytes."""
-    size: int
-    """Raw (serialised, uncompressed) bytes covered."""
-    flags: int
-
-    @property
-    def is_node(self) -> bool:
-        return bool(self.flags & NODE)
-
-
-def pack_entries(entries: Sequence[Entry]) -> bytes:
-    """A node chunk's bytes: its entries (:func:`unpack_entries` reads them)."""
-    return ormsgpack.packb([list(e) for e in entries])
-
-
-def unpack_entries(data: bytes) -> list[Entry]:
-    """A node chunk's entries; ``ValueError`` if the bytes are not a list of entries."""
-    out = []
-    try:
-        for key, items, size, flags in ormsgpack.unpackb(data):
-            if type(key) is not bytes or len(key) != KEY_SIZE or not (
-                    type(items) is int and type(size) is int and type(flags) is int):
-                raise ValueError("malformed manifest entry")
-            out.append(Entry(key, items, size, flags))
-    except (TypeError, ormsgpack.MsgpackDecodeError):
-        raise ValueError("malformed manifest entry") from None
-    return out
-
-
-@dataclass(slots=True)
-class Layout:
-    """A chunked value's structure: what a manifest describes, with what was computed for it.
-
-    ``leaves`` (the data chunks in order) and ``nodes`` (node key -> entries) are known to the
-    process that made or read it, so the next save of the field compares against them without
-    reading anything.
-    """
-
-    kind: str
-    meta: Any
-    """Per kind: None, or ``[dtype descr, shape]`` for an array."""
-    items: int
-    root: list[Entry]
-    leaves: list[Entry]
-    nodes: dict[bytes, list[Entry]] = field(default_factory=dict)
-    keying: ChunkKeys = PLAIN_MSGPACK
-    """How the next version's new chunks are keyed (the store's keys, this value's format)."""
-    starts: list[int] = field(default_factory=list)
-    """Item offset of each leaf (computed on demand)."""
-    prefix: tuple[int, int, bytes, bool] | None = None
-    """``(leaves, bytes, xxh3-128, plain)`` of the first final leaves' bytes, if known: a
-    whole-value save compares them with the new value's bytes in one hash, not one per leaf.
-    ``plain``: they hold no byte that begins a msgpack bin (0xc4-0xc6), so the next save's
-    check for raw buffers starts after them (:func:`_split_guided`)."""
-    index: dict[bytes, tuple[Entry, list[Entry]]] = field(default_factory=dict)
-    """The nodes by their last entry's key (:data:`NodeIndex`), for the next version's tree."""
-    levels: list[tuple[list[Entry], list[Entry], list[int]]] = field(default_factory=list)
-    """The tree's levels (:data:`Levels`), for the next version's tree."""
-
-    def leaf_starts(self) -> list[int]:
-        if len(self.starts) != len(self.leaves):
-            acc, starts = 0, []
-            for leaf in self.leaves:
-                starts.append(acc)
-                acc += leaf.items
-            self.starts = starts
-        return self.starts
-
-    @property
-    def size(self) -> int:
-        """Raw bytes of the whole value's chunks."""
-        return sum(e.size for e in self.root)
-
-    def keys(self) -> set[bytes]:
-        """Every chunk this value references: leaves and nodes."""
-        return {e.key for e in self.leaves} | set(self.nodes)
-
-    def manifest(self) -> bytes:
-        return encode_manifest(self)
-
-
-def encode_manifest(layout: Layout) -> bytes:
-    return ormsgpack.packb(
-        [
-            MANIFEST_VERSION,
-            layout.kind,
-            layout.items,
-            layout.meta,
-            [list(e) for e in layout.root],
-        ]
-    )
-
-
-def rekeyed_manifest(data: bytes, keys: Mapping[bytes, bytes]) -> bytes | None:
-    """The manifest ``data`` with each root entry's key ``k`` in ``keys`` made ``keys[k]``
-    (the rest as it is, whatever its version), or None if none is (or it is unreadable)."""
-    try:
-        parts = ormsgpack.unpackb(data)
-        root = parts[4]
-        changed = False
-        for entry in root:
-            new = keys.get(bytes(entry[0]))
-            if new is not None:
-                entry[0] = new
-                changed = True
-    except Exception:  # the read that needs it names the damage
-        return None
-    return ormsgpack.packb(parts) if changed else None
-
-
-class Manifest(NamedTuple):
-    kind: str
-    items: int
-    meta: Any
-    root: list[Entry]
-
-
-def decode_manifest(data: bytes) -> Manifest:
-    """The manifest's parts; ``ValueError`` if it is not one this version reads."""
-    try:
-        version, kind, items, meta, root = ormsgpack.unpackb(data)
-    except Exception as exc:
-        raise ValueError(f"unreadable manifest ({exc})") from None
-    if version == MANIFEST_PATCHED:
-        if kind != "dict" or _patch_meta(meta, root) is None:
-            raise ValueError("malformed patched manifest")
-    elif version != MANIFEST_VERSION:
-        raise ValueError(f"manifest version {version} (written by a newer pitstop?)")
-    if kind not in KINDS:
-        raise ValueError(f"unknown chunked value kind {kind!r}")
-    if type(items) is not int or items < 0 or type(root) is not list:
-        raise ValueError("malformed manifest (its item count or root is not one)")
-    try:
-        entries = [Entry(bytes(k), n, s, f) for k, n, s, f in root]
-    except (TypeError, ValueError):  # an entry that is not [key, items, size, flags]
-        raise ValueError("malformed manifest (a root entry is not one)") from None
-    if not all(type(e.items) is int and type(e.size) is int and type(e.flags) is int
-               for e in entries):
-        raise ValueError("malformed manifest (a root entry is not one)")
-    return Manifest(kind, items, meta, entries)
-
-
-# -- patches: a Merge on a dict whose chunks are not known here --------------------------------
-#
-# A dict is decoded from its chunks joined, in one msgpack map: a key that comes twice takes
-# the later value and keeps its first place, which is what Merge does (``dict.update``). So
-# a Merge on a chunked dict can be written as chunks of the changed entries alone, after the
-# value's own: the *patch*. Its manifest is the parent's root with the patch's leaves added
-# (version MANIFEST_PATCHED, ``meta = ["patch", base, levels]``: the root's first ``base``
-# entries are the dict's chunks before any patch, the rest are patch entries, at those
-# levels: a leaf is level 0; PATCH_GROUP entries of one level become a node one level up,
-# so the root stays short and the tree shallow however many patches follow). Nothing of the
-# parent's value is read; the patch costs O(change). A save that has the whole value (a
-# handle that read it) writes it whole again, without the duplicates (see
-# ValueCodec._encode_chunked); a patch is refused once patches hold as many entries as the
-# dict had before them (:func:`may_patch`), so the duplicates stay at most as many as the
-# keys and the read that rewrites them is paid once per that many changes.
-
-PATCH_GROUP: Final = 16
-PATCH_MIN_ITEMS: Final = 4096
-"""A dict of fewer keys takes patches up to this many entries before one is refused."""
-
-
-def _patch_meta(meta: Any, root: Sequence[Any]) -> tuple[int, list[int]] | None:
-    """``(base, levels)`` of a patched manifest's meta, or None if it is not one."""
-    if (
-        type(meta) is not list
-        or len(meta) != 3
-        or meta[0] != "patch"
-        or type(meta[1]) is not int
-        or type(meta[2]) is not list
-        or not 0 <= meta[1] <= len(root)
-        or len(meta[2]) != len(root) - meta[1]
-        or not all(type(level) is int and 0 <= level < 16 for level in meta[2])
-    ):
-        return None
-    return meta[1], list(meta[2])
-
-
-def may_patch(manifest: Manifest, adding: int) -> bool:
-    """Whether a dict's manifest may take a patch of ``adding`` entries (else the value is
-    read and written whole, which drops the duplicates)."""
-    if manifest.kind != "dict":
-        return False
-    found = _patch_meta(manifest.meta, manifest.root)
-    if found is None:
-        return manifest.meta is None
-    base, _ = found
-    patched = sum(e.items for e in manifest.root[base:])
-    return patched + adding <= max(manifest.items - patched, PATCH_MIN_ITEMS)
-
-
-def patch_dict(
-    manifest: Manifest, entries: Mapping[str, Any], dumps: Dumps, keys: Keying,
-    params: Params = DICT_PARAMS,
-) -> tuple[bytes, int, dict[bytes, bytes]]:
-    """The manifest of ``manifest``'s dict with ``entries`` set (see above), its size and
-    the new chunks (leaves and nodes) by key. ``TypeError`` for a key msgpack cannot hold as
-    a plain map key (the caller then applies the Merge to the value itself)."""
-    encodings = []
-    for name, value in entries.items():
-        encoded = _encode_dict_item(dumps, name, value)
-        if encoded is None:
-            raise TypeError("the dict has a key msgpack cannot hold as a plain map key")
-        encodings.append(encoded)
-    found = _patch_meta(manifest.meta, manifest.root)
-    base, levels = found if found is not None else (len(manifest.root), [])
-    root = list(manifest.root)
-    raws: dict[bytes, bytes] = {}
-    make = keying(keys)
-    for first, stop, _ in _cuts(encodings, params, make.cut_seed):
-        raw = b"".join(encodings[first:stop])
-        key = make(raw)
-        raws[key] = raw
-        root.append(Entry(key, stop - first, len(raw), CUT))
-        levels.append(0)
-        # PATCH_GROUP entries of one level at the end: one node a level up.
-        while len(levels) >= PATCH_GROUP and len(set(levels[-PATCH_GROUP:])) == 1:
-            group = root[-PATCH_GROUP:]
-            packed = pack_entries(group)
-            node = make(packed)
-            raws[node] = packed
-            level = levels[-1] + 1
-            del root[-PATCH_GROUP:], levels[-PATCH_GROUP:]
-            root.append(Entry(node, sum(e.items for e in group), sum(e.size for e in group),
-                              CUT | NODE))
-            levels.append(level)
-    items = manifest.items + len(encodings)
-    data = ormsgpack.packb([MANIFEST_PATCHED, "dict", items, ["patch", base, levels],
-                            [list(e) for e in root]])
-    return data, sum(e.size for e in root), raws
-
-
-def is_patched(layout: Layout) -> bool:
-    """Whether ``layout`` is a patched dict's (its items are not its keys' positions)."""
-    return layout.kind == "dict" and layout.meta is not None
-
-
-def expand(root: Sequence[Entry], nodes: Mapping[bytes, bytes | list[Entry]]) -> list[Entry]:
-    """The leaves under ``root``, given the node chunks (raw bytes, or decoded entries)."""
-    leaves: list[Entry] = []
-
-    def walk(entries: Iterable[Entry]) -> None:
-        for entry in entries:
-            if entry.flags & NODE:
-                found = nodes[entry.key]
-                walk(unpack_entries(found) if isinstance(found, bytes | bytearray) else found)
-            else:
-                leaves.append(entry)
-
-    walk(root)
-    return leaves
-
-
-# -- the tree ---------------------------------------------------------------------------------
-
-
-_KEY: Final = operator.itemgetter(0)  # an Entry's key
-_LAST: Final = operator.itemgetter(-1)
-
-NodeIndex = dict[bytes, tuple[Entry, list[Entry]]]
-"""A tree's nodes by the key of their last entry: what the next version's tree reuses
-without packing or hashing a node again (its entries are compared first)."""
-
-
-class _Builder:
-    def __init__(self, keys: ChunkKeys, parent: Layout | None) -> None:
-        self.keys = keys
-        self.reuse: NodeIndex = parent.index if parent is not None else {}
-        self.reuse_nodes = parent.nodes if parent is not None else {}
-        self.nodes: dict[bytes, list[Entry]] = {}
-        self.index: NodeIndex = {}
-        self.packed: dict[bytes, bytes] = {}
-
-    def node(self, entries: list[Entry]) -> Entry:
-        last = entries[-1].key
-        found = self.reuse.get(last)
-        if found is not None and found[1] == entries:
-            entry, entries = found
-        else:
-            packed = pack_entries(entries)
-            key = self.keys(packed)
-            self.packed[key] = packed
-            items = size = 0
-            for e in entries:
-                items += e.items
-                size += e.size
-            entry = Entry(key, items, size, CUT | NODE)
-        self.nodes[entry.key] = entries
-        self.index[last] = (entry, entries)
-        return entry
-
-    def group(
-        self, entries: list[Entry], before: tuple[list[Entry], list[Entry], list[int]] | None
-    ) -> tuple[list[Entry], list[Entry], list[int]]:
-        """Sealed nodes made of ``entries``, the trailing entries in no full group, and where
-        each node ends. ``before`` is the same for the parent's tree at this level (its
-        entries, nodes and ends): the nodes over a prefix the two share are the parent's,
-        found with a few list comparisons instead of a pass over every entry."""
-        sealed: list[Entry] = []
-        ends: list[int] = []
-        start = 0
-        if before is not None and before[2]:
-            old, old_sealed, old_ends = before
-            lo, hi = 0, len(old_ends)  # how many of the parent's nodes are this level's too
-            if entries[: old_ends[-1]] == old[: old_ends[-1]]:
-                lo = hi
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if entries[: old_ends[mid - 1]] == old[: old_ends[mid - 1]]:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            if lo:
-                sealed = old_sealed[:lo]
-                ends = old_ends[:lo]
-                start = ends[-1]
-                # The parent's nodes, registered in C loops (no Python loop over them: an
-                # append re-uses all but the last few, whatever the value's length).
-                keys = list(map(_KEY, sealed))
-                children = list(map(self.reuse_nodes.__getitem__, keys))
-                self.nodes.update(zip(keys, children, strict=True))
-                lasts = map(_KEY, map(_LAST, children))
-                self.index.update(zip(lasts, zip(sealed, children, strict=True), strict=True))
-        current: list[Entry] = []
-        for position in range(start, len(entries)):
-            entry = entries[position]
-            current.append(entry)
-            # Cut only after a final entry: a node never holds a list's open last chunk,
-            # which the next append replaces.
-            if entry.flags & CUT and (
-                len(current) >= NODE_MAX or (len(current) >= 2 and not entry.key[-1] & NODE_MASK)
-            ):
-                sealed.append(self.node(current))
-                ends.append(position + 1)
-                current = []
-        return sealed, current, ends
-
-
-Levels = list[tuple[list[Entry], list[Entry], list[int]]]
-"""A tree's levels, bottom up: each level's entries, the nodes grouping them, where each ends."""
-
-
-class Tree(NamedTuple):
-    """What :func:`build_tree` makes. ``packed``: the nodes not taken from the parent's tree,
-    encoded, the only ones that can be new (checked against the parent's nodes, not all of
-    the tree's, and written as they are, not encoded again)."""
-
-    root: list[Entry]
-    nodes: dict[bytes, list[Entry]]
-    node_index: NodeIndex
-    levels: Levels
-    packed: dict[bytes, bytes]
-
-
-def build_tree(leaves: list[Entry], keys: Keying, parent: Layout | None = None) -> Tree:
-    """The root entries over ``leaves``, the nodes they reference, their index and levels
-    (what ``parent``'s tree shares with this one is taken from it, not packed and hashed
-    again).
-
-    Everything before the last leaves that are in no full group yet is one node: the root
-    (in every checkpoint record) is then that node and those few leaves, not also the
-    entries left over at each level above. That node holds the level above's leftovers after
-    a node holding what precedes them, and so on up: an append rewrites the lowest of these
-    nodes only when a group of leaves fills, and a record stays far below the size at which
-    the database moves it to an overflow page.
-    """
-    builder = _Builder(keying(keys), parent)
-    old_levels = parent.levels if parent is not None else []
-    levels: Levels = []
-    tails: list[list[Entry]] = []
-    level = leaves
-    while len(level) > ROOT_NODES:
-        depth = len(levels)
-        sealed, trailing, ends = builder.group(
-            level, old_levels[depth] if depth < len(old_levels) else None
-        )
-        if not sealed:
-            break
-        levels.append((level, sealed, ends))
-        tails.append(trailing)
-        level = sealed
-    if not tails:
-        return Tree(list(level), builder.nodes, builder.index, levels, builder.packed)
-    head = list(level)
-    for trailing in reversed(tails[1:]):
-        head = [builder.node(head), *trailing] if len(head) > 1 else head + trailing
-    if len(head) > 1:
-        head = [builder.node(head)]
-    return Tree([*head, *tails[0]], builder.nodes, builder.index, levels, builder.packed)
-
-
-# -- item encodings ---------------------------------------------------------------------------
 
 
 def kind_of(value: Any) -> str | None:
@@ -533,52 +113,6 @@ def kind_of(value: Any) -> str | None:
         return "ndarray"
     return None
 
-
-Dumps = Callable[[Any], bytes]
-
-_STR_HEADS: Final = frozenset(range(0xA0, 0xC0)) | {0xD9, 0xDA, 0xDB}
-
-
-def _encode_dict_item(dumps: Dumps, key: Any, value: Any) -> bytes | None:
-    if type(key) is not str:
-        return None
-    encoded = dumps(key)
-    if encoded[0] not in _STR_HEADS:  # a str msgpack cannot hold as is (lone surrogates)
-        return None
-    return encoded + dumps(value)
-
-
-def container_header(kind: str, n: int) -> bytes:
-    if kind == "list":
-        small, mid, big = 0x90, 0xDC, 0xDD
-    else:
-        small, mid, big = 0x80, 0xDE, 0xDF
-    if n < 16:
-        return bytes((small | n,))
-    if n < 1 << 16:
-        return bytes((mid,)) + n.to_bytes(2, "big")
-    return bytes((big,)) + n.to_bytes(4, "big")
-
-
-def _cuts(
-    encodings: Sequence[bytes], params: Params, seed: int = 0
-) -> list[tuple[int, int, bool]]:
-    """``(first, last + 1, cut)`` item ranges of ``encodings``, content-defined (by a hash
-    seeded with ``seed``: :attr:`~pitstop.serde.chunkkeys.ChunkKeys.cut_seed`)."""
-    hi = params.max
-    scale = (1 << 64) // params.target
-    digest = xxhash.xxh3_64_intdigest
-    ranges: list[tuple[int, int, bool]] = []
-    first, size = 0, 0
-    for i, encoded in enumerate(encodings):
-        n = len(encoded)
-        size += n
-        if size >= hi or digest(encoded, seed) < n * scale:
-            ranges.append((first, i + 1, True))
-            first, size = i + 1, 0
-    if first < len(encodings):
-        ranges.append((first, len(encodings), False))
-    return ranges
 
 
 class Exact(Protocol):
@@ -721,11 +255,11 @@ def split(
     if kind in ("list", "dict"):
         if parent is not None and parent.kind == kind and parent.leaves:
             return _split_guided(kind, value, dumps, make, parent, dict_params, exact)
-        encodings = _encode_items(kind, value, dumps, 0, len(value))
+        encodings = encode_items(kind, value, dumps, 0, len(value))
         if encodings is None:
             return None
         params = LIST_PARAMS if kind == "list" else dict_params
-        for first, stop, cut in _cuts(encodings, params, make.cut_seed):
+        for first, stop, cut in cut_ranges(encodings, params, make.cut_seed):
             raw = b"".join(encodings[first:stop])
             key = make(raw)
             raws[key] = raw
@@ -741,25 +275,6 @@ def split(
         leaves.append(Entry(key, len(piece), len(piece), CUT))
     return _finish(kind, meta, total, leaves, raws, make, parent)
 
-
-def _encode_items(
-    kind: str, value: Any, dumps: Dumps, first: int, stop: int, items: list[Any] | None = None
-) -> list[bytes] | None:
-    """The encodings of items ``first`` to ``stop`` (None: a dict msgpack cannot hold)."""
-    if kind == "list":
-        return [dumps(item) for item in value[first:stop]]
-    pairs = items if items is not None else list(value.items())
-    out = []
-    for k, v in pairs[first:stop]:
-        encoded = _encode_dict_item(dumps, k, v)
-        if encoded is None:
-            return None
-        out.append(encoded)
-    return out
-
-
-def _header_size(n: int) -> int:
-    return 1 if n < 16 else 3 if n < 1 << 16 else 5
 
 
 def _split_guided(
@@ -787,7 +302,7 @@ def _split_guided(
     starts = parent.leaf_starts()
     packed = exact.dumps_unchecked(value) if exact is not None else None
     whole = dumps(value) if packed is None else packed
-    header = _header_size(n)
+    header = header_size(n)
     body = memoryview(whole)[header:]
     total = len(body)
     digest = xxhash.xxh3_128_digest
@@ -852,17 +367,17 @@ def _split_guided(
         j -= 1
     suffix.reverse()
     stop = n - kept_items
-    encodings = _encode_items(kind, value, dumps, first, stop, items)
+    encodings = encode_items(kind, value, dumps, first, stop, items)
     if encodings is None:
         return None
     if suffix and offset + sum(map(len, encodings)) != back:
         # The suffix's bytes do not start at an item: serialise the rest item by item too.
         suffix, stop = [], n
-        encodings = _encode_items(kind, value, dumps, first, stop, items)
+        encodings = encode_items(kind, value, dumps, first, stop, items)
         if encodings is None:
             return None
     params = LIST_PARAMS if kind == "list" else dict_params
-    ranges = _cuts(encodings, params, keys.cut_seed)
+    ranges = cut_ranges(encodings, params, keys.cut_seed)
     for k, (a, b, cut) in enumerate(ranges):
         raw = b"".join(encodings[a:b])
         key = keys(raw)
@@ -942,7 +457,7 @@ def split_delta(
             items = list(value.items())
         out = []
         for k, v in items[first:stop]:
-            encoded = _encode_dict_item(dumps, k, v)
+            encoded = encode_dict_item(dumps, k, v)
             if encoded is None:
                 raise TypeError("the dict has a key msgpack cannot hold as a plain map key")
             out.append(encoded)
@@ -1059,6 +574,8 @@ def assemble(
 # megabytes, read once more by the decode, cost ~0.6 ms of a 2,000-message restore).
 LIST_GROUP_BYTES: Final = 64 * 1024
 
+_KEY: Final = operator.itemgetter(0)  # an Entry's key
+
 
 def list_groups(
     leaves: Sequence[Entry],
@@ -1086,22 +603,32 @@ def list_groups(
         yield b"".join([container_header("list", count), *part])
 
 
+
 __all__ = [
+    "BUFFER_CHUNK",
     "CHUNKED_MIN",
     "CUT",
+    "DICT_PARAMS",
     "KEY_SHA256",
     "KEY_SIZE",
     "KEY_XXH3",
+    "KINDS",
+    "LIST_PARAMS",
     "MANIFEST_PATCHED",
+    "MANIFEST_VERSION",
     "NODE",
     "PATCH_GROUP",
     "PATCH_MIN_ITEMS",
+    "SEALED_DICT_PARAMS",
     "SHA256_KEYS",
     "ChunkKeys",
+    "Dumps",
     "Entry",
+    "Exact",
     "Keying",
     "Layout",
     "Manifest",
+    "Params",
     "Split",
     "Tree",
     "assemble",

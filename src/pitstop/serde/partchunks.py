@@ -8,7 +8,7 @@ state, a dict of weights and Python values) is stored as:
   reference (``ExtCode.BUFFER``: index, dtype, shape, layout), and
 * each array's raw bytes, never passed through msgpack,
 
-all cut at fixed offsets (:data:`~pitstop.serde.chunks.BUFFER_CHUNK`, counted from the start
+all cut at fixed offsets (:data:`~pitstop.serde.chunkcuts.BUFFER_CHUNK`, counted from the start
 of the skeleton and of each buffer) into chunks keyed by
 :class:`~pitstop.serde.chunkkeys.ChunkKeys`, the same content addresses as every chunked value. The
 manifest's ``meta`` is ``[skeleton length, [buffer length, ...]]``; its leaves are the

@@ -7,7 +7,6 @@ this process wrote or read.
 from __future__ import annotations
 
 import operator
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
@@ -15,6 +14,7 @@ from ...errors import EncryptionKeyError
 from ...serde import chunks as chunking
 from ...serde import unframe
 from .blobs import Deferred
+from .layouts import KnownLayouts
 from .records import FieldMap, FieldRef, Stored, _manifest_roots, stored_hashes
 
 Reader = Callable[[list[bytes]], Mapping[bytes, bytes]]
@@ -26,7 +26,7 @@ _FIRST: Final = operator.itemgetter(0)
 class ChunkTrees:
     """The chunk-tree walks of a value codec (see the module)."""
 
-    _layouts: OrderedDict[bytes, chunking.Layout]
+    _layouts: KnownLayouts
 
     def chunks_below(self, ref: FieldRef, read: Reader) -> set[bytes]:
         """Every chunk key a chunked field references, its nodes' children included: from

@@ -10,7 +10,8 @@ their SHA-256 and are addressed again on import
 
 A leaf keeps its bytes; only its key changes. A node holds its children's keys, so it is
 written again with theirs changed, under the key of its new bytes; and so, up to the root,
-whose entries are in the checkpoint's field map (:func:`~pitstop.serde.chunks.rekeyed_manifest`).
+whose entries are in the checkpoint's field map
+(:func:`~pitstop.serde.chunkmanifest.rekeyed_manifest`).
 A node under a key of the kind it is moved to needs nothing: its children were keyed so
 when it was made (a node's key is a hash of them).
 """

@@ -134,7 +134,7 @@ def is_chunk_key(key: bytes) -> bool:
 
 
 CHUNK_KEY_SIZE: Final = 17
-""":data:`pitstop.serde.chunks.KEY_SIZE`, here so that reading rows does not import the chunker
+""":data:`pitstop.serde.chunkkeys.KEY_SIZE`, here so that reading rows does not import the chunker
 (tests/test_cli_imports.py checks they agree)."""
 
 

@@ -3,12 +3,17 @@
 Split from :mod:`pitstop.store.encoding.records` so that what only reads rows and field maps (the
 ``pitstop runs``/``stats`` commands) does not import the chunker, zstd, xxhash and the thread
 pools; a store imports this module when it first encodes or decodes a value.
+
+What it works with is beside it: the layouts of the chunked values it wrote or read
+(:class:`~pitstop.store.encoding.layouts.KnownLayouts`), the leaves of a chunked value read
+back into the value by kind (:mod:`~pitstop.store.encoding.chunkreads`), the walks of chunk
+trees (:class:`~pitstop.store.encoding.chunktrees.ChunkTrees`) and what a sealed store seals
+(:class:`~pitstop.store.encoding.sealing.Sealing`).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from ...delta import Append, Applied, Merge, MergePatch, dirty_positions
@@ -22,13 +27,21 @@ from ...model import Checkpoint
 from ...serde import Serializer, digest, frame, partchunks, unframe
 from ...serde import chunks as chunking
 from ...serde.framing import (
-    FORMAT_MASK,
     is_compressed,
     unframe_view,
 )
-from .blobs import BlobStore, ChunkCheck, Deferred, Slot
+from .chunkreads import (
+    Corrupt,
+    RawOf,
+    RowsReleased,
+    list_from_leaf_rows,
+    load_list,
+    read_array,
+    read_parts,
+)
 from .chunktrees import ChunkTrees, Reader, _bytes_of
-from .leafrows import list_from_rows, plain_chunks
+from .layouts import KnownLayouts
+from .leafrows import plain_chunks
 from .records import (
     _CHUNK_COMPRESS_MIN,
     INLINE_MAX,
@@ -41,22 +54,15 @@ from .records import (
     NewBlob,
     Stored,
     TextInBlobColumn,
-    _manifest_roots,
     check_chunk_hash,
     field_path,
     is_chunk_key,
 )
-from .sealed import Opened, SealedBlobStore, opens_checked
+from .sealed import Opened
 from .sealing import INLINE_AAD, Sealing
 
 if TYPE_CHECKING:
     from ...serde.codec import MsgpackSerializer
-
-
-class RowsReleased(Exception):
-    """A decode that dropped rows of the read it was given (``consume=True``) needs them
-    again: read the values again and decode without ``consume`` (it then names the error)."""
-
 
 
 _ROWS: Final = frozenset({bytes, Opened})
@@ -98,7 +104,7 @@ class ValueCodec(ChunkTrees, Sealing):
         self.seal_chunks = False
         """Seal a grown field's open last chunk instead of extending it (and never make a
         superseded chunk an alias): see :func:`pitstop.serde.chunks.sealed`; and cut dicts
-        into larger chunks (:data:`~pitstop.serde.chunks.SEALED_DICT_PARAMS`). For a store
+        into larger chunks (:data:`~pitstop.serde.chunkcuts.SEALED_DICT_PARAMS`). For a store
         that keeps every row it writes."""
         # pitstop's own msgpack (not a subclass, whose dumps may differ) encodes a chunked
         # value and checks it in two steps: the chunker then skips the check over the
@@ -117,8 +123,7 @@ class ValueCodec(ChunkTrees, Sealing):
         }
         # Layouts of chunked values this process wrote or read, by manifest: the next save
         # of the field compares against it (and a delta re-chunks from it) with no read.
-        self._layouts: OrderedDict[bytes, chunking.Layout] = OrderedDict()
-        self._lineage: dict[bytes, bytes] = {}  # a kept layout's manifest -> its parent's
+        self._layouts = KnownLayouts()
         # Arrays and tensors are written from their own memory when the serialiser can hand
         # them over out of band (msgpack can; pickle keeps them in its own bytes).
         self._dumps_parts = getattr(self.serializer, "dumps_parts", None)
@@ -126,43 +131,13 @@ class ValueCodec(ChunkTrees, Sealing):
 
     # -- chunked values ----------------------------------------------------------------------
 
-    _LAYOUTS_KEPT = 256
-
-    def _remember(
-        self, manifest: bytes, layout: chunking.Layout, parent: bytes | None = None
-    ) -> None:
-        """Keep ``layout`` for the next save of its field. ``parent``: the manifest of the
-        version it was made from; that one is kept too (a save from it again, a retry, finds
-        it), the version before it is dropped. A growing list's versions are each a new set
-        of lists over all its leaves: 256 of one conversation's kept were most of what
-        Python's garbage collector walked on every full collection, for no save to use."""
-        layouts = self._layouts
-        layouts[manifest] = layout
-        if parent is not None and parent != manifest:  # (an unchanged value is its parent)
-            lineage = self._lineage
-            lineage[manifest] = parent
-            older = lineage.pop(parent, None)
-            if older is not None and older != manifest:  # (not a value changed back)
-                layouts.pop(older, None)
-        if len(layouts) > self._LAYOUTS_KEPT:
-            try:
-                evicted, _ = layouts.popitem(last=False)
-            except KeyError:  # a racing eviction took it
-                return
-            self._lineage.pop(evicted, None)
-
     def chunk_keys_of(self, ref: FieldRef) -> set[bytes]:
         """The chunk keys of a chunked field this process knows the layout of (else its
         root's)."""
-        layout = self.layout_of(ref)
-        if layout is not None:
-            return layout.keys()
-        return set(_manifest_roots(ref.manifest)) if ref.manifest is not None else set()
+        return self._layouts.chunk_keys(ref)
 
     def layout_of(self, ref: FieldRef | None) -> chunking.Layout | None:
-        if ref is None or ref.manifest is None:
-            return None
-        return self._layouts.get(ref.manifest)
+        return self._layouts.of(ref)
 
     def _holds_buffers(
         self, value: Any, applied: Applied | None, previous: FieldRef | None
@@ -176,25 +151,13 @@ class ValueCodec(ChunkTrees, Sealing):
         if (
             applied is not None
             and previous is not None
-            and self._kind(previous) != partchunks.KIND
+            and self._layouts.kind(previous) != partchunks.KIND
         ):
             delta = applied.delta
             if isinstance(delta, Append):
                 return partchunks.holds_buffers(delta.items)
             return partchunks.holds_buffers(list(delta.entries.values()))
         return partchunks.holds_buffers(value)
-
-    def _kind(self, ref: FieldRef) -> str | None:
-        """The chunked kind a stored field has (None: stored whole)."""
-        if ref.manifest is None:
-            return None
-        layout = self._layouts.get(ref.manifest)
-        if layout is not None:
-            return layout.kind
-        try:
-            return chunking.decode_manifest(ref.manifest).kind
-        except ValueError:
-            return None  # the read that uses it names the damage
 
     @staticmethod
     def _worth_chunking(value: Any, kind: str, previous: FieldRef | None) -> bool:
@@ -257,7 +220,7 @@ class ValueCodec(ChunkTrees, Sealing):
                 chunking.assemble(layout.kind, None, layout.items, layout.leaves, result.new)
             )
         manifest = layout.manifest()
-        self._remember(
+        self._layouts.remember(
             manifest, layout, previous.manifest if parent is not None and previous else None
         )
         compress = layout.kind == "dict" or (
@@ -336,7 +299,7 @@ class ValueCodec(ChunkTrees, Sealing):
         )
         layout = result.layout
         manifest = layout.manifest()
-        self._remember(manifest, layout)
+        self._layouts.remember(manifest, layout)
         return FieldRef(b"", layout.size, None, manifest), self._chunk_blobs(result.new, views)
 
     def _chunk_blobs(
@@ -462,11 +425,12 @@ class ValueCodec(ChunkTrees, Sealing):
 
         def remember(fmt: int) -> None:
             if known is None:  # (how the next save keys its chunks)
-                self._remember(manifest, chunking.Layout(
+                self._layouts.remember(manifest, chunking.Layout(
                     kind, meta, items, root, leaves, nodes, self.chunk_keying.with_format(fmt)))
 
         if kind == "list" and (known is not None or sum(e.items for e in leaves) == items):
-            fast = self._list_from_rows(items, leaves, blobs, strict=strict, consume=consume)
+            fast = list_from_leaf_rows(self._list_readers, self.chunk_keying, items, leaves,
+                                       blobs, strict=strict, consume=consume)
             if fast is not None:
                 remember(fast[0])
                 return fast[1]
@@ -480,8 +444,8 @@ class ValueCodec(ChunkTrees, Sealing):
         remember(fmt)
         if kind == "list":
             owned = consume and type(blobs) is dict and type(raws) is dict
-            value = self._load_list(
-                fmt, items, leaves, raws, strict=strict,
+            value = load_list(
+                self._list_readers, fmt, items, leaves, raws, strict=strict,
                 rows=cast(dict[bytes, Stored], blobs) if owned else None,
             )
             if value is not None:
@@ -502,27 +466,22 @@ class ValueCodec(ChunkTrees, Sealing):
         manifest: bytes,
         tree: tuple[Any, int, list[chunking.Entry], list[chunking.Entry], dict[bytes, Any]],
         blobs: Mapping[bytes, Stored],
-        raw_of: Callable[[bytes], bytes | memoryview],
+        raw_of: RawOf,
         formats: set[int],
         *,
         strict: bool,
-        corrupt: Callable[[str], CorruptCheckpointError],
+        corrupt: Corrupt,
         checkpoint_id: str | None,
         run_id: str | None,
         field: str | None,
     ) -> Any:
-        """A ``parts`` value: each chunk checked and copied straight into the buffer of its
-        array (one copy; no joined intermediate), the arrays built on those buffers."""
+        """A ``parts`` value: its arrays read into place (:func:`.chunkreads.read_parts`),
+        then built by the serializer that wrote them."""
         meta, items, root, leaves, nodes = tree
-        check = _chunk_check(corrupt, self.chunk_keying)
-        fill = _chunk_filler(blobs, raw_of, formats, check)
-        try:
-            skeleton, buffers = partchunks.assemble_parts(
-                meta, items, leaves, fill, _chunk_planner(blobs, check))
-        except ValueError as exc:
-            raise corrupt(f"chunks do not make the stored arrays ({exc})") from None
+        skeleton, buffers = read_parts(
+            meta, items, leaves, blobs, raw_of, formats, self.chunk_keying, corrupt)
         fmt = formats.pop() if len(formats) == 1 else self.serializer.format_id
-        self._remember(manifest, chunking.Layout(
+        self._layouts.remember(manifest, chunking.Layout(
             partchunks.KIND, meta, items, root, leaves, nodes, self.chunk_keying.with_format(fmt)))
         reader = self._readers.get(fmt)
         loads_parts = getattr(reader, "loads_parts", None)
@@ -548,40 +507,19 @@ class ValueCodec(ChunkTrees, Sealing):
         manifest: bytes,
         tree: tuple[Any, int, list[chunking.Entry], list[chunking.Entry], dict[bytes, Any]],
         blobs: Mapping[bytes, Stored],
-        raw_of: Callable[[bytes], bytes | memoryview],
+        raw_of: RawOf,
         formats: set[int],
         *,
-        corrupt: Callable[[str], CorruptCheckpointError],
+        corrupt: Corrupt,
     ) -> Any:
-        """A numpy array stored whole (the ``ndarray`` kind): one uninitialised buffer, each
-        chunk read from its file into its place and checked there, as ``np.load`` reads a
-        file into the array it allocates (no chunk read into bytes, no join)."""
+        """A numpy array stored whole (the ``ndarray`` kind), read into place
+        (:func:`.chunkreads.read_array`)."""
         meta, items, root, leaves, nodes = tree
-        kind = "ndarray"
-        try:
-            import numpy
-            from numpy.lib import format as npy_format
-
-            descr, shape = meta
-            dtype = npy_format.descr_to_dtype(descr)
-            shape = tuple(shape)
-        except Exception as exc:
-            raise corrupt(f"chunks do not make a {kind} ({type(exc).__name__}: {exc})") from None
-        buffer = partchunks.uninitialised(items)
-        check = _chunk_check(corrupt, self.chunk_keying)
-        fill = _chunk_filler(blobs, raw_of, formats, check)
-        try:
-            partchunks.fill_buffers([buffer], leaves, fill, _chunk_planner(blobs, check))
-            if not shape or 0 in shape:
-                array = numpy.zeros(shape, dtype=dtype)  # as chunks.assemble builds it
-            else:
-                array = numpy.frombuffer(buffer, dtype=dtype).reshape(shape)
-        except (ValueError, TypeError) as exc:
-            raise corrupt(f"chunks do not make a {kind} ({type(exc).__name__}: {exc})") from None
+        array = read_array(meta, items, leaves, blobs, raw_of, formats, self.chunk_keying, corrupt)
         fmt = formats.pop() if len(formats) == 1 else self.serializer.format_id
-        layout = chunking.Layout(kind, meta, items, root, leaves, nodes,
+        layout = chunking.Layout("ndarray", meta, items, root, leaves, nodes,
                                  self.chunk_keying.with_format(fmt))
-        self._remember(manifest, layout)
+        self._layouts.remember(manifest, layout)
         return array
 
     def check_stored(self, key: bytes, data: bytes) -> None:
@@ -787,72 +725,6 @@ class ValueCodec(ChunkTrees, Sealing):
             fmt, raw, strict=strict, checkpoint_id=checkpoint_id, run_id=run_id, field=field
         )
 
-    def _list_from_rows(
-        self,
-        items: int,
-        leaves: Sequence[chunking.Entry],
-        blobs: Mapping[bytes, Stored],
-        *,
-        strict: bool,
-        consume: bool,
-    ) -> tuple[int, list[object]] | None:
-        """A chunked list and its format, checked and decoded in one pass over its rows
-        (see :func:`~pitstop.store.encoding.leafrows.list_from_rows`), or None: rows it does not
-        take, or a failed check or decode, which the general path then names. ``consume``:
-        rows are dropped from ``blobs`` as they are decoded; after a failure
-        :class:`RowsReleased` then asks for a new read."""
-        held = len(blobs)
-        found = list_from_rows(self._list_readers, leaves, blobs, strict=strict,
-                               consume=consume, keying=self.chunk_keying)
-        if found is not None and len(found[1]) == items:
-            return found
-        if len(blobs) != held:
-            raise RowsReleased
-        return None
-
-    def _load_list(
-        self,
-        fmt: int,
-        items: int,
-        leaves: Sequence[chunking.Entry],
-        raws: Mapping[bytes, bytes | memoryview],
-        *,
-        strict: bool,
-        rows: dict[bytes, Stored] | None = None,
-    ) -> list[object] | None:
-        """A chunked list decoded a group of leaves at a time (pitstop's own msgpack format),
-        or None: another serializer, or anything the fast decode refuses, which decoding the
-        joined bytes then names exactly as it always did.
-
-        ``rows``: the read's own rows, which nothing else holds. Each leaf's row is dropped
-        from them (and from ``raws``) once it is in a group, so the decoded strings reuse
-        memory just freed, still in the cache, instead of pages the process must fault in
-        (a 2,000-message restore: ~3.1 -> ~2.2 ms of fetch, check and decode). Should the
-        fast decode then fail, :class:`RowsReleased` says the rows must be read again."""
-        reader = self._list_readers.get(fmt)
-        if reader is None:
-            return None
-        released = False
-        release = None
-        if rows is not None:
-            owned = cast(dict[bytes, Any], raws)
-
-            def release(key: bytes) -> None:
-                nonlocal released
-                released = True
-                owned.pop(key, None)
-                rows.pop(key, None)
-
-        try:
-            value = reader._loads_lists(chunking.list_groups(leaves, raws, release), strict=strict)
-        except Exception:
-            value = None
-        if value is not None and len(value) == items:
-            return value
-        if released:
-            raise RowsReleased
-        return None
-
     def _load_raw(
         self,
         fmt: int,
@@ -948,71 +820,6 @@ class ValueCodec(ChunkTrees, Sealing):
 
 _TREE_DEPTH: Final = 40
 """Levels of nodes a chunked value's tree may have when read (see decode_chunked)."""
-
-
-def _chunk_check(
-    corrupt: Callable[[str], CorruptCheckpointError], keys: chunking.ChunkKeys
-) -> ChunkCheck:
-    """What checks a plain chunk read into its place against its key (a chunk of another
-    kind is read again, and checked, by the general path)."""
-
-    def check(key: bytes, header: int, body: memoryview) -> None:
-        if not header & ~FORMAT_MASK and not keys.check(key, header, body):
-            raise corrupt(f"chunk {key.hex()[2:18]}: checksum mismatch (truncated or altered)")
-
-    return check
-
-
-def _authenticated(key: bytes, header: int, body: memoryview) -> None:
-    """The check of a chunk AES-GCM has already authenticated: none to add."""
-
-
-def _chunk_filler(
-    blobs: Mapping[bytes, Stored],
-    raw_of: Callable[[bytes], bytes | memoryview],
-    formats: set[int],
-    check: ChunkCheck,
-) -> partchunks.Fill:
-    """What writes a chunk's raw bytes into its place in an array's buffer: a blob-store file
-    read straight into it and checked there (by ``check``; object storage checks each as it
-    lands); a chunk in the table copied after ``raw_of`` checked it. Safe to call from
-    several threads at once (one place each)."""
-
-    def fill(entry: chunking.Entry, target: memoryview) -> None:
-        data = blobs.get(entry.key)
-        if isinstance(data, Deferred):
-            # From the file into place (no other copy), checked there. A sealed blob store
-            # reads a chunk under a keyed key into place only once AES-GCM has authenticated
-            # it (see SealedBlobStore.read_into): no second check.
-            trusted = opens_checked(entry.key) and isinstance(data.store, SealedBlobStore)
-            header = data.read_checked_into(target, _authenticated if trusted else check)
-            if header is not None and not header & ~FORMAT_MASK:
-                formats.add(header)
-                return
-        raw = raw_of(entry.key)  # in the table, or not a plain chunk: read, checked
-        if len(raw) != len(target):
-            raise ValueError(f"chunk {entry.key.hex()[2:18]} has the wrong size")
-        target[:] = raw
-
-    return fill
-
-
-def _chunk_planner(blobs: Mapping[bytes, Stored], check: ChunkCheck) -> partchunks.Plan:
-    """What tells the blob store where each chunk still in it goes, before the first is
-    read, and how it is checked (object storage then streams each pack into the array's
-    memory as it arrives, checking each chunk as it lands)."""
-
-    def plan(jobs: Sequence[tuple[chunking.Entry, memoryview]]) -> None:
-        by_store: dict[int, tuple[BlobStore, list[tuple[bytes, Slot | None, memoryview]]]] = {}
-        for entry, target in jobs:
-            data = blobs.get(entry.key)
-            if isinstance(data, Deferred):
-                by_store.setdefault(id(data.store), (data.store, []))[1].append(
-                    (data.key, data.slot, target))
-        for store, places in by_store.values():
-            store.place(places, check)
-
-    return plan
 
 
 def _malformed(
