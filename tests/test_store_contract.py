@@ -181,6 +181,39 @@ def test_changed_hint_skips_serialising_other_fields(store: Store) -> None:
         store.save("r", {"a": 3, "b": Exploding()})
 
 
+class _RefusingSerializer(pitstop.MsgpackSerializer):
+    """Fails on two values as a user's serialiser might: by raising its own error (named
+    as the field) or a SerializationError of its own (its path kept under the field)."""
+
+    def dumps(self, value: object) -> bytes:
+        if value == 13 or value == [13]:
+            raise RuntimeError("unlucky")
+        if value == "secret":
+            raise SerializationError("not this text", path="[0]")
+        return super().dumps(value)
+
+
+@pytest.mark.parametrize(
+    ("state", "path", "message"),
+    [({"i": 13}, "state.i", "RuntimeError: unlucky"),
+     ({"note": "secret"}, "state.note[0]", "not this text"),
+     ({"items": [13]}, "state.items", "RuntimeError: unlucky")],
+)
+def test_a_serializer_failing_on_a_field_is_named_and_nothing_written(
+    open_store: Callable[..., Store], state: dict[str, Any], path: str, message: str
+) -> None:
+    # Scalars and lists are serialised without the codec's per-field wrapper (a save's
+    # hot path): the error still names the run and the field, and the head stays.
+    store = open_store(serializer=_RefusingSerializer())
+    first = store.save("r", {"i": 1, "note": "ok", "items": [1]})
+    with pytest.raises(SerializationError) as info:
+        store.save("r", {"i": 2, "note": "fine", "items": [2], **state})
+    assert info.value.run_id == "r"
+    assert info.value.path == path
+    assert message in str(info.value)
+    assert store.latest("r").id == first.id  # type: ignore[union-attr]
+
+
 def test_fields_can_be_added_and_removed(store: Store) -> None:
     store.save("r", {"a": 1, "b": 2})
     store.save("r", {"a": 1, "c": 3}, changed=["c"])

@@ -14,7 +14,7 @@ trees (:class:`~pitstop.store.encoding.chunktrees.ChunkTrees`) and what a sealed
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, NoReturn, cast
 
 from ...delta import Append, Applied, Merge, MergePatch, dirty_positions
 from ...errors import (
@@ -70,6 +70,13 @@ _ROWS: Final = frozenset({bytes, Opened})
 
 _INLINE_HEADS: dict[int, bytes] = {}
 """Format id -> the frame header of an inline value in that format (a save's every field)."""
+
+_WHOLE: Final = frozenset({str, int, float, bool, type(None)})
+"""Types :meth:`ValueCodec.encode_state` stores whole without asking further: no chunked
+kind (:func:`pitstop.serde.chunks.kind_of` is None), no array inside, not a delta."""
+
+_KINDS: Final[dict[type, str]] = {list: "list", dict: "dict"}
+"""The usual chunked kinds of a state field, by exact type (the rest: ``kind_of``)."""
 
 
 class ValueCodec(ChunkTrees, Sealing):
@@ -548,6 +555,16 @@ class ValueCodec(ChunkTrees, Sealing):
                 f"{type(exc).__name__}: {exc}", run_id=run_id, path=where
             ) from exc
 
+    def _dumps_failed(self, exc: Exception, run_id: str, field: str) -> NoReturn:
+        """:meth:`_dumps`'s errors for a state field serialised without it (called in the
+        ``except`` clause of a failed ``serializer.dumps``)."""
+        if isinstance(exc, SerializationError):
+            raise exc.located(run_id=run_id, path=field_path(field) + (exc.path or "")) \
+                from None
+        raise SerializationError(
+            f"{type(exc).__name__}: {exc}", run_id=run_id, path=field_path(field)
+        ) from exc
+
     def encode_value(self, value: Any, *, run_id: str, path: str) -> NewBlob:
         """A value as a separately stored, content-addressed blob (inputs, effects). (A
         sealed store's codec has :meth:`encode_sealed` in its place: see :meth:`seal`.)"""
@@ -593,6 +610,12 @@ class ValueCodec(ChunkTrees, Sealing):
         inline_head = _INLINE_HEADS.get(fmt)  # the format byte, checked once
         if inline_head is None:
             inline_head = _INLINE_HEADS[fmt] = frame(b"", fmt, compress_threshold=None)
+        # Looked up once, not per field: this loop runs for every field of every save. (A
+        # value holding an array was made after numpy was imported, so the import check
+        # holds for the whole state.)
+        dumps = self.serializer.dumps
+        sealer = self.sealer
+        parts = self._dumps_parts is not None and partchunks.may_hold_buffers()
         for name, value in state.items():
             if name in reuse:
                 fields[name] = parent[name]
@@ -602,76 +625,99 @@ class ValueCodec(ChunkTrees, Sealing):
                     "state field names must be str", run_id=run_id, path=f"state[{name!r}]"
                 )
             previous = parent.get(name)
-            if type(value) is MergePatch:
+            cls = type(value)
+            if cls in _WHOLE:
+                # A scalar (a counter, a short text): never chunked, never holding an
+                # array, no delta; stored whole, as the checks below would decide.
+                try:
+                    raw = dumps(value)
+                except Exception as exc:
+                    self._dumps_failed(exc, run_id, name)
+            elif cls is MergePatch:
                 fields[name], blobs = self._encode_patch(run_id, name, value)
                 new.update(blobs)
                 continue
-            applied: Applied | None = value if type(value) is Applied else None
-            full = value if applied is None else applied.value
-            if (
-                type(full) is bytes
-                and len(full) < chunking.CHUNKED_MIN
-                and (previous is None or previous.manifest is None)
-            ):
-                # A short byte string, the usual field of an integration that serialises its
-                # values itself (LangGraph's channels): stored whole, as the checks below
-                # would decide (no buffers in it, too short to chunk), without running them.
-                raw = self._dumps(full, run_id, "", name)
             else:
-                kind = chunking.kind_of(full)
+                applied: Applied | None = value if cls is Applied else None
+                full = value if applied is None else applied.value
                 if (
-                    kind != "ndarray"
-                    and self._dumps_parts is not None
-                    and partchunks.may_hold_buffers()
-                    and self._holds_buffers(full, applied, previous)
+                    type(full) is bytes
+                    and len(full) < chunking.CHUNKED_MIN
+                    and (previous is None or previous.manifest is None)
                 ):
-                    ref, blobs = self._encode_parts(run_id, name, full, previous, views)
-                    if previous is not None and ref.same_as(previous):
-                        fields[name] = previous
-                    else:
-                        fields[name] = ref
-                        new.update(blobs)
-                    continue
-                if kind is not None and self._worth_chunking(full, kind, previous):
-                    chunked = self._encode_chunked(run_id, name, full, previous, applied, views)
-                    if not isinstance(chunked, bytes):
-                        ref, blobs, extended = chunked
+                    # A short byte string, the usual field of an integration that serialises
+                    # its values itself (LangGraph's channels): stored whole, as the checks
+                    # below would decide (no buffers in it, too short to chunk), without
+                    # running them.
+                    raw = self._dumps(full, run_id, "", name)
+                else:
+                    kind = _KINDS.get(type(full)) or chunking.kind_of(full)
+                    if (
+                        parts
+                        and kind != "ndarray"
+                        and self._holds_buffers(full, applied, previous)
+                    ):
+                        ref, blobs = self._encode_parts(run_id, name, full, previous, views)
                         if previous is not None and ref.same_as(previous):
                             fields[name] = previous
                         else:
                             fields[name] = ref
                             new.update(blobs)
-                            aliases.extend(extended)
                         continue
-                    raw = chunked
-                else:
-                    raw = self._dumps(full, run_id, "", name)
-            if keep and len(raw) <= RAW_KEEP_MAX:
+                    if kind is not None and self._worth_chunking(full, kind, previous):
+                        chunked = self._encode_chunked(run_id, name, full, previous, applied,
+                                                       views)
+                        if not isinstance(chunked, bytes):
+                            ref, blobs, extended = chunked
+                            if previous is not None and ref.same_as(previous):
+                                fields[name] = previous
+                            else:
+                                fields[name] = ref
+                                new.update(blobs)
+                                aliases.extend(extended)
+                            continue
+                        raw = chunked
+                    else:
+                        try:
+                            raw = dumps(full)
+                        except Exception as exc:
+                            self._dumps_failed(exc, run_id, name)
+            size = len(raw)
+            if keep and size <= RAW_KEEP_MAX:
                 known = parent_raw.get(name)
                 if known is not None and known == raw and name in parent:
                     fields[name] = parent[name]
                     raws[name] = known
                     continue
                 raws[name] = raw
-            if len(raw) < INLINE_MAX:
-                if self.sealer is None:
-                    ref = FieldRef(b"", len(raw) + 1, inline_head + raw)  # = frame(raw, fmt)
+            # (The comparisons with ``previous`` are FieldRef.same_as's, written out.)
+            if size < INLINE_MAX:
+                if sealer is None:
+                    inline = inline_head + raw  # = frame(raw, fmt)
+                    if previous is not None and previous.inline == inline:
+                        fields[name] = previous
+                    else:
+                        fields[name] = FieldRef(b"", size + 1, inline)
                 else:
-                    inline = self.seal_inline(inline_head + raw)
-                    ref = FieldRef(b"", len(inline), inline)
+                    sealed = self.seal_inline(inline_head + raw)
+                    ref = FieldRef(b"", len(sealed), sealed)
+                    fields[name] = previous if previous is not None and ref.same_as(previous) \
+                        else ref
             else:
                 # A sealed store addresses a whole value by a keyed hash (see sealing.py).
-                blob = NewBlob(
-                    digest(fmt, raw) if self.sealer is None else self.sealer.address(fmt, raw),
-                    frame(raw, fmt, compress_threshold=self.compress_threshold),
-                )
-                ref = FieldRef(blob.hash, blob.size)
-            if previous is not None and ref.same_as(previous):
-                fields[name] = previous
-            else:
-                fields[name] = ref
-                if ref.inline is None:
-                    new[blob.hash] = blob
+                key = digest(fmt, raw) if sealer is None else sealer.address(fmt, raw)
+                if (
+                    previous is not None
+                    and previous.hash == key
+                    and previous.inline is None
+                    and previous.manifest is None
+                ):
+                    fields[name] = previous
+                else:
+                    blob = NewBlob(key, frame(raw, fmt,
+                                              compress_threshold=self.compress_threshold))
+                    fields[name] = FieldRef(key, blob.size)
+                    new[key] = blob
         if self.sealer is not None and new:
             new = self.seal_rows(new)
         return fields, new, raws, aliases
