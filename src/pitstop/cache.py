@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Generic, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar, cast
 
 V = TypeVar("V")
 
@@ -22,9 +23,9 @@ class BoundedCache(Generic[V]):
     def __init__(self, size: int) -> None:
         self._size = size
         self._data: OrderedDict[str, V] = OrderedDict()
-
-    def get(self, key: str | None) -> V | None:
-        return None if key is None else self._data.get(key)
+        # The map's own ``get``, bound: a lookup on every save then runs no Python frame.
+        # (None, which callers pass for "no parent", is never a key: it finds nothing.)
+        self.get: Callable[[str | None], V | None] = cast(Any, self._data.get)
 
     def put(self, key: str, value: V) -> None:
         data = self._data

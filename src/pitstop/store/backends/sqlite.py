@@ -583,7 +583,9 @@ class SQLiteStore(SqlStore, RunTransfer):
         return self._conn
 
     def _transaction(self, write: bool, durability: Durability | None = None) -> _Transaction:
-        if durability is None:  # the usual case: one object per kind, made once (see _Transaction)
+        # The usual case: one object per kind, made once (see _Transaction). A workflow
+        # names its durability on every save, mostly the store's own: the same object.
+        if durability is None or durability == self.durability:
             return self._writing if write else self._reading
         return _Transaction(self, write, durability, False)
 

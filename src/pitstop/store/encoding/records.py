@@ -315,7 +315,12 @@ class CheckpointRecord:
     def checkpoint(self, state: dict[str, Any]) -> Checkpoint:
         """This record as a :class:`Checkpoint` holding ``state`` (no keyword plumbing: it is
         built on every save)."""
-        ckpt = Checkpoint._from_row(*self._summary_row())
+        # (_summary_row's values, passed without building the tuple: once per save.)
+        ckpt = Checkpoint._from_row(
+            self.id, self.run_id, self.parent_id, self.step, self.created_at,
+            self.schema_version, self.checksum, self.size, self.metadata,
+            self.added + len(self.metadata) + len(self.fields),
+        )
         ckpt.state = state
         ckpt.skipped = ()
         return ckpt

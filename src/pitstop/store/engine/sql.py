@@ -39,6 +39,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from operator import itemgetter
 from typing import Any
 
 from ...delta import ABSENT, Append, Applied, Merge, MergePatch
@@ -100,6 +101,9 @@ class _LazyStateCheckpoint(Checkpoint):
 
 
 _DELTAS = frozenset({Append, Merge})
+
+_STORED_SIZE = itemgetter(1)
+"""``FieldRef.size`` as a C call: summed over a field map on every save."""
 
 
 def _stored_metadata(run_id: str, text: str | None) -> dict[str, Any]:
@@ -243,7 +247,8 @@ class SqlStore(Reads, ResultCache, Schedules, Leases, Inputs, StepSaves, Childre
         if type(state) is dict and not _DELTAS.isdisjoint(map(type, state.values())):
             deltas = [k for k, v in state.items() if type(v) in _DELTAS]
             state = self._resolve_deltas(state, deltas, parent_id)
-        fields, new, raws, aliases = self._value_codec.encode_state(
+        # (The property only until the codec is made: it is a call on every save.)
+        fields, new, raws, aliases = (self._codec or self._value_codec).encode_state(
             run_id,
             state,
             parent.fields if parent else None,
@@ -255,9 +260,7 @@ class SqlStore(Reads, ResultCache, Schedules, Leases, Inputs, StepSaves, Childre
             checkpoint_id = new_id(after=parent_id)
         else:
             check_id("checkpoint_id", checkpoint_id)
-        size = 0
-        for ref in fields.values():
-            size += ref.size
+        size = sum(map(_STORED_SIZE, fields.values()))
         added = 0
         if new:
             for blob in new.values():

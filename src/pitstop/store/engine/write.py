@@ -60,14 +60,15 @@ class HeadMoved(Exception):
         self.actual = actual
 
 
-@dataclass(slots=True)
+@dataclass(init=False)
 class WritePlan:
     """Everything a prepared save needs at write time: the ``plan`` of a
     :class:`~pitstop.store.contract.save.PreparedSave` from a SQL store. The request's run
     control is resolved here (the wait columns as the row stores them).
 
     Built on every checkpoint, so what most saves leave unset has a default and is assigned
-    only when given."""
+    only when given: the defaults are class attributes (no ``slots``), and ``__init__``
+    takes only the ten fields every save sets (a generated one would assign all 26)."""
 
     record: CheckpointRecord
     fields: FieldMap
@@ -109,6 +110,30 @@ class WritePlan:
     is in (``SqlStore._save_and_prune``; only where ``prunes_in_save``)."""
     pruned: int = 0
     """How many checkpoints that prune deleted (set by the write)."""
+
+    def __init__(
+        self,
+        record: CheckpointRecord,
+        fields: FieldMap,
+        new: dict[bytes, NewBlob],
+        refs: list[bytes],
+        follow_head: bool,
+        expected_head: str | Unset | None,
+        lease: Lease | None,
+        release: bool,
+        workflow: str | None,
+        status: RunStatus | None,
+    ) -> None:
+        self.record = record
+        self.fields = fields
+        self.new = new
+        self.refs = refs
+        self.follow_head = follow_head
+        self.expected_head = expected_head
+        self.lease = lease
+        self.release = release
+        self.workflow = workflow
+        self.status = status
 
 
 class NewRun(NamedTuple):
