@@ -341,24 +341,21 @@ class Execution:
                 error=error,
                 deliver_to=self.parent_run,
             )
+        # Positional (the order of SaveRequest's and SaveOptions' fields): built on every
+        # checkpoint, and keywords cost a named tuple's constructor a dict each.
         prepared = self.store.prepare_request(SaveRequest(
-            self.run_id,
-            fields,
-            changed,
-            parent_id=self.parent_id,
-            step=self.position,
-            metadata=metadata,
-            schema_version=self.wf.version,
-            control=control,
-            options=SaveOptions(
+            self.run_id, fields, changed, self.parent_id, self.position,
+            None,  # checkpoint_id: a fresh one
+            metadata, self.wf.version, control,
+            SaveOptions(
                 # The run's head is this execution's last checkpoint: saying so makes the
                 # write refuse a fork outright, and lets the store skip re-referencing
                 # shared values.
-                expected_head=self.parent_id,
-                lease=self.lease,
-                release=release,
-                consumed_inputs=tuple(self.consumed.values()),
-                durability=self.durability,
+                self.parent_id,  # expected_head
+                self.lease,
+                release,
+                self.durability,
+                tuple(self.consumed.values()) if self.consumed else (),
             ),
         ))
         saved = None
