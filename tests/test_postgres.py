@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -341,6 +343,74 @@ def test_a_server_going_down_under_an_open_store_fails_within_connect_timeout(
         assert f"127.0.0.1:{proxy.port}" in message
         assert "unreachable" in message
         assert "\n" not in message
+
+
+# -- connections kept between statements ----------------------------------------------------
+
+
+def _backend_pid(store: Any) -> int:
+    return int(store._tx(lambda tx: tx.one("SELECT pg_backend_pid()"))[0])
+
+
+def test_steps_keep_their_connection_and_a_dead_one_is_replaced(url: str) -> None:
+    with PostgresStore(url) as store:
+        first = store.save("r", {"n": 1})
+        pid = _backend_pid(store)
+        assert _backend_pid(store) == pid  # kept, not handed back to the pool
+        _query("SELECT pg_terminate_backend(%s)", (pid,))
+        # The kept connection died under the store: the step is retried on a new one and
+        # written once, as with a pooled connection.
+        second = store.save("r", {"n": 2})
+        third = store.save("r", {"n": 3})
+        assert _backend_pid(store) != pid
+        assert [c.id for c in store.history("r")] == [third.id, second.id, first.id]
+
+
+def test_kept_connections_never_starve_another_thread(url: str) -> None:
+    # Two connections at most, four threads saving at once: a connection is kept out of
+    # the pool only while the pool has another to give, so a thread waiting in the pool is
+    # never left waiting out its timeout while a connection idles here.
+    with PostgresStore(url, pool_max=2, connect_timeout=2, busy_timeout=2) as store:
+        def steps(who: int) -> int:
+            for n in range(40):
+                store.save(f"r{who}", {"n": n})
+            return who
+
+        with ThreadPoolExecutor(4) as threads:
+            assert sorted(threads.map(steps, range(4))) == [0, 1, 2, 3]
+        assert len(store._kept) <= 1
+        assert all(len(store.history(f"r{who}")) == 40 for who in range(4))
+
+
+def test_a_forked_child_never_uses_the_parents_kept_connection(url: str) -> None:
+    with PostgresStore(url) as store:
+        store.save("parent", {"n": 1})
+        parents = _backend_pid(store)
+        assert store._kept  # the parent's connection, kept for its next statement
+        with warnings.catch_warnings():  # 3.12+ warns of fork in a threaded process
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # the child opens a pool of its own
+            ok = False
+            try:
+                # (A shared socket breaks only when both processes use it at once: the
+                # child asks which server process answers it.)
+                ok = store.save("child", {"n": 1}).run_id == "child" \
+                    and _backend_pid(store) != parents
+            finally:
+                os._exit(0 if ok else 1)
+        deadline = time.monotonic() + 30
+        while not (done := os.waitpid(pid, os.WNOHANG))[0]:
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                pytest.fail("the forked child's save never finished")
+            time.sleep(0.01)
+        assert os.waitstatus_to_exitcode(done[1]) == 0
+        # The parent's kept connection still speaks the protocol where it left off.
+        assert store.save("parent", {"n": 2}).state == {"n": 2}
+        assert [c.step for c in store.history("parent")] == [1, 0]
+        assert store.latest("child").state == {"n": 1}  # type: ignore[union-attr]
 
 
 def test_waiting_workers_wake_when_another_connection_queues_work(url: str) -> None:

@@ -7,7 +7,11 @@ module only supplies connections, the dialect and the few PostgreSQL-specific de
   (``search_path`` to the store's schema, ``statement_timeout``, durability) by the pool's
   ``configure`` callback, so nothing of that is paid per transaction, and no health-check
   query is run per transaction either: a connection found dead on use is replaced by the pool
-  and the transaction retried (below).
+  and the transaction retried (below). A connection given back is kept by the store for its
+  next statement rather than returned to the pool (a step's save is one statement, and the
+  pool's checkout and return cost a tenth of a step's client CPU), for a second at most and
+  only while the pool has another connection to give: any thread of the store takes it, none
+  waits for it.
 * **Round trips.** Transactions are pipelined (libpq pipeline mode): statements are sent
   without waiting for each other, and the client waits only where it reads a result. A save
   is three round trips however many statements it runs: ``BEGIN`` with the conditional
@@ -72,7 +76,7 @@ from pitstop.model import Checkpoint, RunStatus
 from pitstop.process import current_pid
 from pitstop.serde import Serializer
 from pitstop.store.backends.pgcheck import index_problems
-from pitstop.store.backends.pgconn import GuardedConnection, flush_all
+from pitstop.store.backends.pgconn import GuardedConnection, PipelinedCursor
 from pitstop.store.backends.pgindexes import IndexUpkeep, rebuild_sparse_indexes
 from pitstop.store.backends.pgurl import (
     conninfo_params,
@@ -95,6 +99,18 @@ from pitstop.store.transfer.runs import RunTransfer
 
 if TYPE_CHECKING:
     from pitstop.store.encoding.sealed import Encryption
+
+# A connection given back less than this long after it left the pool is kept by the store
+# for its next statement (PostgresStore._kept); one out longer goes back to the pool.
+_KEEP_SECONDS = 1.0
+
+# The one-statement saves' texts, each kept as one object: psycopg reuses what a cursor
+# learned of the parameters' types (its dumpers) only for the very query object it ran
+# last, and a text built anew each step is another object (~16,000 instructions of a
+# step's ~390,000 went to looking the dumpers up again). A few shapes are common; the
+# bound is for the rest.
+_STATEMENTS: dict[str, str] = {}
+_STATEMENTS_MAX = 256
 
 # Values up to this size travel inside the one-statement save; bigger ones take the shared
 # path, which first asks whether the store already has them.
@@ -179,56 +195,6 @@ def _advisory_key(purpose: str, schema: str) -> int:
     """
     digest = hashlib.blake2b(f"pitstop-{purpose}\0{schema}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big", signed=True)
-
-
-class _PipelinedCursor:
-    """A cursor in pipeline mode, as a :class:`~pitstop.store.engine.backend.Tx` uses one:
-    ``execute`` sends without waiting, a fetch waits for the results up to its own, and
-    ``rowcount`` (known only once the result arrived) syncs first."""
-
-    __slots__ = ("_conn", "_cur", "_pipeline", "_stall_timeout")
-
-    def __init__(
-        self,
-        conn: psycopg.Connection[Any],
-        pipeline: psycopg.Pipeline,
-        stall_timeout: float | None,
-    ) -> None:
-        self._conn = conn
-        self._cur = conn.cursor()
-        self._pipeline = pipeline
-        self._stall_timeout = stall_timeout
-
-    def sync(self) -> None:
-        """Wait for the results of everything sent so far. Every byte goes out first:
-        ``Pipeline.sync()`` alone may keep the tail of a large value in libpq's buffer and
-        then wait for a server that waits for that tail (see pitstop.store.backends.pgconn)."""
-        flush_all(self._conn, self._stall_timeout)
-        self._pipeline.sync()
-
-    def execute(self, query: str, params: Any = (), *, binary: bool = False) -> _PipelinedCursor:
-        self._cur.execute(query, params, binary=binary)
-        return self
-
-    def executemany(self, query: str, rows: Any) -> None:
-        self._cur.executemany(query, rows)
-
-    def fetchone(self) -> Any:
-        self.sync()
-        return self._cur.fetchone()
-
-    def fetchall(self) -> list[Any]:
-        # Synced first: the results of an executemany still on their way otherwise
-        # became this cursor's result (a read after inserting references, in a save on a
-        # chunked value by a handle that had not seen its run's head: "the last operation
-        # didn't produce records (command status: INSERT 0 0)").
-        self.sync()
-        return self._cur.fetchall()
-
-    @property
-    def rowcount(self) -> int:
-        self.sync()
-        return self._cur.rowcount
 
 
 class _Disconnected(StoreError):
@@ -345,6 +311,12 @@ class PostgresStore(SqlStore, RunTransfer):
         self._closed = False
         self._abandoned: list[_Pool] = []
         self._in_use = 0
+        # Connections out of the pool and in use by no one: the last ones given back, kept
+        # for the next statement (a step's save is one statement, and psycopg_pool's
+        # checkout and return cost ~28,000 instructions of its ~394,000). Any thread of
+        # this store takes them before asking the pool; _putconn keeps one only while the
+        # pool has another to give.
+        self._kept: list[GuardedConnection] = []
 
         # One direct connection first: it fails fast with libpq's own reason (refused, bad
         # password, no such database) where a pool would only time out, and it resolves the
@@ -445,6 +417,7 @@ class PostgresStore(SqlStore, RunTransfer):
             with self._lock:
                 if self._pid != current_pid() and self._pool is not None:
                     self._abandoned.append(self._pool)
+                    self._kept = []  # the parent's, like its pool
                     self._pool = self._open_pool()
                     self._pid = current_pid()
                 pool = self._pool
@@ -467,6 +440,11 @@ class PostgresStore(SqlStore, RunTransfer):
     def _getconn(self, pool: _Pool) -> GuardedConnection:
         """A pooled connection; waiting up to ``connect_timeout`` for the server, or up to
         ``busy_timeout`` while every connection is simply in use by this store."""
+        if self._kept:
+            with self._lock:
+                if self._kept:
+                    self._in_use += 1
+                    return self._kept.pop()  # the most recently used: its caches are warm
         deadline = time.monotonic() + self.busy_timeout
         while True:
             try:
@@ -485,12 +463,39 @@ class PostgresStore(SqlStore, RunTransfer):
                 raise StoreError(f"{self.url}: store is closed") from None
             with self._lock:
                 self._in_use += 1
+            conn.lent_at = time.monotonic()
             return conn
 
     def _putconn(self, pool: _Pool, conn: GuardedConnection) -> None:
+        """Give a connection back: kept by the store for the next statement (see
+        ``_kept``) when that can starve no one, else returned to the pool."""
         with self._lock:
             self._in_use -= 1
+            if (
+                # Back to the pool after _KEEP_SECONDS out of it, so that the pool still
+                # retires it once it has lived its max_lifetime; ...
+                time.monotonic() - conn.lent_at < _KEEP_SECONDS
+                # ... and whenever the pool could be empty without it: a caller already
+                # waiting in pool.getconn does not look here.
+                and self._in_use + len(self._kept) + 1 < self.pool_max
+                and not self._closed
+                and not conn.closed
+                and conn.pgconn.transaction_status == _IDLE
+            ):
+                self._kept.append(conn)
+                return
         pool.putconn(conn)
+
+    def _check_pool(self, pool: _Pool) -> None:
+        """After a lost connection (the server may have restarted): the pool drops its dead
+        idle connections, the ones kept here included."""
+        with self._lock:
+            kept, self._kept = self._kept, []
+        for conn in kept:
+            with suppress(Exception):
+                pool.putconn(conn)
+        with suppress(Exception):
+            pool.check()
 
     @contextmanager
     def _transaction(self, write: bool, durability: Durability | None = None) -> Iterator[Tx]:
@@ -508,7 +513,7 @@ class PostgresStore(SqlStore, RunTransfer):
         committing = False
         try:
             with conn.pipeline() as pipeline:
-                cur = _PipelinedCursor(conn, pipeline, self._stall_timeout)
+                cur = PipelinedCursor(conn, pipeline, self._stall_timeout)
                 # Reads see one snapshot across their statements; writes lock rows instead.
                 cur.execute("BEGIN" if write else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 if write and self._idle_limit is not None:
@@ -537,8 +542,7 @@ class PostgresStore(SqlStore, RunTransfer):
         except Exception as exc:
             if not conn.closed:
                 raise
-            with suppress(Exception):  # the server may have restarted: drop dead idle ones too
-                pool.check()
+            self._check_pool(pool)  # the server may have restarted: drop dead idle ones too
             if committing:
                 raise StoreError(
                     f"{self.url}: the connection to {self._target} was lost while "
@@ -571,9 +575,9 @@ class PostgresStore(SqlStore, RunTransfer):
         record = plan.record
         # Views of arrays joined to their header once: the statement sends whole bytes.
         blobs = [b if b.body is None else b._replace(data=b.stored, body=None)
-                 for b in plan.new.values()]
+                 for b in plan.new.values()] if plan.new else []
         head_sql, params = head_update(plan, POSTGRES.null_safe_eq)
-        chunks = [b for b in blobs if is_chunk_key(b.hash)]
+        chunks = [b for b in blobs if is_chunk_key(b.hash)] if blobs else []
         if chunks and plan.refs:
             # A new chunk whose key a stored chunk with other bytes has (a crafted xxh3
             # collision) leaves the head where it is: the shared path then says why. A
@@ -683,6 +687,8 @@ class PostgresStore(SqlStore, RunTransfer):
         else:
             statement = "WITH " + ", ".join(parts) + _INSERT_CHECKPOINT_IF_MOVED
             params += record.row()
+        if len(_STATEMENTS) < _STATEMENTS_MAX:
+            statement = _STATEMENTS.setdefault(statement, statement)
         try:
             moved = bool(self._execute_autocommit(statement, params))
         except _Disconnected:
@@ -726,11 +732,11 @@ class PostgresStore(SqlStore, RunTransfer):
             and plan.status is not RunStatus.QUEUED
             and not plan.wake_check
             and plan.durability in (None, self.durability)
-            and all(h in plan.new for h in plan.refs)
+            and (not plan.refs or all(h in plan.new for h in plan.refs))
             and (not plan.aliases or bool(plan.refs))
-            and all(
+            and (not plan.new or all(
                 b.size <= _ONE_STATEMENT_MAX and not self._external(b) for b in plan.new.values()
-            )
+            ))
         )
 
     def _autocommit_write(self, sql: str, params: Sequence[Any]) -> list[Any]:
@@ -799,9 +805,10 @@ class PostgresStore(SqlStore, RunTransfer):
         pool = self._live_pool()
         conn = self._getconn(pool)
         try:
-            cur = conn.execute(statement, params)
             if not rows:
-                return cur.rowcount
+                return conn.counting_cursor().execute(statement, params).rowcount
+            # A cursor of its own: the rows it fetched go with it, not kept by the pool.
+            cur = conn.execute(statement, params)
             return cur.fetchall() if cur.description is not None else []
         except psycopg.Error as exc:
             raise self._statement_error(pool, conn, exc) from exc
@@ -816,8 +823,7 @@ class PostgresStore(SqlStore, RunTransfer):
         the pool to check its other connections."""
         if not conn.closed:
             return StoreError(f"{self.url}: {self._clean(exc)}")
-        with suppress(Exception):
-            pool.check()
+        self._check_pool(pool)
         return _Disconnected(
             f"{self.url}: connection to {self._target} lost ({self._clean(exc)})")
 
@@ -977,8 +983,11 @@ class PostgresStore(SqlStore, RunTransfer):
         with self._lock:
             pool, self._pool = self._pool, None
             self._closed = True
+            kept, self._kept = self._kept, []
         self._drop_listener()
         if pool is not None and self._pid == current_pid():
+            for conn in kept:
+                pool.putconn(conn)
             pool.close()
 
 
