@@ -174,8 +174,10 @@ class SaveRequest(NamedTuple):
                 effects=effects,
                 attach=attach,
             )
-        return cls(run_id, state, changed, parent_id, step, checkpoint_id, metadata,
-                   schema_version, control, options)
+        # tuple.__new__ with the fields in order: what the named tuple's generated __new__
+        # does, without its Python frame (this is every keyword save).
+        return tuple.__new__(cls, (run_id, state, changed, parent_id, step, checkpoint_id,
+                                   metadata, schema_version, control, options))
 
 
 def _seconds(value: datetime | float | None) -> float | None:
