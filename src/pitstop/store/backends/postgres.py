@@ -667,6 +667,28 @@ class PostgresStore(SqlStore, RunTransfer):
                 "SET writes = COALESCE(c.writes || %s, %s) FROM moved "
                 "WHERE c.run_id = moved.run_id AND c.id = %s RETURNING 1)"
             )
+            rows = attachment.rows
+            if len(rows) == 1:
+                # One record (a LangGraph task's writes, every step): scalars, not arrays,
+                # which psycopg dumps in Python (~700 opcodes for three one-item lists).
+                parts.append(
+                    f"attx{n} AS (INSERT INTO pitstop_effects (run_id, key, checkpoint_id, "
+                    "result, hash, created_at) SELECT moved.run_id, %s::text, %s, %b::bytea, "
+                    f"%b::bytea, %s FROM moved WHERE NOT EXISTS (SELECT 1 FROM att{n}) "
+                    "ON CONFLICT (run_id, key) DO NOTHING)"
+                )
+                row = rows[0]
+                params += [
+                    attachment.frames,
+                    attachment.frames,
+                    attachment.checkpoint_id,
+                    row.key,
+                    attachment.checkpoint_id,
+                    row.result,
+                    row.hash,
+                    record.created_at,
+                ]
+                continue
             parts.append(
                 f"attx{n} AS (INSERT INTO pitstop_effects (run_id, key, checkpoint_id, result, "
                 "hash, created_at) SELECT moved.run_id, e.key, %s, e.result, e.hash, %s "
@@ -679,9 +701,9 @@ class PostgresStore(SqlStore, RunTransfer):
                 attachment.checkpoint_id,
                 attachment.checkpoint_id,
                 record.created_at,
-                [row.key for row in attachment.rows],
-                [row.result for row in attachment.rows],
-                [row.hash for row in attachment.rows],
+                [row.key for row in rows],
+                [row.result for row in rows],
+                [row.hash for row in rows],
             ]
         if record.writes is None:  # (see UNATTACHED_COLUMNS)
             statement = "WITH " + ", ".join(parts) + _INSERT_UNATTACHED_IF_MOVED
