@@ -1,7 +1,8 @@
 """Observability costs (issue #29): `pitstop du` on a large store, tracing and metrics overhead.
 
     .venv/bin/python bench/observe.py du [--checkpoints 100000] [--postgres URL]
-    .venv/bin/python bench/observe.py overhead [--steps 2000 --rounds 7]
+    .venv/bin/python bench/observe.py overhead [--steps 2000 --rounds 7] [--modes metrics]
+    valgrind --tool=callgrind .venv/bin/python bench/observe.py instructions --steps 1000
 
 ``du``: a store of ``--checkpoints`` checkpoints (1,000 runs of 100, each checkpoint a small
 state whose list grows, so values, references and effects exist), then `pitstop du`,
@@ -17,7 +18,13 @@ parent and attributes, its step span current while it works), in interleaved rou
 process's CPU time per step (its threads included), each mode's ratio to a run with
 everything off next to it (before it in one round, after it in the next), the median of the
 rounds. "off again" pairs two runs with everything off: the spread a ratio has on this
-machine. Targets: tracing <= 1.05x, metrics <= 1.02x.
+machine. Targets: tracing <= 1.05x, metrics <= 1.02x. ``--modes`` runs some modes only (the
+SDK floor row needs ``tracing``).
+
+``instructions``: for callgrind. The same step ``--steps`` times with metrics on or off, after
+200 warm-up steps of each; run it with ``--steps 0`` and ``--steps 1000`` and subtract: the
+instructions a step costs, which the machine's load does not change (set
+``PYTHONHASHSEED=0``; the store's background threads still make runs differ by ~0.5k).
 """
 
 from __future__ import annotations
@@ -243,8 +250,9 @@ def main_overhead(args: argparse.Namespace) -> None:
     in_step = provider.get_tracer("bench")
     # "off again": nothing turned on; its ratio is what the pairing itself measures (the
     # noise and any bias of the order), the yardstick for the small ratios.
-    modes = ("metrics", "metrics, OpenTelemetry", "tracing", "tracing 1%",
-             "SDK spans in the step", "off again")
+    modes = tuple(mode for mode in ("metrics", "metrics, OpenTelemetry", "tracing",
+                                    "tracing 1%", "SDK spans in the step", "off again")
+                  if args.modes is None or mode in args.modes.split(","))
     series: dict[str, list[float]] = {"off": [], **{mode: [] for mode in modes}}
     baseline: dict[str, list[float]] = {mode: [] for mode in modes}
 
@@ -282,7 +290,7 @@ def main_overhead(args: argparse.Namespace) -> None:
                     sampled.force_flush()
         switch("off")
         store.close()
-    floor = _span_floor(provider, args.steps)
+    floor = _span_floor(provider, args.steps) if "tracing" in modes else None
     provider.shutdown()
     sampled.shutdown()
     off = median_of(series["off"])
@@ -290,14 +298,17 @@ def main_overhead(args: argparse.Namespace) -> None:
     for mode, target in (("off again", None), ("tracing", 1.05), ("tracing 1%", 1.05),
                          ("metrics", 1.02), ("metrics, OpenTelemetry", 1.02),
                          ("SDK spans in the step", None)):
+        if mode not in modes:
+            continue
         ratio = median_ratio(series[mode], baseline[mode])
         rows.append([mode, fmt_time(median_of(series[mode])), f"{ratio:.3f}x",
                      "" if target is None else
                      f"<= {target:.2f}x: {'yes' if ratio <= target else 'NO'}"])
     # What the SDK costs on its own, in a loop of spans: a traced step makes two (its step,
     # its save). In place ("SDK spans in the step") the same two cost more.
-    rows.append(["SDK floor: 2 spans a step, in a loop", fmt_time(off + 2 * floor),
-                 f"{(off + 2 * floor) / off:.3f}x", f"a span alone: {fmt_time(floor)}"])
+    if floor is not None:
+        rows.append(["SDK floor: 2 spans a step, in a loop", fmt_time(off + 2 * floor),
+                     f"{(off + 2 * floor) / off:.3f}x", f"a span alone: {fmt_time(floor)}"])
     headers = ["mode", "CPU per step (median)", "ratio to off (median of rounds)", "target"]
     text = table(headers, rows)
     print(text)
@@ -307,6 +318,22 @@ def main_overhead(args: argparse.Namespace) -> None:
     save_results("observe-overhead", " ".join(sys.argv),
                  {"rows": rows, "series": series, "baseline": baseline},
                  markdown)
+
+
+def main_instructions(args: argparse.Namespace) -> None:
+    from pitstop.observe import metrics
+
+    counting = metrics.Metrics()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = pitstop.open_store(f"sqlite:///{Path(tmp) / 'i.db'}")
+        for warm in (counting, None):  # both paths warm, whichever is counted
+            metrics._current.metrics = warm
+            pitstop_loop(200).start(store, base_state())
+        metrics._current.metrics = counting if args.mode == "metrics" else None
+        if args.steps:
+            pitstop_loop(args.steps).start(store, base_state())
+        metrics._current.metrics = None
+        store.close()
 
 
 def main() -> None:
@@ -320,9 +347,15 @@ def main() -> None:
     overhead = sub.add_parser("overhead")
     overhead.add_argument("--steps", type=int, default=2000)
     overhead.add_argument("--rounds", type=int, default=7)
+    overhead.add_argument("--modes", help="comma-separated: only these modes")
+    instructions = sub.add_parser("instructions")
+    instructions.add_argument("--mode", choices=("off", "metrics"), default="metrics")
+    instructions.add_argument("--steps", type=int, default=1000)
     args: Any = parser.parse_args()
     if args.what == "du":
         main_du(args)
+    elif args.what == "instructions":
+        main_instructions(args)
     else:
         main_overhead(args)
 

@@ -137,3 +137,100 @@ def test_no_count_is_lost_across_threads_and_threads_that_end() -> None:
     assert _sample(counted, "pitstop_cache_hits_total", kind="call") == expected
     # The lists of the threads that ended were folded: only the last round's remain.
     assert len(counted.counts.tally.threads) <= 4 + 1
+
+
+def _scrape(counted: metrics.Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of one collection (one read of the counts)."""
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in counted.registry.collect() for sample in family.samples}
+
+
+def test_saves_folded_while_scraped_are_counted_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps and saves append to lists that a fold (by the thread whose append fills one, or
+    by a scrape) moves into the counts: threads switching every microsecond, folds every few
+    saves, a scrape in a loop beside them. Each scrape sees whole folds (as many checkpoints
+    as durations and bytes observed) and never less than the one before; at the end every
+    step, save, bucket and sum is exact."""
+    import sys
+    import threading
+    from bisect import bisect_left
+
+    monkeypatch.setattr(metrics, "_FOLD_AT", 7)
+    counted = metrics.Metrics()
+    workflow = counted.for_workflow("racing")
+    per_thread, writers = 8_000, 4
+    # Bounds themselves included: a value equal to a bound is in that bound's bucket.
+    seconds = [0.0001, 0.00007, 0.0003, 0.001, 0.0042, 0.03, 0.5, 2.5, 11.0, 0.00025, 1.0]
+    sizes: list[int | None] = [64, 900, 1024, 1025, None, 5, 70_000, 4 ** 14, 4 ** 15, 300]
+    statuses = ["running", "running", "running", "completed", "failed"]
+
+    def observe(offset: int) -> None:
+        scraping.wait()
+        for i in range(offset, offset + per_thread):
+            workflow.ok.inc()
+            workflow.saved_checkpoint(statuses[i % len(statuses)], seconds[i % len(seconds)],
+                                      sizes[i % len(sizes)])
+
+    def scrape_until_done() -> None:
+        try:
+            scrape_while_writing()
+        except BaseException as exc:
+            failed.append(exc)
+            scraping.set()
+
+    def scrape_while_writing() -> None:
+        before: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        while any(thread.is_alive() for thread in threads):
+            now = _scrape(counted)
+            saved = sum(value for (name, _), value in now.items()
+                        if name == "pitstop_checkpoints_total")
+            assert now[("pitstop_checkpoint_seconds_count", (("workflow", "racing"),))] == saved
+            assert all(value >= before.get(key, 0) for key, value in now.items()
+                       if not key[0].endswith("_created")), "a count went down"
+            before = now
+            scrapes.append(saved)
+            scraping.set()  # the writers start once a scrape has run: scrapes overlap them
+
+    scrapes: list[float] = []
+    scraping = threading.Event()
+    failed: list[BaseException] = []
+    threads = [threading.Thread(target=observe, args=(n * per_thread,)) for n in range(writers)]
+    scraper = threading.Thread(target=scrape_until_done)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for thread in threads:
+            thread.start()
+        scraper.start()
+        for thread in threads:
+            thread.join()
+        scraper.join()
+    finally:
+        sys.setswitchinterval(switch)
+    if failed:
+        raise failed[0]
+    assert any(0 < saved < per_thread * writers for saved in scrapes)  # scraped mid-way
+
+    everything = range(per_thread * writers)
+    final = _scrape(counted)
+
+    def sample(name: str, **labels: str) -> float:
+        return final.get((name, tuple(sorted({"workflow": "racing", **labels}.items()))), 0.0)
+
+    assert sample("pitstop_steps_total", outcome="ok") == per_thread * writers
+    for status in set(statuses):
+        assert sample("pitstop_checkpoints_total", status=status) == sum(
+            statuses[i % len(statuses)] == status for i in everything)
+    for name, values, bounds in (
+            ("pitstop_checkpoint_seconds", [seconds[i % len(seconds)] for i in everything],
+             metrics._SECONDS_BUCKETS),
+            ("pitstop_checkpoint_bytes", [size for i in everything
+                                          if (size := sizes[i % len(sizes)]) is not None],
+             metrics._BYTES_BUCKETS)):
+        placed = [bisect_left(bounds, value) for value in values]
+        for index, bound in enumerate([*bounds, float("inf")]):
+            le = "+Inf" if index == len(bounds) else repr(bound)
+            assert sample(f"{name}_bucket", le=le) == sum(at <= index for at in placed), le
+        assert sample(f"{name}_count") == len(values)
+        assert sample(f"{name}_sum") == pytest.approx(sum(values), rel=1e-12)
+    assert not workflow.pending.steps and not workflow.pending.added  # all folded

@@ -51,7 +51,7 @@ class OtelMetrics:
 
         self._observation = Observation
         self.counts = counts
-        self.base = counts.tally.read()  # what was counted before: not this sink's
+        self.base = counts.totals()  # what was counted before: not this sink's
         meter = provider.get_meter("pitstop", _release())
         self.instruments: dict[str, Any] = {}
         for attr, name, kind, description, labels, unit in specs:
