@@ -184,6 +184,13 @@ def test_thread_with_string_versions_continues(store: Store) -> None:
                              "writes": "dropped", "user": "second", "nul": "x\0"},
         },
         {"metadata": {"b": 1, "a": 2}, "configurable": {"a": 3, "c": "4"}},
+        {
+            # Several maps: the first that has a key gives its value; keys in the order
+            # ChainMap iterates them (the last map's first).
+            "metadata": ChainMap({"a": "first", "z": 1}, {"b": 2, "a": "hidden"}, {"c": 3.5}),
+            "configurable": ChainMap({}, {"thread_id": "t", "__pregel_y": 1, "d": False}),
+        },
+        {"metadata": ChainMap(), "configurable": ChainMap({})},
     ],
 )
 def test_checkpoint_metadata_is_langgraphs(config: Any) -> None:

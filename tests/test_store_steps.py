@@ -5,6 +5,7 @@ and its rules apply)."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 import pitstop
+from conftest import SHARED_BACKENDS, drop_pg_schema, pg_schema_url
 from pitstop import ConflictError, RunBusyError, RunStatus
 from pitstop.store import SaveRequest
 from pitstop.store.engine.sql import SqlStore
@@ -20,13 +22,23 @@ _COLUMNS = "id, run_id, parent_id, step, schema_version, metadata, fields, size,
 _RUN = "run_id, workflow, status, head_id, step, waiting_for, wake_at, checkpoints, bytes"
 
 
-@pytest.fixture(params=["sqlite", "memory"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SqlStore]:
-    url = f"sqlite:///{tmp_path / 's.db'}" if request.param == "sqlite" else "memory://"
-    opened = pitstop.open_store(url)
+@pytest.fixture
+def store(store_url: str) -> Iterator[SqlStore]:  # (every backend: see conftest)
+    opened = pitstop.open_store(store_url)
     assert isinstance(opened, SqlStore) and opened.step_saves
     yield opened
     opened.close()
+
+
+@pytest.fixture
+def second_url(store_url: str, tmp_path: Path) -> Iterator[str]:
+    """Another fresh store of ``store_url``'s backend."""
+    if store_url.startswith("postgresql"):
+        schema = f"t_{uuid.uuid4().hex[:12]}"
+        yield pg_schema_url(schema)
+        drop_pg_schema(schema)
+    else:
+        yield f"sqlite:///{tmp_path / 'second.db'}"
 
 
 def _rows(store: SqlStore, sql: str) -> list[Any]:
@@ -59,9 +71,11 @@ def _steps(store: SqlStore, *, step_path: bool) -> None:
             store.save("r", state, **kwargs)
 
 
-def test_a_step_is_written_as_the_shared_path_writes_it(tmp_path: Path) -> None:
-    shared = pitstop.open_store(f"sqlite:///{tmp_path / 'shared.db'}")
-    stepped = pitstop.open_store(f"sqlite:///{tmp_path / 'stepped.db'}")
+@pytest.mark.parametrize("store_url", SHARED_BACKENDS, indirect=True)
+def test_a_step_is_written_as_the_shared_path_writes_it(store_url: str, second_url: str) -> None:
+    # PostgreSQL sends both as its one statement; SQLite runs write_checkpoint for both.
+    shared = pitstop.open_store(store_url)
+    stepped = pitstop.open_store(second_url)
     assert isinstance(shared, SqlStore) and isinstance(stepped, SqlStore)
     _steps(shared, step_path=False)
     _steps(stepped, step_path=True)
@@ -133,8 +147,3 @@ def test_an_id_already_taken_is_refused_as_the_shared_path_refuses_it(store: Sql
         store.save("r", {"n": b"\x01"}, parent_id="c0", expected_head="c0", changed=["n"],
                    checkpoint_id="taken")
 
-
-def test_postgres_writes_steps_in_its_own_statement() -> None:
-    from pitstop.store.backends.postgres import PostgresStore
-
-    assert not PostgresStore.step_saves

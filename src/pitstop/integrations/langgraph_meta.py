@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections import ChainMap
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -52,10 +53,25 @@ def _copied(keys: tuple[Any, ...]) -> tuple[str, ...]:
     return copied
 
 
+def _flat(chain: ChainMap[Any, Any]) -> Mapping[Any, Any]:
+    """A dict with ``chain``'s keys in its iteration order, each with the value it looks up."""
+    maps = chain.maps
+    if len(maps) == 1 and type(maps[0]) is dict:
+        return maps[0]
+    flat: dict[Any, Any] = {}
+    for mapping in reversed(maps):
+        flat.update(mapping)
+    return flat
+
+
 def checkpoint_metadata(config: RunnableConfig, metadata: Mapping[str, Any]) -> dict[str, Any]:
     """LangGraph's ``get_serializable_checkpoint_metadata(config, metadata)`` (module docs)."""
     out = {k: v.replace("\u0000", "") if isinstance(v, str) else v for k, v in metadata.items()}
-    for entry in (config.get("metadata"), config.get("configurable")):
+    given: Any  # (typed as a dict; LangGraph hands a ChainMap)
+    for given in (config.get("metadata"), config.get("configurable")):
+        # (LangGraph's config metadata is a ChainMap.) Its iteration, truth and lookups are
+        # Python code; one dict of the same keys, order and values is not.
+        entry = _flat(given) if type(given) is ChainMap else given
         if not entry:
             continue
         for key in _copied(tuple(entry)):

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import pickle
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 import ormsgpack
@@ -49,9 +49,9 @@ _PLAIN_MODULES: Final = frozenset({"uuid", "decimal", "ipaddress", "zoneinfo", "
 """Standard-library values shown as their plain argument (a UUID's hex, a set's items)."""
 
 
-def pack_typed(typed: TypedValue) -> bytes:
-    """A ``serde.dumps_typed`` pair as stored: one msgpack array ``[type, bytes]``."""
-    return ormsgpack.packb(typed)
+pack_typed: Final[Callable[[TypedValue], bytes]] = ormsgpack.packb
+"""A ``serde.dumps_typed`` pair as stored: one msgpack array ``[type, bytes]``. (The packer
+itself, not a function calling it: it runs for every changed channel of every step.)"""
 
 
 def unpack_typed(stored: Any) -> TypedValue:
@@ -208,7 +208,9 @@ def due_nodes(channels: Iterable[str], versions: Any, versions_seen: Any) -> lis
     ``prepare_next_tasks`` applies to graphs built with ``StateGraph``. Pending ``Send``
     tasks or channels of another layout give None, never a guess of "nothing".
     """
-    if not isinstance(versions, Mapping) or not isinstance(versions_seen, Mapping):
+    # type() first: isinstance with an ABC runs Python code (three times a put).
+    if not (type(versions) is dict or isinstance(versions, Mapping)) or not (
+            type(versions_seen) is dict or isinstance(versions_seen, Mapping)):
         return None
     # One pass over the channels (this runs on every put): only triggers are looked at.
     due = []
@@ -222,7 +224,11 @@ def due_nodes(channels: Iterable[str], versions: Any, versions_seen: Any) -> lis
         else:
             continue
         node_seen = versions_seen.get(node)
-        before = node_seen.get(name) if isinstance(node_seen, Mapping) else None
+        before = (
+            node_seen.get(name)
+            if type(node_seen) is dict or isinstance(node_seen, Mapping)
+            else None
+        )
         if _newer(versions.get(name), before):
             due.append(node)
     if not due and not any(

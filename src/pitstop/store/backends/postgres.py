@@ -87,6 +87,7 @@ from pitstop.store.backends.pgurl import (
 )
 from pitstop.store.contract.base import UNSET, Durability, PreparedSave, Unset
 from pitstop.store.contract.options import check as check_options
+from pitstop.store.contract.save import SaveRequest
 from pitstop.store.contract.urls import redact
 from pitstop.store.encoding.blobs import BlobStore
 from pitstop.store.encoding.records import is_chunk_key
@@ -213,6 +214,7 @@ class PostgresStore(SqlStore, RunTransfer):
 
     dialect = POSTGRES
     rewrites_in_place = False  # an UPDATE leaves a dead row version behind until a vacuum
+    step_saves = True  # planned by store.steps, sent as the one statement below (save_step)
 
     def __init__(
         self,
@@ -665,6 +667,28 @@ class PostgresStore(SqlStore, RunTransfer):
                 "SET writes = COALESCE(c.writes || %s, %s) FROM moved "
                 "WHERE c.run_id = moved.run_id AND c.id = %s RETURNING 1)"
             )
+            rows = attachment.rows
+            if len(rows) == 1:
+                # One record (a LangGraph task's writes, every step): scalars, not arrays,
+                # which psycopg dumps in Python (~700 opcodes for three one-item lists).
+                parts.append(
+                    f"attx{n} AS (INSERT INTO pitstop_effects (run_id, key, checkpoint_id, "
+                    "result, hash, created_at) SELECT moved.run_id, %s::text, %s, %b::bytea, "
+                    f"%b::bytea, %s FROM moved WHERE NOT EXISTS (SELECT 1 FROM att{n}) "
+                    "ON CONFLICT (run_id, key) DO NOTHING)"
+                )
+                row = rows[0]
+                params += [
+                    attachment.frames,
+                    attachment.frames,
+                    attachment.checkpoint_id,
+                    row.key,
+                    attachment.checkpoint_id,
+                    row.result,
+                    row.hash,
+                    record.created_at,
+                ]
+                continue
             parts.append(
                 f"attx{n} AS (INSERT INTO pitstop_effects (run_id, key, checkpoint_id, result, "
                 "hash, created_at) SELECT moved.run_id, e.key, %s, e.result, e.hash, %s "
@@ -677,9 +701,9 @@ class PostgresStore(SqlStore, RunTransfer):
                 attachment.checkpoint_id,
                 attachment.checkpoint_id,
                 record.created_at,
-                [row.key for row in attachment.rows],
-                [row.result for row in attachment.rows],
-                [row.hash for row in attachment.rows],
+                [row.key for row in rows],
+                [row.result for row in rows],
+                [row.hash for row in rows],
             ]
         if record.writes is None:  # (see UNATTACHED_COLUMNS)
             statement = "WITH " + ", ".join(parts) + _INSERT_UNATTACHED_IF_MOVED
@@ -710,6 +734,21 @@ class PostgresStore(SqlStore, RunTransfer):
             return super()._write_prepared(prepared)
         self._heads.put(prepared.run_id, record.id)
         return record.checkpoint(dict(prepared.state))
+
+    def save_step(self, request: SaveRequest) -> bool:
+        """A loop step planned without the value codec (:mod:`pitstop.store.engine.steps`)
+        and sent as the one statement of :meth:`_write_prepared` (which hands anything else
+        to the shared writer): the shared path's planning cost a LangGraph step ~280 Python
+        opcodes more (see docs/benchmarks.md, "LangGraph savers")."""
+        plan = self._prepare_step(request)
+        if plan is None:
+            return False
+        record = plan.record
+        # No state: the Checkpoint _write_prepared returns is not used here.
+        self._write_prepared(
+            PreparedSave(record.id, record.run_id, record.parent_id, record.step, {}, plan)
+        )
+        return True
 
     def _already_written(self, plan: WritePlan) -> bool:
         checksum = self._tx(

@@ -18,9 +18,9 @@ fields are cached here (this process wrote or read it); every field is either na
 unchanged from the parent; a caller-chosen id; no lease, no per-save durability, no wait,
 nothing but ``status`` ``RUNNING`` or none. The plan is the one the shared path makes for the
 same save, byte for byte in every column but the timestamp (``tests/test_store_steps.py``),
-and it is written by the same function as every other save
-(:func:`~pitstop.store.engine.write.write_checkpoint`): a moved head, a lease someone holds, an
-id already taken are refused there with the same errors.
+and it is written as every other save is (:func:`~pitstop.store.engine.write.write_checkpoint`;
+PostgreSQL's one statement, which hands that function what it does not write): a moved head, a
+lease someone holds, an id already taken are refused with the same errors.
 """
 
 from __future__ import annotations
@@ -52,9 +52,10 @@ class StepSaves(Effects):
     """:meth:`_prepare_step` (a part of ``SqlStore``; see the module documentation)."""
 
     step_saves: bool = False
-    """Whether :meth:`_prepare_step` plans anything (a backend turns it on; SQLite does).
-    It was measured where a step costs Python more than round trips; PostgreSQL's step is
-    one statement whose time is the round trip, and stays on the shared path."""
+    """Whether :meth:`_prepare_step` plans anything (a backend turns it on). SQLite writes
+    the plan with :func:`~pitstop.store.engine.write.write_checkpoint`; PostgreSQL sends it
+    as its one-statement step (``PostgresStore.save_step``), whose client CPU was mostly
+    the shared path's planning."""
 
     def _prepare_step(self, request: SaveRequest) -> WritePlan | None:
         """The plan the shared :meth:`_prepare` would make for this save, if this is the
