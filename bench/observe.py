@@ -21,10 +21,12 @@ rounds. "off again" pairs two runs with everything off: the spread a ratio has o
 machine. Targets: tracing <= 1.05x, metrics <= 1.02x. ``--modes`` runs some modes only (the
 SDK floor row needs ``tracing``).
 
-``instructions``: for callgrind. The same step ``--steps`` times with metrics on or off, after
+``instructions``: for callgrind. The same step ``--steps`` times with metrics on, tracing on
+(every span recorded, a batch span processor) or both off, after
 200 warm-up steps of each; run it with ``--steps 0`` and ``--steps 1000`` and subtract: the
 instructions a step costs, which the machine's load does not change (set
 ``PYTHONHASHSEED=0``; the store's background threads still make runs differ by ~0.5k).
+``--mode "sdk span"`` counts ``--steps`` spans of the SDK alone instead (no pitstop step).
 """
 
 from __future__ import annotations
@@ -321,19 +323,50 @@ def main_overhead(args: argparse.Namespace) -> None:
 
 
 def main_instructions(args: argparse.Namespace) -> None:
-    from pitstop.observe import metrics
+    from pitstop.observe import metrics, tracing
 
     counting = metrics.Metrics()
+    provider: Any = None
+    if args.mode == "tracing":
+        # Every span recorded and handed to a batch processor exporting to nothing; its
+        # export thread's instructions count too (callgrind counts every thread, and the
+        # shutdown below exports what is queued).
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        provider = TracerProvider()
+        provider.add_span_processor(BatchSpanProcessor(_Dropping()))  # type: ignore[arg-type]
+    if args.mode == "sdk span":
+        # One SDK span alone, as _span_floor makes it, ``--steps`` times: what the SDK costs
+        # per span, against which a step's instructions set the tracing target's budget.
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        provider = TracerProvider()
+        provider.add_span_processor(BatchSpanProcessor(_Dropping()))  # type: ignore[arg-type]
+        _span_floor(provider, 10)  # warm
+        if args.steps:
+            _span_floor(provider, args.steps // 5)  # 5 loops of steps / 5 spans
+        provider.shutdown()
+        return
     with tempfile.TemporaryDirectory() as tmp:
         store = pitstop.open_store(f"sqlite:///{Path(tmp) / 'i.db'}")
-        for warm in (counting, None):  # both paths warm, whichever is counted
-            metrics._current.metrics = warm
+        for warm in (True, False):  # both paths warm, whichever is counted
+            metrics._current.metrics = counting if warm else None
+            if warm and provider is not None:
+                tracing.enable(provider)
             pitstop_loop(200).start(store, base_state())
+            tracing.disable()
         metrics._current.metrics = counting if args.mode == "metrics" else None
+        if provider is not None:
+            tracing.enable(provider)
         if args.steps:
             pitstop_loop(args.steps).start(store, base_state())
         metrics._current.metrics = None
+        tracing.disable()
         store.close()
+    if provider is not None:
+        provider.shutdown()
 
 
 def main() -> None:
@@ -349,7 +382,8 @@ def main() -> None:
     overhead.add_argument("--rounds", type=int, default=7)
     overhead.add_argument("--modes", help="comma-separated: only these modes")
     instructions = sub.add_parser("instructions")
-    instructions.add_argument("--mode", choices=("off", "metrics"), default="metrics")
+    instructions.add_argument("--mode", choices=("off", "metrics", "tracing", "sdk span"),
+                              default="metrics")
     instructions.add_argument("--steps", type=int, default=1000)
     args: Any = parser.parse_args()
     if args.what == "du":
