@@ -669,30 +669,18 @@ class PostgresStore(SqlStore, RunTransfer):
             )
             rows = attachment.rows
             if len(rows) == 1:
-                # One record (a LangGraph task's writes, every step): scalars, not arrays,
-                # which psycopg dumps in Python (~700 opcodes for three one-item lists).
-                parts.append(
-                    f"attx{n} AS (INSERT INTO pitstop_effects (run_id, key, checkpoint_id, "
-                    "result, hash, created_at) SELECT moved.run_id, %s::text, %s, %b::bytea, "
-                    f"%b::bytea, %s FROM moved WHERE NOT EXISTS (SELECT 1 FROM att{n}) "
-                    "ON CONFLICT (run_id, key) DO NOTHING)"
-                )
-                row = rows[0]
-                params += [
-                    attachment.frames,
-                    attachment.frames,
-                    attachment.checkpoint_id,
-                    row.key,
-                    attachment.checkpoint_id,
-                    row.result,
-                    row.hash,
-                    record.created_at,
-                ]
-                continue
+                # One record (a LangGraph task's writes, every step): one row of scalars, not
+                # three one-item arrays, which psycopg dumps in Python (~700 opcodes).
+                source = "(VALUES (%s::text, %b::bytea, %b::bytea))"
+                values: list[Any] = [rows[0].key, rows[0].result, rows[0].hash]
+            else:
+                source = "unnest(%s::text[], %b::bytea[], %b::bytea[])"
+                values = [[row.key for row in rows], [row.result for row in rows],
+                          [row.hash for row in rows]]
             parts.append(
                 f"attx{n} AS (INSERT INTO pitstop_effects (run_id, key, checkpoint_id, result, "
                 "hash, created_at) SELECT moved.run_id, e.key, %s, e.result, e.hash, %s "
-                "FROM moved, unnest(%s::text[], %b::bytea[], %b::bytea[]) AS e(key, result, hash) "
+                f"FROM moved, {source} AS e(key, result, hash) "
                 f"WHERE NOT EXISTS (SELECT 1 FROM att{n}) ON CONFLICT (run_id, key) DO NOTHING)"
             )
             params += [
@@ -701,9 +689,7 @@ class PostgresStore(SqlStore, RunTransfer):
                 attachment.checkpoint_id,
                 attachment.checkpoint_id,
                 record.created_at,
-                [row.key for row in rows],
-                [row.result for row in rows],
-                [row.hash for row in rows],
+                *values,
             ]
         if record.writes is None:  # (see UNATTACHED_COLUMNS)
             statement = "WITH " + ", ".join(parts) + _INSERT_UNATTACHED_IF_MOVED
