@@ -4,7 +4,7 @@
 and portable SQL (``INSERT ... ON CONFLICT``, ``COALESCE``, ``RETURNING``); values always
 travel as parameters, never in the SQL text. A backend is a subclass of it that supplies
 connections, transactions and a few decisions, through the hooks declared in one place,
-:class:`SqlBackend` below. SQLite (``sqlite.py``, ~280 lines) and PostgreSQL
+:class:`SqlBackend` below. SQLite (``sqlite.py``, its WAL checkpointer beside it) and PostgreSQL
 (``postgres.py``, its pool in ``pgpool.py``) are the two there are; a third (MySQL, say)
 provides:
 
