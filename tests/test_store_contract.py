@@ -791,6 +791,24 @@ def test_keyword_save_and_prepare_make_the_request_save_request_of_does(
     assert requests[1].control.deliver_to == "up" and requests[0].options.lease is lease
 
 
+def test_commit_callbacks_run_once_after_their_own_transaction(store: Store) -> None:
+    """A transaction's on-commit callbacks run after it commits, once, and never after a
+    rollback, though a backend may hand the same Tx to the transactions that follow."""
+    ran: list[str] = []
+    tx_of: Any = store._tx  # type: ignore[attr-defined]
+
+    def fail_after_registering(tx: Any) -> None:
+        tx.on_commit(lambda: ran.append("rolled back"))
+        raise RuntimeError("boom")
+
+    tx_of(lambda tx: tx.on_commit(lambda: ran.append("first")), write=True)
+    tx_of(lambda tx: None, write=True)
+    with pytest.raises(RuntimeError, match="boom"):
+        tx_of(fail_after_registering, write=True)
+    tx_of(lambda tx: None)
+    assert ran == ["first"]
+
+
 def test_schema_version_is_recorded(store: Store) -> None:
     from pitstop.store.engine.schema import LATEST_SCHEMA
 

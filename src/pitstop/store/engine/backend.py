@@ -195,10 +195,6 @@ class Tx:
             self.after = []
         self.after.append(fn)
 
-    def committed(self) -> None:
-        for fn in self.after or ():
-            fn()
-
     def run(self, sql: str, params: Sequence[Any] = ()) -> Any:
         """Execute a statement; the cursor (for ``rowcount``)."""
         return self.cur.execute(self.dialect.for_driver(sql), params)
@@ -467,12 +463,16 @@ class SqlBackend(Store):
                 except BaseException as exc:
                     transaction.__exit__(type(exc), exc, exc.__traceback__)
                     raise
+                # Taken before the exit: once the transaction has ended, the backend may
+                # hand the same Tx to the next one (SQLite does).
+                after = tx.after
                 transaction.__exit__(None, None, None)
             except Exception as exc:
                 backoff = self._wait_before_retry(exc, backoff)
             else:
-                if tx.after is not None:
-                    tx.committed()
+                if after is not None:
+                    for callback in after:
+                        callback()
                 return result
 
     def _retrying(self, fn: Callable[[], T]) -> T:
