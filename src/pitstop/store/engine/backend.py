@@ -35,7 +35,7 @@ Optional (a working default here, right for a database with one writer at a time
 ``_autocommit_read(sql, params)`` / ``_autocommit_write(sql, params)``
     One statement as its own transaction (default: a transaction around it); a backend that
     can send a lone statement without ``BEGIN``/``COMMIT`` saves round trips here.
-``_write_prepared(prepared)``
+``_write_prepared(plan, state)``
     A specialised commit of a prepared save's ``WritePlan`` (default, in ``sql.py``: one
     transaction running ``write.write_checkpoint``). PostgreSQL writes the common save as one
     statement built from the same plan and hands everything else to

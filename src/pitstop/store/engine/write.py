@@ -110,6 +110,10 @@ class WritePlan:
     is in (``SqlStore._save_and_prune``; only where ``prunes_in_save``)."""
     pruned: int = 0
     """How many checkpoints that prune deleted (set by the write)."""
+    patched: bool = False
+    """Whether a field of the state is a Merge patch (its whole value is not in memory: the
+    checkpoint a save returns reads its state back when asked,
+    ``SqlStore._read_state_later``)."""
 
     def __init__(
         self,
