@@ -254,7 +254,9 @@ class SqlStore(Reads, ResultCache, Schedules, Leases, Inputs, StepSaves, Childre
                 # (expected_head=None: the caller says the run has no checkpoint yet, as
                 # when a run starts; the write checks that, so no read of the head first.)
                 parent_id = self._head_id(run_id)
-        parent = self._parent(parent_id) if parent_id is not None else None
+        # The cached parent without _parent's frame (its miss path reads the row).
+        parent = None if parent_id is None else (
+            self._fields.get(parent_id) or self._parent(parent_id))
         # One pass over the values' types tells an ordinary state (no delta, no value applied
         # already, no patch) from the rest; a mapping that is not a dict is looked at below,
         # once the codec has taken it.
@@ -270,7 +272,7 @@ class SqlStore(Reads, ResultCache, Schedules, Leases, Inputs, StepSaves, Childre
             parent.fields if parent else None,
             changed,
             self._raws.get(parent_id) if parent_id is not None and changed is None else None,
-            views=views,
+            views,  # (positional: a keyword costs the call its names on every save)
         )
         if checkpoint_id is None:
             checkpoint_id = new_id(after=parent_id)
@@ -350,7 +352,9 @@ class SqlStore(Reads, ResultCache, Schedules, Leases, Inputs, StepSaves, Childre
                         others.append(attachment)
             plan.attach = others
         # Known before the write, so a background writer can chain the next checkpoint on it.
-        self._fields.put(checkpoint_id, Parent(checkpoint_id, run_id, record.step, fields))
+        # (tuple.__new__: the named tuple made without its generated __new__'s Python frame.)
+        self._fields.put(checkpoint_id,
+                         tuple.__new__(Parent, (checkpoint_id, run_id, record.step, fields)))
         if raws:
             self._raws.put(checkpoint_id, raws)
         if not plain:

@@ -220,7 +220,8 @@ def write_checkpoint(store: SqlStore, tx: Tx, plan: WritePlan) -> None:
         # path says which failed (ConflictError, or a moved head and a new attempt).
         moved = 0
     else:
-        moved = tx.run(*head_update(plan, store.dialect.null_safe_eq)).rowcount
+        sql, params = head_update(plan, store.dialect.null_safe_eq)
+        moved = tx.run(sql, params).rowcount
     if not moved:
         _first_write_or_refusal(store, tx, plan, record.footprint)
     if plan.refs:
