@@ -15,6 +15,11 @@ Savers, each on a fresh database (a new file, or a new PostgreSQL schema):
 
 * ``InMemorySaver (no I/O)``: LangGraph's in-memory saver, the cost of the graph itself with
   a checkpointer that writes nothing anywhere (no saver can make a step cheaper than this);
+* ``floor: INSERT/COMMIT``: the same plus one ``INSERT`` + ``COMMIT`` per ``put``
+  of the serialised checkpoint and its step's writes, into a rowid table with no index
+  (``synchronous=NORMAL``): the least any durable saver on SQLite can spend in saver; and
+  ``floor, keyed (thread, id)``, the same into a table keyed by thread and checkpoint id,
+  the least b-tree a saver that can read a thread back needs (issue #33's floors);
 * ``SqliteSaver`` as its docs create it (WAL, SQLite's default ``synchronous=FULL``: an fsync
   per commit) and ``SqliteSaver NORMAL`` (``synchronous=NORMAL``, no fsync per commit);
 * ``PitstopSaver sqlite full`` (``?durability=full``: an fsync per commit, like SqliteSaver's
@@ -161,6 +166,53 @@ def memory_saver() -> Iterator[Opened]:
     from langgraph.checkpoint.memory import InMemorySaver
 
     yield Opened(InMemorySaver(), lambda: (0, None))
+
+
+@contextmanager
+def floor_saver(keyed: bool) -> Iterator[Opened]:
+    """The least a durable saver can do on SQLite: LangGraph's in-memory saver (its
+    serialisation and bookkeeping) plus, per ``put``, one ``INSERT`` + ``COMMIT`` of the
+    serialised checkpoint and the step's pending writes, ``synchronous=NORMAL``. Into a
+    rowid table with no index (``keyed`` False: no reader could find a thread's checkpoints
+    in it), or into a table keyed by (thread, checkpoint id), the one b-tree a saver needs
+    to answer ``get_tuple`` from disk. Floors for issue #33's in-saver target, not savers."""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    class FloorSaver(InMemorySaver):
+        def __init__(self, conn: sqlite3.Connection) -> None:
+            super().__init__()
+            self.conn = conn
+            self.pending: list[Any] = []
+
+        def put_writes(self, config: Any, writes: Any, task_id: str,
+                       task_path: str = "") -> None:
+            super().put_writes(config, writes, task_id, task_path)
+            self.pending.extend(self.serde.dumps_typed(value) for _, value in writes)
+
+        def put(self, config: Any, checkpoint: Any, metadata: Any,
+                new_versions: Any) -> Any:
+            saved = super().put(config, checkpoint, metadata, new_versions)
+            row = self.serde.dumps_typed([checkpoint, self.pending])[1]
+            self.pending = []
+            self.conn.execute("BEGIN IMMEDIATE")
+            self.conn.execute("INSERT INTO c (thread_id, id, data) VALUES (?, ?, ?)",
+                              (config["configurable"]["thread_id"], checkpoint["id"], row))
+            self.conn.execute("COMMIT")
+            return saved
+
+    with tempfile.TemporaryDirectory(prefix="bench-floor-") as tmp:
+        path = os.path.join(tmp, "floor.db")
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute(
+            "CREATE TABLE c (thread_id TEXT, id TEXT, data BLOB, PRIMARY KEY (thread_id, id)) "
+            "WITHOUT ROWID" if keyed else
+            "CREATE TABLE c (seq INTEGER PRIMARY KEY, thread_id TEXT, id TEXT, data BLOB)")
+        try:
+            yield Opened(FloorSaver(conn), lambda: (_sqlite_file_size(path), None))
+        finally:
+            conn.close()
 
 
 @contextmanager
@@ -781,6 +833,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     savers: list[tuple[str, str, Factory, str | None]] = [
         ("memory", "InMemorySaver (no I/O)", memory_saver, None),
+        ("sqlite", "floor: INSERT/COMMIT", lambda: floor_saver(False), "SqliteSaver NORMAL"),
+        ("sqlite", "floor, keyed (thread, id)", lambda: floor_saver(True), "SqliteSaver NORMAL"),
         ("sqlite", "SqliteSaver", lambda: sqlite_saver(None), None),
         ("sqlite", "PitstopSaver sqlite full", lambda: pitstop_sqlite("full"), "SqliteSaver"),
         ("sqlite", "SqliteSaver NORMAL", lambda: sqlite_saver("NORMAL"), None),

@@ -1,7 +1,7 @@
 """PostgreSQL: the shared store for many processes on many machines (psycopg 3 + psycopg_pool).
 
 Everything the store does is the shared SQL of :class:`~pitstop.store.engine.sql.SqlStore`; this
-module only supplies connections, the dialect and the few PostgreSQL-specific decisions:
+backend only supplies connections, the dialect and the few PostgreSQL-specific decisions:
 
 * **Connections.** A ``psycopg_pool`` pool per store. Every pooled connection is set up once
   (``search_path`` to the store's schema, ``statement_timeout``, durability) by the pool's
@@ -52,13 +52,22 @@ URL: ``postgresql://user:password@host:port/db?schema=name&pool_max=10``. Query 
 ``statement_timeout`` and ``connect_timeout`` (seconds), ``application_name``,
 ``durability``, ``busy_timeout``, ``compress_threshold``; every other query parameter goes
 to libpq.
+
+Where the code is: this module holds :class:`PostgresStore` and what it runs on its
+connections: transactions, the statements it autocommits, the one-statement save, which
+errors it retries, the schema's and the garbage collector's locks, waking workers and
+maintenance. Where the connections come from (its options, the pool, the connections kept
+between statements, a new pool after ``fork()``) is one of its parts, ``PooledConnections``
+in ``pgpool.py``. Beside them: ``pgconn.py`` (connections that never wait forever, the
+pipeline's cursor), ``pgurl.py`` (the URL's options), ``pgcheck.py`` (index checks),
+``pgindexes.py`` (rebuilding sparse indexes), and ``vacuum.py`` (vacuuming, for both
+backends).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 import threading
 import time
@@ -69,22 +78,16 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import errors as pgerrors
 from psycopg import sql
-from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
-from pitstop.errors import ConflictError, StoreError, UnsupportedStoreError
+from pitstop.errors import ConflictError, StoreError
 from pitstop.model import Checkpoint, RunStatus
 from pitstop.process import current_pid
 from pitstop.serde import Serializer
 from pitstop.store.backends.pgcheck import index_problems
 from pitstop.store.backends.pgconn import GuardedConnection, PipelinedCursor
 from pitstop.store.backends.pgindexes import IndexUpkeep, rebuild_sparse_indexes
-from pitstop.store.backends.pgurl import (
-    conninfo_params,
-    describe_target,
-    one_line,
-    split_url,
-    tcp_defaults,
-)
+from pitstop.store.backends.pgpool import Pool, PooledConnections
+from pitstop.store.backends.pgurl import split_url
 from pitstop.store.contract.base import UNSET, Durability, Unset
 from pitstop.store.contract.options import check as check_options
 from pitstop.store.contract.save import SaveRequest
@@ -100,10 +103,6 @@ from pitstop.store.transfer.runs import RunTransfer
 
 if TYPE_CHECKING:
     from pitstop.store.encoding.sealed import Encryption
-
-# A connection given back less than this long after it left the pool is kept by the store
-# for its next statement (PostgresStore._kept); one out longer goes back to the pool.
-_KEEP_SECONDS = 1.0
 
 # The one-statement saves' texts, each kept as one object: psycopg reuses what a cursor
 # learned of the parameters' types (its dumpers) only for the very query object it ran
@@ -174,8 +173,6 @@ _RETRY_ALWAYS = (
 
 _IDLE = psycopg.pq.TransactionStatus.IDLE
 
-_Pool = ConnectionPool[GuardedConnection]
-
 # The last part of the one-statement save: the checkpoint row, inserted only if the head moved.
 _INSERT_CHECKPOINT_IF_MOVED = (
     f" INSERT INTO pitstop_checkpoints ({CHECKPOINTS.column_list()}) "
@@ -202,7 +199,7 @@ class _Disconnected(StoreError):
     """The connection died before the transaction could commit: safe to run it again."""
 
 
-class PostgresStore(SqlStore, RunTransfer):
+class PostgresStore(PooledConnections, SqlStore, RunTransfer):
     """A store in a PostgreSQL database (one schema of it), shared by any number of processes.
 
     Options given as keywords override the same options in the URL; ``None`` means "as in
@@ -268,57 +265,7 @@ class PostgresStore(SqlStore, RunTransfer):
         self.durability: Durability = options.get("durability", "normal")
 
         self.busy_timeout = float(options.get("busy_timeout", 60.0))
-        self.pool_min = int(options.get("pool_min", 1))
-        self.pool_max = int(options.get("pool_max", 10))
-        self.statement_timeout = float(options.get("statement_timeout", 30.0))
-        self.connect_timeout = float(options.get("connect_timeout", 10.0))
-        if self.pool_max < self.pool_min:
-            raise UnsupportedStoreError(
-                f"{safe_url}: option 'pool_min' must be at most pool_max "
-                f"(got pool_min={self.pool_min}, pool_max={self.pool_max})"
-            )
-
-        # A pooled connection silent for longer than this is taken for stalled: the server
-        # ends any statement (or lock wait) itself after statement_timeout, and the network
-        # has had connect_timeout on top to deliver its answer. No statement_timeout: no limit.
-        self._stall_timeout: float | None = (
-            self.statement_timeout + self.connect_timeout if self.statement_timeout > 0 else None
-        )
-        # A write transaction left open by a client the server stopped hearing from (a
-        # partition after BEGIN and the run row's UPDATE) would keep that row locked for
-        # as long as the partition lasts, and other workers could not take the run over
-        # after its lease expired: the server ends it after the stall timeout, when this
-        # client has given up on it anyway. Only writes: a read may take its time.
-        self._idle_limit: str | None = (
-            f"SET LOCAL idle_in_transaction_session_timeout = {round(self._stall_timeout * 1000)}"
-            if self._stall_timeout is not None else None
-        )
-        self._conninfo = conninfo
-        params = conninfo_params(conninfo, safe_url)
-        password = params.get("password")
-        self._password = re.compile(rf"(?<!\w){re.escape(password)}(?!\w)") if password else None
-        self._target = describe_target(params)
-        self._connect_kwargs: dict[str, Any] = {
-            "autocommit": True,  # _transaction sends BEGIN/COMMIT itself, pipelined
-            # libpq counts whole seconds and treats anything under 2 as 2.
-            "connect_timeout": max(2, math.ceil(self.connect_timeout)),
-            "application_name": str(options.get("application_name", "pitstop")),
-            **{
-                k: v for k, v in tcp_defaults(self.connect_timeout).items() if k not in params
-            },
-        }
-        self._lock = threading.Lock()
-        self._pool: _Pool | None = None
-        self._pid = current_pid()
-        self._closed = False
-        self._abandoned: list[_Pool] = []
-        self._in_use = 0
-        # Connections out of the pool and in use by no one: the last ones given back, kept
-        # for the next statement (a step's save is one statement, and psycopg_pool's
-        # checkout and return cost ~28,000 instructions of its ~394,000). Any thread of
-        # this store takes them before asking the pool; _putconn keeps one only while the
-        # pool has another to give.
-        self._kept: list[GuardedConnection] = []
+        self._set_up_connections(conninfo, safe_url, options)
 
         # One direct connection first: it fails fast with libpq's own reason (refused, bad
         # password, no such database) where a pool would only time out, and it resolves the
@@ -340,164 +287,7 @@ class PostgresStore(SqlStore, RunTransfer):
             self.close()
             raise
 
-    # -- connections -------------------------------------------------------------------------
-
-    def _clean(self, exc: BaseException) -> str:
-        """One line describing ``exc``, with the password removed should it appear."""
-        text = one_line(exc)
-        if self._password is not None:
-            text = self._password.sub("***", text)
-        return redact(text)
-
-    def _cannot_connect(self, exc: BaseException) -> StoreError:
-        reason = self._clean(exc)
-        # libpq prefixes errors the server sent back with FATAL (bad password, no such
-        # database, too many clients); anything else never reached a server.
-        verdict = "rejected the connection" if "FATAL" in reason else "is unreachable"
-        return StoreError(f"{self.url}: PostgreSQL server {self._target} {verdict}: {reason}")
-
-    def _connect(self) -> psycopg.Connection[Any]:
-        try:
-            return psycopg.connect(self._conninfo, **self._connect_kwargs)
-        except psycopg.Error as exc:
-            raise self._cannot_connect(exc) from None
-
-    def _resolve_schema(self, schema: str | None) -> tuple[str, str]:
-        with self._connect() as conn:
-            try:
-                if schema is None:
-                    (schema,) = conn.execute("SELECT current_schema()").fetchone() or (None,)
-                    if schema is None:
-                        raise StoreError(
-                            f"{self.url}: no schema to use (search_path names none that "
-                            "exists); add ?schema=NAME to the URL"
-                        )
-                return schema, sql.Identifier(schema).as_string(conn)
-            except psycopg.Error as exc:
-                raise StoreError(f"{self.url}: {self._clean(exc)}") from exc
-
-    def _configure(self, conn: psycopg.Connection[Any]) -> None:
-        """Run once per new pooled connection (never per transaction): the schema, the
-        statement timeout and the store's default durability ("full" keeps the server's
-        own ``synchronous_commit``, normally ``on``). Pooled connections give up on a
-        server silent for longer than :attr:`_stall_timeout` (see pitstop.store.backends.pgconn)."""
-        if isinstance(conn, GuardedConnection):
-            conn.stall_timeout = self._stall_timeout
-        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
-        conn.execute(
-            "SELECT set_config('statement_timeout', %s, false)",
-            (str(round(self.statement_timeout * 1000)),),
-        )
-        if self.durability == "normal":
-            conn.execute("SET synchronous_commit TO off")
-
-    def _open_pool(self) -> _Pool:
-        pool: _Pool = ConnectionPool(
-            self._conninfo,
-            connection_class=GuardedConnection,
-            kwargs=self._connect_kwargs,
-            min_size=self.pool_min,
-            max_size=self.pool_max,
-            configure=self._configure,
-            timeout=self.connect_timeout,
-            name=f"pitstop:{self.schema}",
-            open=False,
-        )
-        try:
-            pool.open(wait=self.pool_min > 0, timeout=self.connect_timeout)
-        except PoolTimeout as exc:
-            pool.close(timeout=0)
-            raise self._unavailable(exc) from None
-        return pool
-
-    def _live_pool(self) -> _Pool:
-        pool = self._pool
-        if pool is None or self._closed:
-            raise StoreError(f"{self.url}: store is closed")
-        if self._pid != current_pid():
-            # After fork() the parent's connections must not be used (or closed) here.
-            with self._lock:
-                if self._pid != current_pid() and self._pool is not None:
-                    self._abandoned.append(self._pool)
-                    self._kept = []  # the parent's, like its pool
-                    self._pool = self._open_pool()
-                    self._pid = current_pid()
-                pool = self._pool
-            if pool is None:
-                raise StoreError(f"{self.url}: store is closed")
-        return pool
-
-    def _unavailable(self, exc: BaseException) -> StoreError:
-        """Why no connection came within ``connect_timeout``: a direct attempt tells."""
-        try:
-            conn = psycopg.connect(self._conninfo, **{**self._connect_kwargs, "connect_timeout": 2})
-        except psycopg.Error as probe:
-            return self._cannot_connect(probe)
-        conn.close()
-        return StoreError(
-            f"{self.url}: no connection to PostgreSQL server {self._target} within "
-            f"{self.connect_timeout:g}s ({self._clean(exc)})"
-        )
-
-    def _getconn(self, pool: _Pool) -> GuardedConnection:
-        """A pooled connection; waiting up to ``connect_timeout`` for the server, or up to
-        ``busy_timeout`` while every connection is simply in use by this store."""
-        if self._kept:
-            with self._lock:
-                if self._kept:
-                    self._in_use += 1
-                    return self._kept.pop()  # the most recently used: its caches are warm
-        deadline = time.monotonic() + self.busy_timeout
-        while True:
-            try:
-                conn = pool.getconn(timeout=self.connect_timeout)
-            except PoolTimeout as exc:
-                saturated = self._in_use >= self.pool_max
-                if saturated and time.monotonic() < deadline:
-                    continue
-                if saturated:
-                    raise StoreError(
-                        f"{self.url}: all {self.pool_max} pooled connections stayed busy for "
-                        f"{self.busy_timeout:g}s; raise pool_max"
-                    ) from None
-                raise self._unavailable(exc) from None
-            except PoolClosed:
-                raise StoreError(f"{self.url}: store is closed") from None
-            with self._lock:
-                self._in_use += 1
-            conn.lent_at = time.monotonic()
-            return conn
-
-    def _putconn(self, pool: _Pool, conn: GuardedConnection) -> None:
-        """Give a connection back: kept by the store for the next statement (see
-        ``_kept``) when that can starve no one, else returned to the pool."""
-        with self._lock:
-            self._in_use -= 1
-            if (
-                # Back to the pool after _KEEP_SECONDS out of it, so that the pool still
-                # retires it once it has lived its max_lifetime; ...
-                time.monotonic() - conn.lent_at < _KEEP_SECONDS
-                # ... and whenever the pool could be empty without it: a caller already
-                # waiting in pool.getconn does not look here.
-                and self._in_use + len(self._kept) + 1 < self.pool_max
-                and not self._closed
-                and not conn.closed
-                and conn.pgconn.transaction_status == _IDLE
-            ):
-                self._kept.append(conn)
-                return
-        pool.putconn(conn)
-
-    def _check_pool(self, pool: _Pool) -> None:
-        """After a lost connection (the server may have restarted): the pool drops its dead
-        idle connections, the ones kept here included."""
-        with self._lock:
-            kept, self._kept = self._kept, []
-        for conn in kept:
-            with suppress(Exception):
-                pool.putconn(conn)
-        with suppress(Exception):
-            pool.check()
+    # -- transactions ------------------------------------------------------------------------
 
     @contextmanager
     def _transaction(self, write: bool, durability: Durability | None = None) -> Iterator[Tx]:
@@ -837,7 +627,7 @@ class PostgresStore(SqlStore, RunTransfer):
             self._putconn(pool, conn)
 
     def _statement_error(
-        self, pool: _Pool, conn: GuardedConnection, exc: psycopg.Error
+        self, pool: Pool, conn: GuardedConnection, exc: psycopg.Error
     ) -> StoreError:
         """What a failed lone statement raises: a StoreError while the connection stands, else
         :class:`_Disconnected` (the statement may or may not have committed), after asking

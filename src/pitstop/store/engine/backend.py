@@ -4,8 +4,9 @@
 and portable SQL (``INSERT ... ON CONFLICT``, ``COALESCE``, ``RETURNING``); values always
 travel as parameters, never in the SQL text. A backend is a subclass of it that supplies
 connections, transactions and a few decisions, through the hooks declared in one place,
-:class:`SqlBackend` below. SQLite (``sqlite.py``, ~280 lines) and PostgreSQL
-(``postgres.py``) are the two there are; a third (MySQL, say) provides:
+:class:`SqlBackend` below. SQLite (``sqlite.py``, its WAL checkpointer beside it) and PostgreSQL
+(``postgres.py``, its pool in ``pgpool.py``) are the two there are; a third (MySQL, say)
+provides:
 
 Required (``@abstractmethod``, so a backend missing one cannot be instantiated):
 
