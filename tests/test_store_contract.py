@@ -214,6 +214,30 @@ def test_a_serializer_failing_on_a_field_is_named_and_nothing_written(
     assert store.latest("r").id == first.id  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize(
+    ("value", "path", "message"),
+    [(13, "effect['k']", "RuntimeError: unlucky"),
+     ("secret", "effect['k'][0]", "not this text")],
+)
+def test_a_serializer_failing_on_a_record_names_its_key(
+    open_store: Callable[..., Store], value: Any, path: str, message: str
+) -> None:
+    # A record's place is named only once it failed (not formatted for every record).
+    store = open_store(serializer=_RefusingSerializer())
+    saved = store.save("r", {"i": 1})
+    for record in (lambda: store.record_effects("r", {"k": value}),
+                   lambda: store.attach("r", saved.id, {"k": value})):
+        with pytest.raises(SerializationError) as info:
+            record()
+        assert info.value.run_id == "r"
+        assert info.value.path == path
+        assert message in str(info.value)
+        if value == 13:  # the serializer's own error stays the cause
+            assert isinstance(info.value.__cause__, RuntimeError)
+    assert store.effects("r") == {}
+    assert store.attachments("r", saved.id) == {}
+
+
 def test_fields_can_be_added_and_removed(store: Store) -> None:
     store.save("r", {"a": 1, "b": 2})
     store.save("r", {"a": 1, "c": 3}, changed=["c"])

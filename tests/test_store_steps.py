@@ -48,13 +48,16 @@ def _rows(store: SqlStore, sql: str) -> list[Any]:
 def _steps(store: SqlStore, *, step_path: bool) -> None:
     """A run of a few steps with records attached, through either path."""
     store.create_run("r", workflow="w")
-    first = store.save("r", {"n": b"\x00", "same": b"kept"}, checkpoint_id="c0",
-                       metadata={"source": "input"})
+    first = store.save("r", {"n": b"\x00", "same": b"kept", "again": b"\xc0"},
+                       checkpoint_id="c0", metadata={"source": "input"})
     assert first.id == "c0"
+    # ("again": named changed, its bytes the parent's, as a LangGraph branch channel's None.)
     steps: list[dict[str, Any]] = [
-        {"state": {"n": b"\x01", "same": None}, "changed": ["n"], "status": RunStatus.RUNNING,
-         "workflow": "w", "attach": {"c0": {"c0/t": b"writes of step 0"}}},
-        {"state": {"n": b"\x02", "same": None, "new": b"x"}, "changed": ["n", "new"],
+        {"state": {"n": b"\x01", "same": None, "again": b"\xc0"}, "changed": ["n", "again"],
+         "status": RunStatus.RUNNING, "workflow": "w",
+         "attach": {"c0": {"c0/t": b"writes of step 0"}}},
+        {"state": {"n": b"\x02", "same": None, "again": b"\xc0", "new": b"x"},
+         "changed": ["n", "again", "new"],
          "attach": {"c1": {"c1/t": b"one", "c1/u": b"two", "c1/big": b"zstd " * 2000},
                     "c2": {"c2/t": b"own"}}},
         {"state": {"n": b"\x03", "same": None}, "changed": ["n"], "step": 9,
@@ -85,6 +88,8 @@ def test_a_step_is_written_as_the_shared_path_writes_it(store_url: str, second_u
         assert _rows(stepped, sql) == _rows(shared, sql)
     for opened in (shared, stepped):
         assert opened.verify() == []  # every checksum (records, attached frames) holds
+        assert opened.get("c2").state == {"n": b"\x02", "same": b"kept", "again": b"\xc0",
+                                          "new": b"x"}
         assert opened.get("c3").state == {"n": b"\x03", "same": b"kept"}
         assert opened.get("c3").step == 9
         assert opened.attachments("r", "c1") == {

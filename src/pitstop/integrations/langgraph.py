@@ -83,6 +83,7 @@ import contextlib
 import heapq
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from operator import itemgetter
 from typing import Any, Final, NamedTuple, TypeVar, cast
 
 from langchain_core.runnables import RunnableConfig
@@ -119,6 +120,7 @@ from .langgraph_ids import (
     NS_SEP,
     WORKFLOW,
     config_for,
+    id_suffix,
     langgraph_id,
     run_id_for,
     stored_id,
@@ -142,6 +144,10 @@ from .langgraph_values import (
 from .langgraph_writes import DELAY, HeldWrites
 
 T = TypeVar("T")
+
+_CHANNEL: Final = itemgetter(0)
+"""A pending write's channel (its first item), as a C call: ``put_writes`` maps it over the
+writes of every task."""
 
 _NOT_FRAME: Final = frozenset({"id", "channel_values"})
 """Checkpoint keys not kept in the frame (metadata): the id is the pitstop id's, the values
@@ -450,7 +456,9 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         # which channels the next put stores; versions_seen only names the nodes that ran
         # (the CLI's step_name), so its per-node dicts (LangGraph never changes them in a
         # checkpoint it has handed to put) are not copied one by one on every put.
-        self._known.put(stored, _Known(frozenset(fields), dict(versions), dict(seen), running))
+        # (tuple.__new__: the named tuple without its Python __new__, on every put.)
+        known = tuple.__new__(_Known, (frozenset(fields), dict(versions), dict(seen), running))
+        self._known.put(stored, known)
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -482,7 +490,8 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         source = lg_meta.get("source")
         step = lg_meta.get("step")
         step = step if type(step) is int else None
-        parent_id = stored_id(parent, run_id) if parent else None
+        suffix = id_suffix(run_id)  # (stored_id, without two Python calls)
+        parent_id = f"{parent}{suffix}" if parent else None
         known = self._known.get(parent_id)
         lg: dict[str, Any] = {"metadata": lg_meta, "checkpoint": frame}
         # The nodes this checkpoint would run next ([] once the graph has finished): the
@@ -511,14 +520,15 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
             # Its field keeps pointing at the parent's value; it is not even serialised.
             old = known.versions
             fields = known.fields
-            changed = [
-                name
-                for name in values
-                if name in new_versions
-                or name not in fields
-                or name not in versions
-                or versions[name] != old.get(name)
-            ]
+            changed = []
+            for name in values:  # (not a comprehension: its own frame, every put)
+                if (
+                    name in new_versions
+                    or name not in fields
+                    or name not in versions
+                    or versions[name] != old.get(name)
+                ):
+                    changed.append(name)
             state = self._encode_values(values, changed, run_id, parent_id)
         if parent is None:
             langgraph_threads.create_thread_run(self.store, run_id, thread_id, ns)
@@ -537,7 +547,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         )
         if status is not None and parent_id and (began := self._read_at.get(parent_id)):
             lg["started"] = began  # (not on a loop's ordinary put: status is None there)
-        stored = stored_id(checkpoint_id, run_id)
+        stored = f"{checkpoint_id}{suffix}"
         # Pending writes held for this put (see langgraph_writes): on this very checkpoint
         # (made before its put, durability="async") and on written ones (its parent's),
         # committed in its transaction, or on their own if it does not commit.
@@ -644,11 +654,16 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
             control = NO_CONTROL if status is None else RunControl(workflow=WORKFLOW)
         else:
             control = RunControl(status, WORKFLOW)
-        options = SaveOptions(expected_head=expected, attach=attach)
+        # The request and its options by tuple.__new__ with the fields in order: what the
+        # named tuples' generated __new__ does, without its Python frame (on every put).
+        # SaveOptions: expected_head, lease, release, durability, consumed_inputs, effects,
+        # attach.
+        options = tuple.__new__(SaveOptions, (expected, None, False, None, (), None, attach))
         for attempt in (1, 2):
             try:
-                request = SaveRequest(run_id, state, changed, parent_id, step, stored, meta,
-                                      control=control, options=options)
+                request = tuple.__new__(SaveRequest, (
+                    run_id, state, changed, parent_id, step, stored, meta, 0, control, options
+                ))
                 step_path = self._save_step  # a loop step, without the store's general path
                 if step_path is not None and step_path(request):
                     return True
@@ -688,21 +703,24 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
         index; regular writes are kept once (a repeated call changes nothing).
         """
         conf = config["configurable"]
-        run_id = run_id_for(str(conf["thread_id"]), conf.get("checkpoint_ns") or "")
+        thread_id = str(conf["thread_id"])
+        ns = conf.get("checkpoint_ns") or ""
+        run_id = f"{thread_id}{NS_SEP}{ns}" if ns else thread_id  # run_id_for, inlined
         checkpoint_id = conf["checkpoint_id"]
         dumps = self.serde.dumps_typed
         records: dict[str, bytes] = {}
-        # (Not any() over a generator: a frame per call, on every step.)
-        if WRITES_IDX_MAP.keys().isdisjoint([write[0] for write in writes]):
+        # (Not any() over a generator, nor a list comprehension: a frame per call, on every
+        # step.)
+        if WRITES_IDX_MAP.keys().isdisjoint(map(_CHANNEL, writes)):
             # Regular writes only (a task's result): one record, kept once.
             if not writes:
                 return
             interrupted = replace = False
             regular = True
-            records[f"{checkpoint_id}/{task_id}"] = pack_writes(
-                [(task_id, channel, *dumps(value), task_path, idx)
-                 for idx, (channel, value) in enumerate(writes)]
-            )
+            packed = []
+            for idx, (channel, value) in enumerate(writes):  # (not a comprehension: a frame)
+                packed.append((task_id, channel, *dumps(value), task_path, idx))
+            records[f"{checkpoint_id}/{task_id}"] = pack_writes(packed)
         else:
             interrupted = False
             replace = True
@@ -715,7 +733,7 @@ class PitstopSaver(BaseCheckpointSaver[Any]):
                 records[f"{checkpoint_id}/{task_id}/{index}"] = pack_write(
                     task_id, channel, dumps(value), task_path, index
                 )
-        stored = stored_id(checkpoint_id, run_id)
+        stored = f"{checkpoint_id}{id_suffix(run_id)}"  # stored_id, without a Python call
         if interrupted:
             self._interrupted.put(stored, True)  # before the put of `stored` may look
         if self._held is not None:
@@ -848,11 +866,10 @@ def _ran(seen: Mapping[str, Any], parent: _Known | None) -> str | None:
     if parent is None:
         return None
     before = parent.seen
-    ran = [
-        node
-        for node, versions in seen.items()
-        if node != INTERRUPT and before.get(node) != versions
-    ]
+    ran = []
+    for node, versions in seen.items():  # (not a comprehension: its own frame, every put)
+        if node != INTERRUPT and before.get(node) != versions:
+            ran.append(node)
     if not ran:
         return None
     ran.sort()

@@ -16,6 +16,7 @@ and which they cannot.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any, Final
 
 from ..cache import BoundedCache
@@ -34,15 +35,14 @@ class ForkGuard:
         # wrote it (a child continues the thread: compare-and-set), False if it was read as
         # an earlier one (a child is a deliberate branch). The last read or write wins.
         self._continues: BoundedCache[bool] = BoundedCache(READS_KEPT)
+        # seen(stored_id, was_head): the saver read (or wrote) ``stored_id``; ``was_head``:
+        # it was its run's head. The cache's own put, bound: it runs on every put and read.
+        self.seen: Callable[[str, bool], None] = self._continues.put
         # run id -> reads of the run's latest checkpoint that found none, not yet followed
         # by a parentless put (each such put is the thread's first and takes one). A read
         # that finds a head clears it. A lock: two readers of an empty thread both count.
         self._empty_reads: dict[str, int] = {}
         self._empty_lock = threading.Lock()
-
-    def seen(self, stored_id: str, was_head: bool) -> None:
-        """The saver read (or wrote) ``stored_id``; ``was_head``: it was its run's head."""
-        self._continues.put(stored_id, was_head)
 
     def latest_read(self, run_id: str, *, empty: bool) -> None:
         """Count a read of the run's latest checkpoint that found none (or forget the count)."""

@@ -26,8 +26,10 @@ _ID_SEP: Final = "~"
 
 
 @lru_cache(maxsize=4096)
-def _run_tag(run_id: str) -> str:
-    return hashlib.blake2b(run_id.encode(), digest_size=6).hexdigest()
+def id_suffix(run_id: str) -> str:
+    """What :func:`stored_id` appends to a LangGraph checkpoint id of ``run_id``. (Cached,
+    and a C call once cached: ``put`` names two checkpoints with it on every step.)"""
+    return _ID_SEP + hashlib.blake2b(run_id.encode(), digest_size=6).hexdigest()
 
 
 def run_id_for(thread_id: str, checkpoint_ns: str = "") -> str:
@@ -37,7 +39,7 @@ def run_id_for(thread_id: str, checkpoint_ns: str = "") -> str:
 
 def stored_id(checkpoint_id: str, run_id: str) -> str:
     """The pitstop checkpoint id of LangGraph checkpoint ``checkpoint_id`` in ``run_id``."""
-    return f"{checkpoint_id}{_ID_SEP}{_run_tag(run_id)}"
+    return f"{checkpoint_id}{id_suffix(run_id)}"
 
 
 def langgraph_id(stored: str) -> str:
@@ -68,6 +70,7 @@ __all__ = [
     "NS_SEP",
     "WORKFLOW",
     "config_for",
+    "id_suffix",
     "langgraph_id",
     "run_id_for",
     "stored_id",

@@ -66,7 +66,12 @@ def _flat(chain: ChainMap[Any, Any]) -> Mapping[Any, Any]:
 
 def checkpoint_metadata(config: RunnableConfig, metadata: Mapping[str, Any]) -> dict[str, Any]:
     """LangGraph's ``get_serializable_checkpoint_metadata(config, metadata)`` (module docs)."""
-    out = {k: v.replace("\u0000", "") if isinstance(v, str) else v for k, v in metadata.items()}
+    # A copy with NUL characters taken out of its strings, as LangGraph's (which makes every
+    # string value a str). A loop, not a comprehension: no frame of its own on every put.
+    out = dict(metadata)
+    for key, value in out.items():
+        if isinstance(value, str):
+            out[key] = value.replace("\u0000", "")
     given: Any  # (typed as a dict; LangGraph hands a ChainMap)
     for given in (config.get("metadata"), config.get("configurable")):
         # (LangGraph's config metadata is a ChainMap.) Its iteration, truth and lookups are
@@ -74,7 +79,11 @@ def checkpoint_metadata(config: RunnableConfig, metadata: Mapping[str, Any]) -> 
         entry = _flat(given) if type(given) is ChainMap else given
         if not entry:
             continue
-        for key in _copied(tuple(entry)):
+        keys = tuple(entry)
+        copied = _COPIED.get(keys)  # (_copied's lookup, without its call: nearly always found)
+        if copied is None:
+            copied = _copied(keys)
+        for key in copied:
             if key in out:
                 continue
             value = entry[key]

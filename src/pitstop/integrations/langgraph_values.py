@@ -68,9 +68,11 @@ def pack_write(task_id: str, channel: str, typed: TypedValue, task_path: str, id
     return ormsgpack.packb((task_id, channel, typed[0], typed[1], task_path, idx))
 
 
-def pack_writes(writes: list[tuple[str, str, str, bytes, str, int]]) -> bytes:
-    """Several pending writes (of one task) as one stored record."""
-    return ormsgpack.packb(writes)
+pack_writes: Final[Callable[[list[tuple[str, str, str, bytes, str, int]]], bytes]] = (
+    ormsgpack.packb
+)
+"""Several pending writes (of one task) as one stored record: the msgpack array of their
+arrays. (The packer itself, as :data:`pack_typed`: it runs for every task of every step.)"""
 
 
 def unpack_writes(record: Any) -> list[tuple[Any, ...]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Sequence
+from typing import NoReturn
 
 import zstandard
 
@@ -46,9 +47,10 @@ def _decompressor() -> zstandard.ZstdDecompressor:
     return decompressor
 
 
-def _check_format(format_id: int) -> None:
-    if not 0 <= format_id <= FORMAT_MASK:
-        raise ValueError(f"format_id must be between 0 and {FORMAT_MASK}, got {format_id}")
+def _refuse_format(format_id: int) -> NoReturn:
+    """The error for a ``format_id`` out of range (checked where it is used, without a
+    call: :func:`frame` and :func:`digest` run for every value written)."""
+    raise ValueError(f"format_id must be between 0 and {FORMAT_MASK}, got {format_id}")
 
 
 SAMPLE_FROM = 1 << 20
@@ -95,7 +97,8 @@ def frame(
     against a hash of them on every read anyway (chunks: 4 bytes less each, and decompressing
     a conversation's thousands of small chunks takes ~1/3 less time).
     """
-    _check_format(format_id)
+    if not 0 <= format_id <= FORMAT_MASK:
+        _refuse_format(format_id)
     if compress_threshold is not None and len(raw) >= compress_threshold:
         if len(raw) >= SAMPLE_FROM and not compressible(raw, level):
             return bytes((format_id,)) + raw
@@ -166,7 +169,8 @@ def digest(format_id: int, raw: bytes) -> bytes:
 
     The format is part of the hash so that identical bytes from two serialisers never collide.
     """
-    _check_format(format_id)
+    if not 0 <= format_id <= FORMAT_MASK:
+        _refuse_format(format_id)
     hasher = hashlib.sha256()
     hasher.update(bytes((format_id,)))
     hasher.update(raw)  # a second update instead of concatenating: no copy of a large value

@@ -573,9 +573,11 @@ class ValueCodec(ChunkTrees, Sealing):
         sealed store's codec has :meth:`encode_sealed` in its place: see :meth:`seal`.)"""
         raw = self._dumps(value, run_id, path)
         fmt = self.serializer.format_id
-        return NewBlob(
-            digest(fmt, raw), frame(raw, fmt, compress_threshold=self.compress_threshold)
-        )
+        # (tuple.__new__, fields in order: the named tuple without its Python __new__, for
+        # every record a LangGraph step attaches.)
+        return tuple.__new__(NewBlob, (
+            digest(fmt, raw), frame(raw, fmt, compress_threshold=self.compress_threshold), None
+        ))
 
     def encode_state(
         self,

@@ -15,8 +15,10 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
+from operator import attrgetter
 from typing import Any, NamedTuple
 
+from ...errors import SerializationError
 from ..encoding.attached import frame_records, merged
 from .backend import CHUNK, Dialect, SqlBackend, Tx
 from .schema import APPEND_ATTACHED, EFFECTS, SELECT_ATTACHED
@@ -78,6 +80,10 @@ class EffectRow(NamedTuple):
 
 
 assert EffectRow._fields == EFFECTS.columns
+
+_KEY_RESULT_HASH = attrgetter("key", "result", "hash")
+"""An effect row's ``(key, result, hash)``, as :func:`frame_records` takes it (a C call
+instead of a generator's frame: a LangGraph step attaches its writes so)."""
 
 
 class Attachment(NamedTuple):
@@ -159,11 +165,19 @@ class Effects(SqlBackend):
         self, run_id: str, results: Mapping[str, Any], checkpoint_id: str | None, now: float
     ) -> list[EffectRow]:
         """``pitstop_effects`` rows for ``results``, their values encoded like fields."""
-        encode = self._value_codec.encode_value
+        # (The property only until the codec is made: a LangGraph step attaches records.)
+        encode = (self._codec or self._value_codec).encode_value
         rows = []
         for key, value in results.items():
-            blob = encode(value, run_id=run_id, path=f"effect[{key!r}]")
-            rows.append(EffectRow(run_id, key, checkpoint_id, blob.data, blob.hash, now))
+            try:
+                blob = encode(value, run_id=run_id, path="")
+            except SerializationError as exc:
+                # The key's place is named only now: its repr on every record (a LangGraph
+                # step's pending writes) cost more than encoding a small one.
+                raise exc.located(path=f"effect[{key!r}]{exc.path or ''}") from exc.__cause__
+            # (tuple.__new__, fields in order: the named tuple without its Python __new__.)
+            rows.append(tuple.__new__(EffectRow,
+                                      (run_id, key, checkpoint_id, blob.data, blob.hash, now)))
         return rows
 
     @staticmethod
@@ -192,9 +206,9 @@ class Effects(SqlBackend):
         replace: bool,
     ) -> Attachment:
         rows = self._effect_rows(run_id, records, checkpoint_id, now)
-        frames = frame_records(((row.key, row.result, row.hash) for row in rows),
-                               replace=replace)
-        return Attachment(checkpoint_id, frames, rows, replace)
+        frames = frame_records(map(_KEY_RESULT_HASH, rows), replace=replace)
+        # (tuple.__new__, fields in order: the named tuple without its Python __new__.)
+        return tuple.__new__(Attachment, (checkpoint_id, frames, rows, replace))
 
     def _write_attachment(self, tx: Tx, run_id: str, attachment: Attachment) -> None:
         """Append to the checkpoint's row in an open transaction; effect records naming the

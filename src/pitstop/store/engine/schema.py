@@ -268,6 +268,8 @@ def check_id(kind: str, value: str) -> None:
     """Ids and names are TEXT keys of the tables above: non-empty, at most 512 characters,
     and text every backend stores: PostgreSQL refuses NUL, and no UTF-8 holds a lone
     surrogate; SQLite took a NUL, which ``verify`` then reported as a damaged row."""
+    if type(value) is str and 0 < len(value) <= 512 and value.isascii() and "\x00" not in value:
+        return  # (the usual id, without check_text's call: a save checks one)
     if not isinstance(value, str) or not value or len(value) > 512:
         raise ValueError(f"{kind} must be a non-empty string of at most 512 characters")
     check_text(kind, value)

@@ -80,7 +80,8 @@ class StepSaves(Effects):
         parent: Parent | None = self._fields.get(parent_id)
         if parent is None or parent.run_id != run_id:
             return None
-        codec = self._value_codec
+        codec = self._codec or self._value_codec  # (the property only until it is made)
+        dumps = codec.serializer.dumps  # (its errors located as codec._dumps does)
         head = bytes((codec.serializer.format_id,))  # an inline frame's header (framing)
         before = parent.fields
         fields: FieldMap = {}
@@ -93,11 +94,23 @@ class StepSaves(Effects):
                 previous = before.get(name)
                 if previous is not None and previous.manifest is not None:
                     return None
-                raw = codec._dumps(value, run_id, "", name)
+                try:
+                    raw = dumps(value)
+                except Exception as exc:
+                    codec._dumps_failed(exc, run_id, name)
                 if len(raw) >= INLINE_MAX:
                     return None
                 if codec.sealer is None:
-                    ref = FieldRef(b"", len(raw) + 1, head + raw)
+                    inline = head + raw
+                    # The parent's value again (a LangGraph branch channel's None, at most
+                    # steps): its ref, equal to the one that is then not made. (Made by
+                    # tuple.__new__, fields in order: the named tuple without its Python
+                    # __new__, as the Parent below.)
+                    ref = (
+                        previous
+                        if previous is not None and previous.inline == inline
+                        else tuple.__new__(FieldRef, (b"", len(inline), inline, None))
+                    )
                 else:  # a sealed store's (see pitstop.store.encoding.sealing)
                     inline = codec.seal_inline(head + raw)
                     ref = FieldRef(b"", len(inline), inline)
@@ -132,7 +145,9 @@ class StepSaves(Effects):
             plan.attach = others
         # Known before the write, as the shared path has it: a writer on another thread may
         # chain the next checkpoint on this one (its write then waits for this commit).
-        self._fields.put(checkpoint_id, Parent(checkpoint_id, run_id, record.step, fields))
+        self._fields.put(
+            checkpoint_id, tuple.__new__(Parent, (checkpoint_id, run_id, record.step, fields))
+        )
         return plan
 
 
