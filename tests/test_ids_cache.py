@@ -54,6 +54,20 @@ def test_bounded_cache_keeps_the_newest_entries() -> None:
     assert (cache.get("7"), cache.get("8"), cache.get("9"), cache.get(None)) == (7, 80, None, None)
 
 
+def test_a_full_bounded_cache_drops_its_oldest_eighth_at_a_time() -> None:
+    cache: BoundedCache[int] = BoundedCache(16)
+    sizes = []
+    for i in range(100):
+        cache.put(str(i), i)
+        sizes.append(len(cache._data))
+    assert max(sizes) == 16  # never more than its size
+    # Full at 16, the 17th put drops the two oldest: from then on it holds 15 or 16, always
+    # the newest.
+    assert min(sizes[16:]) == 15
+    held = [i for i in range(100) if cache.get(str(i)) is not None]
+    assert held == list(range(100 - len(held), 100)) and 15 <= len(held) <= 16
+
+
 def test_ids_leave_the_global_random_stream_alone() -> None:
     """A seeded program's random numbers do not change because it checkpoints, and seeding
     the global generator does not make two processes draw the same id bits."""

@@ -27,7 +27,7 @@ from pitstop import (
     SerializationError,
     Store,
 )
-from pitstop.store import PreparedSave
+from pitstop.store import Lease, PreparedSave, SaveRequest
 
 MiB = 1 << 20
 
@@ -789,6 +789,48 @@ def test_async_api_has_the_same_shape(store: Store) -> None:
         assert len({c.id for c in results}) == 10
 
     asyncio.run(main())
+
+
+def test_keyword_save_and_prepare_make_the_request_save_request_of_does(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``save`` and ``prepare`` pass their keywords on positionally (a cheaper call): each
+    lands in the field ``SaveRequest.of`` puts it in (every argument a distinct value, so a
+    swapped pair shows)."""
+    lease = Lease("r", "me", 3, 9.0, "wf")
+    keywords: dict[str, Any] = {
+        "parent_id": "p", "step": 4, "changed": ["a"], "schema_version": 2,
+        "metadata": {"waiting_for": ["x"], "wake_at": 5.0, "error": "e"},
+        "workflow": "wf", "status": RunStatus.WAITING, "expected_head": "h", "lease": lease,
+        "release": True, "consumed_inputs": ["i1"], "durability": "full",
+        "checkpoint_id": "c", "effects": {"c": {"k": 1}}, "attach": {"c": {"k": 2}},
+    }
+    requests: list[SaveRequest] = []
+    monkeypatch.setattr(store, "save_request", requests.append)
+    monkeypatch.setattr(store, "prepare_request", requests.append)
+    store.save("r", {"a": 1}, **keywords)
+    store.prepare("r", {"a": 1}, deliver_to="up", **keywords)
+    assert requests == [SaveRequest.of("r", {"a": 1}, **keywords),
+                        SaveRequest.of("r", {"a": 1}, deliver_to="up", **keywords)]
+    assert requests[1].control.deliver_to == "up" and requests[0].options.lease is lease
+
+
+def test_commit_callbacks_run_once_after_their_own_transaction(store: Store) -> None:
+    """A transaction's on-commit callbacks run after it commits, once, and never after a
+    rollback, though a backend may hand the same Tx to the transactions that follow."""
+    ran: list[str] = []
+    tx_of: Any = store._tx  # type: ignore[attr-defined]
+
+    def fail_after_registering(tx: Any) -> None:
+        tx.on_commit(lambda: ran.append("rolled back"))
+        raise RuntimeError("boom")
+
+    tx_of(lambda tx: tx.on_commit(lambda: ran.append("first")), write=True)
+    tx_of(lambda tx: None, write=True)
+    with pytest.raises(RuntimeError, match="boom"):
+        tx_of(fail_after_registering, write=True)
+    tx_of(lambda tx: None)
+    assert ran == ["first"]
 
 
 def test_schema_version_is_recorded(store: Store) -> None:

@@ -71,7 +71,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
@@ -88,7 +88,7 @@ from pitstop.store.backends.pgconn import GuardedConnection, PipelinedCursor
 from pitstop.store.backends.pgindexes import IndexUpkeep, rebuild_sparse_indexes
 from pitstop.store.backends.pgpool import Pool, PooledConnections
 from pitstop.store.backends.pgurl import split_url
-from pitstop.store.contract.base import UNSET, Durability, PreparedSave, Unset
+from pitstop.store.contract.base import UNSET, Durability, Unset
 from pitstop.store.contract.options import check as check_options
 from pitstop.store.contract.save import SaveRequest
 from pitstop.store.contract.urls import redact
@@ -352,7 +352,7 @@ class PostgresStore(PooledConnections, SqlStore, RunTransfer):
 
     # -- the one-statement save -------------------------------------------------------------------
 
-    def _write_prepared(self, prepared: PreparedSave[WritePlan]) -> Checkpoint:
+    def _write_prepared(self, plan: WritePlan, state: Mapping[str, Any]) -> Checkpoint:
         """A save in one statement and one round trip when it is the common case: a step
         continuing a run, with new values or none. Data-modifying CTEs move the head (under
         the same conditions as every backend's conditional UPDATE), insert the new values and
@@ -361,9 +361,8 @@ class PostgresStore(PooledConnections, SqlStore, RunTransfer):
         refusal to explain, a fork's shared values, consumed inputs, a per-save durability,
         a caller-chosen id, a value large enough to probe for first — takes the shared path.
         """
-        plan = prepared.plan
         if not self._one_statement(plan):
-            return super()._write_prepared(prepared)
+            return super()._write_prepared(plan, state)
         record = plan.record
         # Views of arrays joined to their header once: the statement sends whole bytes.
         blobs = [b if b.body is None else b._replace(data=b.stored, body=None)
@@ -496,7 +495,7 @@ class PostgresStore(PooledConnections, SqlStore, RunTransfer):
             # write it twice: the checkpoint's id is unique, and a refusal is checked.
             if not self._already_written(plan):
                 try:
-                    return super()._write_prepared(prepared)
+                    return super()._write_prepared(plan, state)
                 except ConflictError:
                     if not self._already_written(plan):
                         raise
@@ -507,9 +506,9 @@ class PostgresStore(PooledConnections, SqlStore, RunTransfer):
             raise
         if not moved:
             # The shared path explains why it matched nothing (or creates the run).
-            return super()._write_prepared(prepared)
-        self._heads.put(prepared.run_id, record.id)
-        return record.checkpoint(dict(prepared.state))
+            return super()._write_prepared(plan, state)
+        self._heads.put(record.run_id, record.id)
+        return record.checkpoint(dict(state))
 
     def save_step(self, request: SaveRequest) -> bool:
         """A loop step planned without the value codec (:mod:`pitstop.store.engine.steps`)
@@ -519,11 +518,8 @@ class PostgresStore(PooledConnections, SqlStore, RunTransfer):
         plan = self._prepare_step(request)
         if plan is None:
             return False
-        record = plan.record
         # No state: the Checkpoint _write_prepared returns is not used here.
-        self._write_prepared(
-            PreparedSave(record.id, record.run_id, record.parent_id, record.step, {}, plan)
-        )
+        self._write_prepared(plan, {})
         return True
 
     def _already_written(self, plan: WritePlan) -> bool:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from ...errors import CheckpointNotFoundError
 from ...model import Checkpoint, CheckpointSummary, Run, RunStatus
-from .save import UNSET, Durability, PreparedSave, SaveRequest, Unset
+from .save import UNSET, Durability, PreparedSave, SaveRequest, Unset, keyword_request
 
 if TYPE_CHECKING:
     from ...serde import Serializer
@@ -295,12 +295,11 @@ class Store(ABC):
         Raises :class:`~pitstop.SerializationError` naming the run and field path before
         anything is written: the previous head stays the run's latest checkpoint.
         """
-        return self.save_request(SaveRequest.of(
-            run_id, state, parent_id=parent_id, step=step, metadata=metadata, changed=changed,
-            schema_version=schema_version, workflow=workflow, status=status,
-            expected_head=expected_head, lease=lease, release=release,
-            consumed_inputs=consumed_inputs, durability=durability,
-            checkpoint_id=checkpoint_id, effects=effects, attach=attach,
+        # SaveRequest.of, positionally (see keyword_request: this is every keyword save).
+        return self.save_request(keyword_request(
+            SaveRequest, run_id, state, parent_id, step, metadata, changed, schema_version,
+            workflow, status, expected_head, lease, release, consumed_inputs, durability,
+            checkpoint_id, None, effects, attach,
         ))
 
     @abstractmethod
@@ -347,12 +346,10 @@ class Store(ABC):
         Serialisation errors are raised here. The prepared checkpoint's id is final, so the
         next checkpoint may name it as its parent before it is committed.
         """
-        return self.prepare_request(SaveRequest.of(
-            run_id, state, parent_id=parent_id, step=step, metadata=metadata, changed=changed,
-            schema_version=schema_version, workflow=workflow, status=status,
-            expected_head=expected_head, lease=lease, release=release,
-            consumed_inputs=consumed_inputs, durability=durability,
-            checkpoint_id=checkpoint_id, deliver_to=deliver_to, effects=effects, attach=attach,
+        return self.prepare_request(keyword_request(
+            SaveRequest, run_id, state, parent_id, step, metadata, changed, schema_version,
+            workflow, status, expected_head, lease, release, consumed_inputs, durability,
+            checkpoint_id, deliver_to, effects, attach,
         ))
 
     @abstractmethod

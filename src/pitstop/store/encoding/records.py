@@ -315,8 +315,10 @@ class CheckpointRecord:
     def checkpoint(self, state: dict[str, Any]) -> Checkpoint:
         """This record as a :class:`Checkpoint` holding ``state`` (no keyword plumbing: it is
         built on every save)."""
-        # (_summary_row's values, passed without building the tuple: once per save.)
-        ckpt = Checkpoint._from_row(
+        # (_summary_row's values, passed without building the tuple, and _from_row's two
+        # steps without its frame and star-arguments: once per save.)
+        ckpt = object.__new__(Checkpoint)
+        ckpt._fill(
             self.id, self.run_id, self.parent_id, self.step, self.created_at,
             self.schema_version, self.checksum, self.size, self.metadata,
             self.added + len(self.metadata) + len(self.fields),

@@ -75,6 +75,9 @@ _WHOLE: Final = frozenset({str, int, float, bool, type(None)})
 """Types :meth:`ValueCodec.encode_state` stores whole without asking further: no chunked
 kind (:func:`pitstop.serde.chunks.kind_of` is None), no array inside, not a delta."""
 
+_NO_NAMES: Final[frozenset[str]] = frozenset()
+"""No field reuses its parent's value unseen (a save without ``changed``): made once."""
+
 _KINDS: Final[dict[type, str]] = {list: "list", dict: "dict"}
 """The usual chunked kinds of a state field, by exact type (the rest: ``kind_of``)."""
 
@@ -583,7 +586,6 @@ class ValueCodec(ChunkTrees, Sealing):
         parent: FieldMap | None,
         changed: Iterable[str] | None,
         parent_raw: Mapping[str, bytes] | None = None,
-        *,
         views: bool = False,
     ) -> tuple[FieldMap, dict[bytes, NewBlob], dict[str, bytes], list[Alias]]:
         """The new field map, the values not already referenced by the parent, and the
@@ -603,7 +605,7 @@ class ValueCodec(ChunkTrees, Sealing):
         # A caller naming what changed needs no byte comparison, so nothing is kept for it.
         keep = changed is None
         parent_raw = (parent_raw or {}) if keep else {}
-        reuse = set() if changed is None else set(parent).difference(changed)
+        reuse = _NO_NAMES if changed is None else set(parent).difference(changed)
         fields: FieldMap = {}
         new: dict[bytes, NewBlob] = {}
         raws: dict[str, bytes] = {}
@@ -687,8 +689,8 @@ class ValueCodec(ChunkTrees, Sealing):
             size = len(raw)
             if keep and size <= RAW_KEEP_MAX:
                 known = parent_raw.get(name)
-                if known is not None and known == raw and name in parent:
-                    fields[name] = parent[name]
+                if known is not None and known == raw and previous is not None:
+                    fields[name] = previous  # (parent[name], looked up already)
                     raws[name] = known
                     continue
                 raws[name] = raw
@@ -699,7 +701,9 @@ class ValueCodec(ChunkTrees, Sealing):
                     if previous is not None and previous.inline == inline:
                         fields[name] = previous
                     else:
-                        fields[name] = FieldRef(b"", size + 1, inline)
+                        # = FieldRef(b"", size + 1, inline), without the named tuple's
+                        # Python __new__ (a frame per changed field of every save)
+                        fields[name] = tuple.__new__(FieldRef, (b"", size + 1, inline, None))
                 else:
                     sealed = self.seal_inline(inline_head + raw)
                     ref = FieldRef(b"", len(sealed), sealed)
@@ -718,7 +722,7 @@ class ValueCodec(ChunkTrees, Sealing):
                 else:
                     blob = NewBlob(key, frame(raw, fmt,
                                               compress_threshold=self.compress_threshold))
-                    fields[name] = FieldRef(key, blob.size)
+                    fields[name] = tuple.__new__(FieldRef, (key, blob.size, None, None))
                     new[key] = blob
         if self.sealer is not None and new:
             new = self.seal_rows(new)

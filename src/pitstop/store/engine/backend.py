@@ -36,7 +36,7 @@ Optional (a working default here, right for a database with one writer at a time
 ``_autocommit_read(sql, params)`` / ``_autocommit_write(sql, params)``
     One statement as its own transaction (default: a transaction around it); a backend that
     can send a lone statement without ``BEGIN``/``COMMIT`` saves round trips here.
-``_write_prepared(prepared)``
+``_write_prepared(plan, state)``
     A specialised commit of a prepared save's ``WritePlan`` (default, in ``sql.py``: one
     transaction running ``write.write_checkpoint``). PostgreSQL writes the common save as one
     statement built from the same plan and hands everything else to
@@ -195,10 +195,6 @@ class Tx:
         if self.after is None:
             self.after = []
         self.after.append(fn)
-
-    def committed(self) -> None:
-        for fn in self.after or ():
-            fn()
 
     def run(self, sql: str, params: Sequence[Any] = ()) -> Any:
         """Execute a statement; the cursor (for ``rowcount``)."""
@@ -468,12 +464,16 @@ class SqlBackend(Store):
                 except BaseException as exc:
                     transaction.__exit__(type(exc), exc, exc.__traceback__)
                     raise
+                # Taken before the exit: once the transaction has ended, the backend may
+                # hand the same Tx to the next one (SQLite does).
+                after = tx.after
                 transaction.__exit__(None, None, None)
             except Exception as exc:
                 backoff = self._wait_before_retry(exc, backoff)
             else:
-                if tx.after is not None:
-                    tx.committed()
+                if after is not None:
+                    for callback in after:
+                        callback()
                 return result
 
     def _retrying(self, fn: Callable[[], T]) -> T:

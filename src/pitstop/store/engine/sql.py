@@ -83,7 +83,7 @@ log = logging.getLogger("pitstop.store")
 
 class _LazyStateCheckpoint(Checkpoint):
     """A saved checkpoint whose ``state`` is read from the store on first access (see
-    ``SqlStore._answer``)."""
+    ``SqlStore._read_state_later``)."""
 
     __slots__ = ("_read", "_state")
     _read: Callable[[], dict[str, Any]]
@@ -101,6 +101,8 @@ class _LazyStateCheckpoint(Checkpoint):
 
 
 _DELTAS = frozenset({Append, Merge})
+_WRAPPERS = _DELTAS | {Applied, MergePatch}
+"""The types a state's value may have that are not the value itself: few saves hold one."""
 
 _STORED_SIZE = itemgetter(1)
 """``FieldRef.size`` as a C call: summed over a field map on every save."""
@@ -167,11 +169,14 @@ class SqlStore(Reads, ResultCache, Schedules, Leases, Inputs, StepSaves, Childre
 
     def _save(self, request: SaveRequest, retention: RetentionPolicy | None = None) -> Checkpoint:
         while True:
-            prepared = self._prepare(request, views=True)
-            prepared.plan.retention = retention
+            plan, state = self._prepare(request, views=True)
+            if retention is not None:
+                plan.retention = retention
             try:
-                checkpoint = self._answer(self._write_prepared(prepared))
-                if prepared.plan.pruned:
+                checkpoint = self._write_prepared(plan, state)
+                if plan.patched:
+                    checkpoint = self._read_state_later(checkpoint)
+                if plan.pruned:
                     self._give_space_back()
                 return checkpoint
             except HeadMoved:
@@ -191,11 +196,13 @@ class SqlStore(Reads, ResultCache, Schedules, Leases, Inputs, StepSaves, Childre
         return True
 
     def prepare_request(self, request: SaveRequest) -> PreparedSave[WritePlan]:
-        return self._prepare(request, views=False)
+        plan, state = self._prepare(request, views=False)
+        record = plan.record
+        return PreparedSave(record.id, record.run_id, record.parent_id, record.step, state, plan)
 
     def commit(self, prepared: PreparedSave[WritePlan]) -> Checkpoint:
         try:
-            return self._answer(self._write_prepared(prepared))
+            checkpoint = self._write_prepared(prepared.plan, prepared.state)
         except HeadMoved as moved:
             raise ConflictError(
                 "another checkpoint was written first",
@@ -203,14 +210,15 @@ class SqlStore(Reads, ResultCache, Schedules, Leases, Inputs, StepSaves, Childre
                 expected=prepared.parent_id,
                 actual=moved.actual,
             ) from None
+        if prepared.plan.patched:
+            checkpoint = self._read_state_later(checkpoint)
+        return checkpoint
 
-    def _answer(self, saved: Checkpoint) -> Checkpoint:
-        """What ``save``/``commit`` return: ``saved``, unless a field was written as a
-        Merge patch, whose whole value no memory here holds: then a checkpoint whose
-        ``state`` is read from the store when first asked for (a caller that only wants the
-        id, as the stream jobs and ``Checkpointer`` do, never pays the read)."""
-        if MergePatch not in map(type, saved.state.values()):
-            return saved
+    def _read_state_later(self, saved: Checkpoint) -> Checkpoint:
+        """What ``save``/``commit`` return when a field was written as a Merge patch
+        (``WritePlan.patched``), whose whole value no memory here holds: ``saved`` as a
+        checkpoint whose ``state`` is read from the store when first asked for (a caller that
+        only wants the id, as the stream jobs and ``Checkpointer`` do, never pays the read)."""
         lazy = _LazyStateCheckpoint._from_row(
             saved.id, saved.run_id, saved.parent_id, saved.step, saved._created,
             saved.schema_version, saved.checksum, saved.size, saved._metadata_json,
@@ -220,8 +228,12 @@ class SqlStore(Reads, ResultCache, Schedules, Leases, Inputs, StepSaves, Childre
         lazy._read = lambda: self.get(saved.id).state
         return lazy
 
-    def _prepare(self, request: SaveRequest, views: bool) -> PreparedSave[WritePlan]:
-        """Serialise and check a save, write nothing: its :class:`WritePlan`.
+    def _prepare(
+        self, request: SaveRequest, views: bool
+    ) -> tuple[WritePlan, Mapping[str, Any]]:
+        """Serialise and check a save, write nothing: its :class:`WritePlan`, and the state
+        the saved checkpoint holds (its values, deltas applied). ``prepare_request`` makes
+        them a :class:`PreparedSave`; ``save`` writes them at once, without one.
 
         ``views``: the write follows at once (``save``), so array chunks may be written from
         the arrays' memory; a prepared save committed later must hold copies."""
@@ -242,9 +254,15 @@ class SqlStore(Reads, ResultCache, Schedules, Leases, Inputs, StepSaves, Childre
                 # (expected_head=None: the caller says the run has no checkpoint yet, as
                 # when a run starts; the write checks that, so no read of the head first.)
                 parent_id = self._head_id(run_id)
-        parent = self._parent(parent_id) if parent_id is not None else None
+        # The cached parent without _parent's frame (its miss path reads the row).
+        parent = None if parent_id is None else (
+            self._fields.get(parent_id) or self._parent(parent_id))
+        # One pass over the values' types tells an ordinary state (no delta, no value applied
+        # already, no patch) from the rest; a mapping that is not a dict is looked at below,
+        # once the codec has taken it.
+        plain = type(state) is dict and _WRAPPERS.isdisjoint(map(type, state.values()))
         deltas: list[str] = []
-        if type(state) is dict and not _DELTAS.isdisjoint(map(type, state.values())):
+        if not plain and type(state) is dict and not _DELTAS.isdisjoint(map(type, state.values())):
             deltas = [k for k, v in state.items() if type(v) in _DELTAS]
             state = self._resolve_deltas(state, deltas, parent_id)
         # (The property only until the codec is made: it is a call on every save.)
@@ -254,7 +272,7 @@ class SqlStore(Reads, ResultCache, Schedules, Leases, Inputs, StepSaves, Childre
             parent.fields if parent else None,
             changed,
             self._raws.get(parent_id) if parent_id is not None and changed is None else None,
-            views=views,
+            views,  # (positional: a keyword costs the call its names on every save)
         )
         if checkpoint_id is None:
             checkpoint_id = new_id(after=parent_id)
@@ -314,7 +332,8 @@ class SqlStore(Reads, ResultCache, Schedules, Leases, Inputs, StepSaves, Childre
             plan.error = error
         if consumed:
             plan.consumed = list(consumed)
-        plan.durability = durability
+        if durability is not None:
+            plan.durability = durability
         if effects:
             plan.effects = [
                 row
@@ -333,16 +352,20 @@ class SqlStore(Reads, ResultCache, Schedules, Leases, Inputs, StepSaves, Childre
                         others.append(attachment)
             plan.attach = others
         # Known before the write, so a background writer can chain the next checkpoint on it.
-        self._fields.put(checkpoint_id, Parent(checkpoint_id, run_id, record.step, fields))
+        # (tuple.__new__: the named tuple made without its generated __new__'s Python frame.)
+        self._fields.put(checkpoint_id,
+                         tuple.__new__(Parent, (checkpoint_id, run_id, record.step, fields)))
         if raws:
             self._raws.put(checkpoint_id, raws)
-        if Applied in map(type, state.values()):
-            state = {k: v.value if type(v) is Applied else v for k, v in state.items()}
+        if not plain:
+            if Applied in map(type, state.values()):
+                state = {k: v.value if type(v) is Applied else v for k, v in state.items()}
+            plan.patched = MergePatch in map(type, state.values())
         if deltas:
             known = {name: state[name] for name in deltas if type(state[name]) is not MergePatch}
             if known:
                 self._delta_values.put(checkpoint_id, known)
-        return PreparedSave(record.id, run_id, parent_id, record.step, state, plan)
+        return plan, state
 
     def _resolve_deltas(
         self, state: dict[str, Any], names: list[str], parent_id: str | None
@@ -386,18 +409,18 @@ class SqlStore(Reads, ResultCache, Schedules, Leases, Inputs, StepSaves, Childre
             out[name] = Applied(delta.apply(base.get(name, ABSENT), field=name), delta)
         return out
 
-    def _write_prepared(self, prepared: PreparedSave[WritePlan]) -> Checkpoint:
-        """Write a prepared save: large values to the blob store first, then one write
-        transaction running :func:`~pitstop.store.engine.write.write_checkpoint`. Raises
+    def _write_prepared(self, plan: WritePlan, state: Mapping[str, Any]) -> Checkpoint:
+        """Write a prepared save (its plan; ``state``, what the checkpoint returned holds):
+        large values to the blob store first, then one write transaction running
+        :func:`~pitstop.store.engine.write.write_checkpoint`. Raises
         :class:`~pitstop.store.engine.write.HeadMoved` if the run's head is no longer the
         parent it followed (``save`` then prepares again).
 
         Backend hook, optional: PostgreSQL overrides it to send the common step as one
         statement, and calls ``super()._write_prepared`` for the rest.
         """
-        plan = prepared.plan
         self._write_plan(plan)
-        return plan.record.checkpoint(dict(prepared.state))
+        return plan.record.checkpoint(dict(state))
 
     def _write_plan(self, plan: WritePlan) -> None:
         """:meth:`_write_prepared` without the :class:`~pitstop.Checkpoint` it returns."""

@@ -110,6 +110,10 @@ class WritePlan:
     is in (``SqlStore._save_and_prune``; only where ``prunes_in_save``)."""
     pruned: int = 0
     """How many checkpoints that prune deleted (set by the write)."""
+    patched: bool = False
+    """Whether a field of the state is a Merge patch (its whole value is not in memory: the
+    checkpoint a save returns reads its state back when asked,
+    ``SqlStore._read_state_later``)."""
 
     def __init__(
         self,
@@ -216,7 +220,8 @@ def write_checkpoint(store: SqlStore, tx: Tx, plan: WritePlan) -> None:
         # path says which failed (ConflictError, or a moved head and a new attempt).
         moved = 0
     else:
-        moved = tx.run(*head_update(plan, store.dialect.null_safe_eq)).rowcount
+        sql, params = head_update(plan, store.dialect.null_safe_eq)
+        moved = tx.run(sql, params).rowcount
     if not moved:
         _first_write_or_refusal(store, tx, plan, record.footprint)
     if plan.refs:
