@@ -86,35 +86,40 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     store = pitstop.open_store(pg_schema_url(schema))
     procs: dict[str, subprocess.Popen[str]] = {}
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PARTITION_TTL": str(TTL)}
-    with netsim.Network(3) as net:
-        try:
-            for host in net.hosts:
-                base = PG_URL.replace("127.0.0.1:5432", f"{host.gateway}:{host.port}")
-                sep = "&" if "?" in base else "?"
-                # Short timeouts: a connection cut off is given up after ~4 s, not minutes.
-                url = f"{base}{sep}schema={schema}&connect_timeout=2&statement_timeout=2"
-                procs[host.name] = subprocess.Popen(
-                    [*host.exec_prefix(), "unshare", "--uts", "--", "sh", "-c",
-                     'hostname "$0" && exec "$@"', f"pst-{host.name}", sys.executable,
-                     str(ROOT / "tests" / "partition_worker.py"), url, host.name,
-                     str(journal), str(marks)],
-                    env=env, text=True, stdout=subprocess.DEVNULL,
-                    stderr=open(logs / f"{host.name}.log", "w"),  # noqa: SIM115
-                )
-            wait("the workers", lambda: all(f"up {h.name} " in journal.read_text()
-                                            for h in net.hosts), timeout=60)
-            yield Cluster(net, store, journal, marks, procs, logs)
-        finally:
-            for proc in procs.values():
-                proc.terminate()
-            for proc in procs.values():
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-            store.close()
-            drop_pg_schema(schema)
+    try:
+        with netsim.Network(3) as net:
+            try:
+                for host in net.hosts:
+                    base = PG_URL.replace("127.0.0.1:5432", f"{host.gateway}:{host.port}")
+                    sep = "&" if "?" in base else "?"
+                    # Short timeouts: a connection cut off is given up after ~4 s, not minutes.
+                    url = f"{base}{sep}schema={schema}&connect_timeout=2&statement_timeout=2"
+                    procs[host.name] = subprocess.Popen(
+                        [*host.exec_prefix(), "unshare", "--uts", "--", "sh", "-c",
+                         'hostname "$0" && exec "$@"', f"pst-{host.name}", sys.executable,
+                         str(ROOT / "tests" / "partition_worker.py"), url, host.name,
+                         str(journal), str(marks)],
+                        env=env, text=True, stdout=subprocess.DEVNULL,
+                        stderr=open(logs / f"{host.name}.log", "w"),  # noqa: SIM115
+                    )
+                wait("the workers", lambda: all(f"up {h.name} " in journal.read_text()
+                                                for h in net.hosts), timeout=60)
+                yield Cluster(net, store, journal, marks, procs, logs)
+            finally:
+                for proc in procs.values():
+                    proc.terminate()
+                for proc in procs.values():
+                    try:
+                        proc.wait(timeout=15)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait()
+    finally:
+        # After the network is gone: its forwarders close every connection a host
+        # left open (one cut off mid-transaction holds its row locks until then, and
+        # dropping the schema would wait on them for good).
+        store.close()
+        drop_pg_schema(schema)
 
 
 @pytest.fixture(autouse=True)
